@@ -1,0 +1,35 @@
+# kvhandoff: `make demo` and `make test` are the whole quick start on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-slow lint typecheck proto clean
+
+venv: $(STAMP)
+
+# The stamp depends on pyproject.toml so editing dependencies reinstalls; otherwise idempotent.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/kvhandoff demo
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy spec model_checker impl conformance kvhandoff_cli
+
+test: venv lint typecheck
+	$(BIN)/python -m pytest -q
+
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

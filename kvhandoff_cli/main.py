@@ -1,0 +1,61 @@
+"""The `kvhandoff` command line: one subcommand module per feature.
+
+Exit codes, shared by every subcommand that reports a verdict:
+0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_VIOLATED = 1
+EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
+
+# Each module defines `register(subparsers)`, which adds its subcommands and sets `func` on them.
+# `func(args) -> int` returns the exit code.
+COMMAND_MODULES = [
+    "kvhandoff_cli.cmd_check",
+]
+
+
+class UsageError(Exception):
+    """Bad usage or bad input: printed as one line and mapped to exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvhandoff",
+        description=(
+            "Prove, test and teach the prefill->decode KV-cache handoff of disaggregated LLM "
+            "inference. Exit codes: 0 safe/conforms, 1 violated/diverges, 2 bad usage or input, "
+            "3 inconclusive."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        code: int = func(args)
+    except UsageError as exc:
+        print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
