@@ -1,0 +1,313 @@
+"""Exhaustive breadth-first search of the spec's state graph.
+
+Every reachable state is visited once, in breadth-first order, so the first state found that breaks
+an `always` property ends a shortest counterexample. Every counterexample is replayed through
+`spec.step` (with guards checked) before it is reported.
+
+`every_request_terminates` is checked on the graph of *protocol* edges (fault actions removed):
+from every reachable state, whatever faults happened before, the protocol on its own must bring
+every request to an end. A state with no protocol step left that is not done ("stuck"), or a cycle
+of protocol steps among states that are not done, breaks it; otherwise the bound is the longest
+protocol-only path to a done state, reported as `response_bound`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from model_checker.result import CheckResult, PropertyResult, Verdict
+from spec.actions import Action, action_name, is_fault
+from spec.config import Config
+from spec.machine import enabled, init, step
+from spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
+from spec.state import State, all_done
+from spec.trace import replay
+from spec.variants import Variant
+
+
+@dataclass
+class StateGraph:
+    """The explored graph: states by index, BFS parents, and protocol-only successors."""
+
+    states: list[State]
+    parent: list[int]
+    via: list[Action | None]
+    protocol_succ: list[list[int]]
+    all_edges: list[list[tuple[int, Action]]] | None
+    depth_of: list[int]
+    transitions: int
+    complete: bool
+
+    def path_to(self, index: int) -> tuple[Action, ...]:
+        actions: list[Action] = []
+        while self.parent[index] >= 0:
+            action = self.via[index]
+            assert action is not None
+            actions.append(action)
+            index = self.parent[index]
+        return tuple(reversed(actions))
+
+    def to_networkx(self) -> Any:
+        """The full graph (requires `keep_edges=True`), edges labelled with action names."""
+        if self.all_edges is None:
+            raise ValueError("explore with keep_edges=True to build the full graph")
+        g: Any = nx.DiGraph()
+        g.add_nodes_from(range(len(self.states)))
+        for i, edges in enumerate(self.all_edges):
+            for j, action in edges:
+                g.add_edge(i, j, action=action_name(action), fault=is_fault(action))
+        return g
+
+
+def build_graph(
+    variant: Variant, config: Config, max_states: int | None = None, keep_edges: bool = False
+) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
+    """Breadth-first search. Returns the graph, the index of the first state violating each
+    `always` property, and which witnesses were reached."""
+    s0 = init(config)
+    index: dict[State, int] = {s0: 0}
+    states = [s0]
+    parent = [-1]
+    via: list[Action | None] = [None]
+    depth_of = [0]
+    protocol_succ: list[list[int]] = []
+    all_edges: list[list[tuple[int, Action]]] | None = [] if keep_edges else None
+    first_violation: dict[str, int] = {}
+    witnesses = {w.name: False for w in SOMETIMES}
+    pending_witnesses = list(SOMETIMES)
+    always = list(ALWAYS)
+    transitions = 0
+    complete = True
+
+    def inspect(i: int, s: State) -> None:
+        nonlocal pending_witnesses
+        for prop in always:
+            if prop.name not in first_violation and not prop.holds(config, s):
+                first_violation[prop.name] = i
+        if pending_witnesses:
+            still = []
+            for w in pending_witnesses:
+                if w.reached(config, s):
+                    witnesses[w.name] = True
+                else:
+                    still.append(w)
+            pending_witnesses = still
+
+    inspect(0, s0)
+    head = 0
+    while head < len(states):
+        s = states[head]
+        succ: list[int] = []
+        edges: list[tuple[int, Action]] = []
+        for action in enabled(variant, config, s):
+            t = step(variant, config, s, action)
+            transitions += 1
+            j = index.get(t)
+            if j is None:
+                j = len(states)
+                if max_states is not None and j >= max_states:
+                    complete = False
+                    continue
+                index[t] = j
+                states.append(t)
+                parent.append(head)
+                via.append(action)
+                depth_of.append(depth_of[head] + 1)
+                inspect(j, t)
+            if not is_fault(action):
+                succ.append(j)
+            if all_edges is not None:
+                edges.append((j, action))
+        protocol_succ.append(succ)
+        if all_edges is not None:
+            all_edges.append(edges)
+        head += 1
+    graph = StateGraph(
+        states, parent, via, protocol_succ, all_edges, depth_of, transitions, complete
+    )
+    return graph, first_violation, witnesses
+
+
+def _termination(variant: Variant, config: Config, graph: StateGraph) -> tuple[PropertyResult, int]:
+    """Bounded response on the protocol-only graph; returns the result and the measured bound."""
+    n = len(graph.states)
+    done = [all_done(config, s) for s in graph.states]
+    # longest[i]: most protocol steps from i to a done state; -1 while unknown.
+    longest = [0 if done[i] else -1 for i in range(n)]
+    on_stack = [False] * n
+    for root in range(n):
+        if longest[root] >= 0:
+            continue
+        # Iterative depth-first search; a back edge to a node on the stack is a protocol cycle.
+        stack: list[tuple[int, Iterator[int]]] = [(root, iter(graph.protocol_succ[root]))]
+        on_stack[root] = True
+        trail = [root]
+        while stack:
+            node, children = stack[-1]
+            advanced = False
+            for child in children:
+                if longest[child] >= 0:
+                    continue
+                if on_stack[child]:
+                    cycle_at = trail.index(child)
+                    prefix = graph.path_to(trail[0])
+                    loop = _steps_along(variant, config, graph, [*trail[cycle_at:], child])
+                    between = _steps_along(variant, config, graph, trail[: cycle_at + 1])
+                    trace = prefix + between + loop
+                    return (
+                        PropertyResult(
+                            TERMINATION.name,
+                            "violated",
+                            depth=len(trace),
+                            trace=trace,
+                            loop_start=len(prefix) + len(between),
+                            detail="a cycle of protocol steps that never ends every request",
+                        ),
+                        -1,
+                    )
+                on_stack[child] = True
+                stack.append((child, iter(graph.protocol_succ[child])))
+                trail.append(child)
+                advanced = True
+                break
+            if advanced:
+                continue
+            stack.pop()
+            trail.pop()
+            on_stack[node] = False
+            succ = graph.protocol_succ[node]
+            if not succ:
+                trace = graph.path_to(node)
+                return (
+                    PropertyResult(
+                        TERMINATION.name,
+                        "violated",
+                        depth=len(trace),
+                        trace=trace,
+                        detail=_stuck_detail(config, graph.states[node]),
+                    ),
+                    -1,
+                )
+            longest[node] = 1 + max(longest[c] for c in succ)
+    bound = max(longest) if longest else 0
+    if config.response_bound and bound > config.response_bound:
+        worst = longest.index(bound)
+        trace = graph.path_to(worst)
+        return (
+            PropertyResult(
+                TERMINATION.name,
+                "violated",
+                depth=len(trace),
+                trace=trace,
+                detail=f"{bound} protocol steps to end every request; the bound is "
+                f"{config.response_bound}",
+            ),
+            bound,
+        )
+    return PropertyResult(TERMINATION.name, "holds", depth=bound), bound
+
+
+def _steps_along(
+    variant: Variant, config: Config, graph: StateGraph, nodes: list[int]
+) -> tuple[Action, ...]:
+    """The protocol actions that lead from each node to the next along `nodes`.
+
+    Edges are not stored with their actions (memory), so each is found again from the spec.
+    """
+    out: list[Action] = []
+    for a, b in itertools.pairwise(nodes):
+        source, target = graph.states[a], graph.states[b]
+        for action in enabled(variant, config, source):
+            if not is_fault(action) and step(variant, config, source, action) == target:
+                out.append(action)
+                break
+        else:
+            raise AssertionError(f"no protocol edge from state {a} to state {b}")
+    return tuple(out)
+
+
+def _stuck_detail(config: Config, state: State) -> str:
+    waiting = []
+    for r, req in enumerate(state.requests):
+        if not req.submitted:
+            continue
+        parts = []
+        if req.answer is None:
+            parts.append("no answer")
+        if req.p not in ("none", "rejected", "completed", "aborted", "lost"):
+            parts.append(f"prefill {req.p}")
+        if req.d_pages:
+            parts.append(f"decode {req.d} holding pages {list(req.d_pages)}")
+        if parts:
+            waiting.append(f"request {r}: " + ", ".join(parts))
+    if state.orphans:
+        waiting.append(f"prefill holds orphan transfer state {list(state.orphans)}")
+    return "stuck: no protocol step is enabled, but " + "; ".join(waiting)
+
+
+def explore(variant: Variant, config: Config, max_states: int | None = None) -> CheckResult:
+    """Check every property of `variant` on `config` by exhaustive search."""
+    started = time.perf_counter()
+    graph, first_violation, witnesses = build_graph(variant, config, max_states)
+    results: list[PropertyResult] = []
+    for prop in ALWAYS:
+        i = first_violation.get(prop.name)
+        if i is None:
+            verdict: Verdict = "holds" if graph.complete else "unknown"
+            results.append(PropertyResult(prop.name, verdict, depth=max(graph.depth_of)))
+            continue
+        trace = graph.path_to(i)
+        final = replay(variant, config, trace)[-1]
+        if prop.holds(config, final):
+            raise AssertionError(f"counterexample for {prop.name} does not replay to a violation")
+        results.append(PropertyResult(prop.name, "violated", depth=len(trace), trace=trace))
+    bound = None
+    if graph.complete:
+        term, measured = _termination(variant, config, graph)
+        if term.trace is not None:
+            replay(variant, config, term.trace)
+        bound = measured if measured >= 0 else None
+        results.append(term)
+    else:
+        results.append(PropertyResult(TERMINATION.name, "unknown", detail="state limit reached"))
+    seconds = time.perf_counter() - started
+    return CheckResult(
+        variant=variant.name,
+        engine="explore",
+        config=config,
+        results=results,
+        witnesses=witnesses,
+        states=len(graph.states),
+        seconds=seconds,
+        extra={
+            "transitions": graph.transitions,
+            "max_depth": max(graph.depth_of),
+            "complete": graph.complete,
+            "response_bound": bound,
+            "states_per_second": round(len(graph.states) / seconds) if seconds > 0 else None,
+            "deployment": {name: check(config) for name, check in DEPLOYMENT},
+            "expected_breaks": list(variant.breaks),
+        },
+    )
+
+
+def to_dot(graph: StateGraph, variant: Variant, config: Config) -> str:
+    """Graphviz DOT of an explored graph (small configs), fault edges dashed, done states boxed."""
+    g = graph.to_networkx()
+    lines = ["digraph kvhandoff {", "  rankdir=LR; node [shape=circle, fontsize=8];"]
+    for i in g.nodes:
+        shape = "box" if all_done(config, graph.states[i]) else "circle"
+        bad = any(not p.holds(config, graph.states[i]) for p in ALWAYS)
+        color = ', color=red, style=filled, fillcolor="#ffdddd"' if bad else ""
+        lines.append(f"  s{i} [label={i}, shape={shape}{color}];")
+    for a, b, data in g.edges(data=True):
+        style = ", style=dashed" if data["fault"] else ""
+        lines.append(f'  s{a} -> s{b} [label="{data["action"]}", fontsize=6{style}];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,339 @@
+"""Every step anyone can take, named role-verb-object.
+
+Protocol steps come first, faults last: `enabled` lists actions in this order, so that a
+Hypothesis strategy sampling from it shrinks towards fault-free runs, and so that breadth-first
+search meets the simplest counterexample first among equally short ones.
+
+Faults are ordinary actions (as in stateright): a crash, a lost message or a client that gives up
+is something the environment *does*, bounded by the config's fault budget.
+
+The snake_case form of each class name (`DecodeReservePages` -> `decode_reserve_pages`) is the name
+used in traces, in the Z3 encoders and in the implementation's event log.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from spec.state import Message, Tag, Write
+
+# --- Protocol steps -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouterSubmitRequest:
+    """The router sends the request to prefill and decode at once (SGLang's `early` policy)."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillAdmitRequest:
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillRejectRequest:
+    """Prefill's path for a prompt over its limit. What it does is the crux of the incident."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeAdmitRequest:
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeRejectRequest:
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeReservePages:
+    """Decode takes free pages under a fresh generation and grants them to prefill."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillReceiveGrant:
+    message: Message
+
+
+@dataclass(frozen=True)
+class PrefillWritePage:
+    """Prefill sends the next page of the grant (a write RPC, or a one-sided RDMA write)."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeReceiveWrite:
+    """A page write reaches decode's memory: checked by decode, or landing unconditionally."""
+
+    write: Write
+
+
+@dataclass(frozen=True)
+class PrefillSendCompletion:
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeReceiveCompletion:
+    """Decode receives prefill's completion and validates it before it may generate."""
+
+    message: Message
+
+
+@dataclass(frozen=True)
+class DecodeReceiveFailure:
+    """Decode hears from prefill that the request was rejected or aborted there."""
+
+    message: Message
+
+
+@dataclass(frozen=True)
+class DecodeGenerate:
+    """Decode runs the model over the request's pages. This is where data is read."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeAnswer:
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeReleasePages:
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillReceiveAbort:
+    message: Message
+
+
+@dataclass(frozen=True)
+class PrefillSendAbortAck:
+    """Once no write of (room, generation) is in flight, prefill acknowledges the abort."""
+
+    room: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class DecodeReceiveAbortAck:
+    message: Message
+
+
+@dataclass(frozen=True)
+class DecodeReleaseTimeout:
+    """A deferred release stops waiting for prefill's drain ack when its deadline passes.
+
+    Only designs whose release rule has a deadline (`ack_or_timeout`) have it. It is part of
+    that protocol's own rule, not an environment fault, so it spends no fault budget.
+    """
+
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeDetectPrefillRestart:
+    """Decode's health check sees a new prefill boot epoch: requests waiting on it fail."""
+
+
+@dataclass(frozen=True)
+class PrefillDetectDecodeRestart:
+    """Prefill's health check sees a new decode boot epoch: its transfers to decode stop."""
+
+
+@dataclass(frozen=True)
+class RetransmitMessage:
+    """The sender of a message whose RPC failed sends it again (at-least-once delivery)."""
+
+    message: Message
+
+
+# --- Faults -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientCancelRequest:
+    request: int
+
+
+@dataclass(frozen=True)
+class DecodeWaitingTimeout:
+    """Decode stops waiting for prefill's completion (SGLang's 300 s waiting timeout)."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillAbortRequest:
+    """Prefill fails a request on its own (client abort at prefill, grammar error, timeout)."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillRestart:
+    """Prefill crashes and restarts: it forgets every request; writes already issued may land."""
+
+
+@dataclass(frozen=True)
+class DecodeRestart:
+    """Decode crashes and restarts: it forgets every request; its pool memory survives."""
+
+
+@dataclass(frozen=True)
+class NetworkDropMessage:
+    message: Message
+
+
+@dataclass(frozen=True)
+class NetworkDuplicateMessage:
+    message: Message
+
+
+Action = (
+    RouterSubmitRequest
+    | PrefillAdmitRequest
+    | PrefillRejectRequest
+    | DecodeAdmitRequest
+    | DecodeRejectRequest
+    | DecodeReservePages
+    | PrefillReceiveGrant
+    | PrefillWritePage
+    | DecodeReceiveWrite
+    | PrefillSendCompletion
+    | DecodeReceiveCompletion
+    | DecodeReceiveFailure
+    | DecodeGenerate
+    | DecodeAnswer
+    | DecodeReleasePages
+    | PrefillReceiveAbort
+    | PrefillSendAbortAck
+    | DecodeReceiveAbortAck
+    | DecodeReleaseTimeout
+    | DecodeDetectPrefillRestart
+    | PrefillDetectDecodeRestart
+    | RetransmitMessage
+    | ClientCancelRequest
+    | DecodeWaitingTimeout
+    | PrefillAbortRequest
+    | PrefillRestart
+    | DecodeRestart
+    | NetworkDropMessage
+    | NetworkDuplicateMessage
+)
+
+PROTOCOL_ACTIONS: tuple[type, ...] = (
+    RouterSubmitRequest,
+    PrefillAdmitRequest,
+    PrefillRejectRequest,
+    DecodeAdmitRequest,
+    DecodeRejectRequest,
+    DecodeReservePages,
+    PrefillReceiveGrant,
+    PrefillWritePage,
+    DecodeReceiveWrite,
+    PrefillSendCompletion,
+    DecodeReceiveCompletion,
+    DecodeReceiveFailure,
+    DecodeGenerate,
+    DecodeAnswer,
+    DecodeReleasePages,
+    PrefillReceiveAbort,
+    PrefillSendAbortAck,
+    DecodeReceiveAbortAck,
+    DecodeReleaseTimeout,
+    DecodeDetectPrefillRestart,
+    PrefillDetectDecodeRestart,
+    RetransmitMessage,
+)
+FAULT_ACTIONS: tuple[type, ...] = (
+    ClientCancelRequest,
+    DecodeWaitingTimeout,
+    PrefillAbortRequest,
+    PrefillRestart,
+    DecodeRestart,
+    NetworkDropMessage,
+    NetworkDuplicateMessage,
+)
+ALL_ACTIONS: tuple[type, ...] = PROTOCOL_ACTIONS + FAULT_ACTIONS
+
+
+def snake_case(class_name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
+
+
+ACTIONS_BY_NAME: dict[str, type] = {snake_case(cls.__name__): cls for cls in ALL_ACTIONS}
+
+
+def action_name(action: object) -> str:
+    return snake_case(type(action).__name__)
+
+
+def is_fault(action: object) -> bool:
+    return isinstance(action, FAULT_ACTIONS)
+
+
+def _message_from_json(data: dict[str, Any]) -> Message:
+    digest = data.get("digest")
+    return Message(
+        kind=data["kind"],
+        room=int(data["room"]),
+        generation=int(data["generation"]),
+        request=int(data["request"]),
+        pages=tuple(int(p) for p in data.get("pages", ())),
+        count=int(data.get("count", 0)),
+        digest=None if digest is None else tuple((int(a), int(b), int(c)) for a, b, c in digest),
+        reason=str(data.get("reason", "")),
+        epoch=int(data.get("epoch", 0)),
+    )
+
+
+def _write_from_json(data: dict[str, Any]) -> Write:
+    tag = data["data"]
+    return Write(
+        room=int(data["room"]),
+        generation=int(data["generation"]),
+        page=int(data["page"]),
+        data=Tag(int(tag["request"]), int(tag["generation"]), str(tag["tenant"])),
+        epoch=int(data.get("epoch", 0)),
+    )
+
+
+def action_to_json(action: object) -> dict[str, Any]:
+    """`{"action": snake_case_name, "args": {...}}`: the trace format's step."""
+    args: dict[str, Any] = {}
+    for f in fields(action):  # type: ignore[arg-type]
+        value = getattr(action, f.name)
+        if isinstance(value, Message | Write):
+            value = asdict(value)
+        args[f.name] = value
+    return {"action": action_name(action), "args": args}
+
+
+def action_from_json(data: dict[str, Any]) -> Action:
+    """Inverse of `action_to_json`; raises ValueError naming what is wrong."""
+    name = data.get("action")
+    if name not in ACTIONS_BY_NAME:
+        raise ValueError(f"unknown action {name!r}; known actions: {sorted(ACTIONS_BY_NAME)}")
+    cls = ACTIONS_BY_NAME[name]
+    args = dict(data.get("args", {}))
+    try:
+        if "message" in args:
+            args["message"] = _message_from_json(args["message"])
+        if "write" in args:
+            args["write"] = _write_from_json(args["write"])
+        action: Action = cls(**args)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"action {name!r}: bad arguments {args!r}: {exc}") from exc
+    return action

@@ -1,0 +1,220 @@
+"""What a scenario is: the deployment's limits, the requests to play, and the fault budget.
+
+Lengths in the model are counted in *pages* (a page holds `page_size` tokens). The implementation
+counts tokens; `page_size` is what converts between the two, and deployment-level checks (see
+`properties.DEPLOYMENT`) speak in tokens through it.
+
+A `Config` is finite on purpose: the explicit-state checker enumerates every reachable state, so
+every source of unbounded behaviour (faults, retransmissions, generations) is bounded by a field
+here. The default configuration is the smallest one that can tell the reference protocol from the
+incident: two tenants, three requests, one of them too long for the prefill pool but short enough
+for decode's, one crash, one lost message, one duplicated message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, NewType
+
+RequestIndex = NewType("RequestIndex", int)
+PageId = NewType("PageId", int)
+Generation = NewType("Generation", int)
+Room = NewType("Room", int)
+TenantId = NewType("TenantId", str)
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range or malformed; the message names the field and value."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One client request: who sends it, how long its prompt is, and its room.
+
+    The room is the id both workers use to match messages to the request (SGLang's
+    `bootstrap_room`). Rooms are normally unique, but clients can supply them and fan-outs reuse
+    them (sglang #40125, #26486), so two requests may share one; the default scenario has that.
+    """
+
+    tenant: str
+    pages: int
+    room: int
+
+
+@dataclass(frozen=True)
+class Config:
+    """A scenario for the checkers. All lengths are in pages."""
+
+    decode_pages: int = 3
+    """Physical pages in decode's KV pool."""
+    page_size: int = 16
+    """Tokens per page; used only to speak about the deployment in tokens."""
+    prefill_pool_pages: int = 2
+    """Capacity of prefill's KV pool."""
+    context_window: int = 4
+    """The advertised window: the router refuses prompts longer than this."""
+    prefill_max_prompt: int = 2
+    """Longest prompt prefill admits (derived from its pool in a real engine)."""
+    decode_max_prompt: int = 3
+    """Longest prompt decode admits (derived from its pool)."""
+    requests: tuple[RequestSpec, ...] = (
+        RequestSpec("a", 2, 1),
+        RequestSpec("b", 3, 2),
+        RequestSpec("b", 2, 1),
+    )
+    prefill_ranks: int = 1
+    """Prefill ranks that must each report completion (only 1 is modelled in this version)."""
+    max_active: int = 1
+    """Requests the router lets be in progress at once (submitted and not yet answered)."""
+    submit_in_order: bool = True
+    """The router submits requests in list order; it keeps small configs small."""
+    max_faults: int = 1
+    """Faults of any kind in one run; the per-kind limits below apply as well."""
+    max_crashes: int = 1
+    """Prefill plus decode crash-restarts."""
+    max_drops: int = 1
+    """Control messages lost in the network."""
+    max_duplicates: int = 1
+    """Control messages delivered twice."""
+    max_timeouts: int = 1
+    """Decode waiting timeouts (and release timeouts where a variant has them)."""
+    max_cancels: int = 1
+    """Client cancellations."""
+    max_prefill_aborts: int = 1
+    """Prefill-local aborts (client abort at prefill, grammar error, running timeout)."""
+    response_bound: int = 0
+    """Bounded response: once faults stop, steps within which every request must end; 0 = any
+    finite bound (no cycle, no stuck state)."""
+
+    def __post_init__(self) -> None:
+        positive = ("decode_pages", "page_size", "prefill_pool_pages", "context_window")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        non_negative = (
+            "prefill_max_prompt",
+            "decode_max_prompt",
+            "max_faults",
+            "max_crashes",
+            "max_drops",
+            "max_duplicates",
+            "max_timeouts",
+            "max_cancels",
+            "max_prefill_aborts",
+            "response_bound",
+        )
+        for name in non_negative:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.prefill_ranks != 1:
+            raise ConfigError(
+                f"prefill_ranks={self.prefill_ranks}: only one prefill rank is modelled in this "
+                "version (multi-rank completion is future work)"
+            )
+        if self.max_active < 1:
+            raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")
+        if not self.requests:
+            raise ConfigError("requests must name at least one request")
+        if len(self.requests) > 6:
+            raise ConfigError(
+                f"{len(self.requests)} requests: the explicit model is meant for at most 6"
+            )
+        for i, r in enumerate(self.requests):
+            if not r.tenant or not r.tenant.isidentifier():
+                raise ConfigError(
+                    f"request {i}: tenant must be a short identifier, got {r.tenant!r}"
+                )
+            if r.pages < 1:
+                raise ConfigError(f"request {i}: pages must be at least 1, got {r.pages}")
+            if r.room < 1:
+                raise ConfigError(f"request {i}: room must be at least 1, got {r.room}")
+
+    @property
+    def tenants(self) -> tuple[str, ...]:
+        return tuple(sorted({r.tenant for r in self.requests}))
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["requests"] = [asdict(r) for r in self.requests]
+        return data
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Config:
+        known = {f.name for f in fields(Config)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
+        kwargs = dict(data)
+        if "requests" in kwargs:
+            try:
+                kwargs["requests"] = tuple(
+                    RequestSpec(str(r["tenant"]), int(r["pages"]), int(r["room"]))
+                    for r in kwargs["requests"]
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(
+                    "requests must be a list of {tenant, pages, room} objects"
+                ) from exc
+        return Config(**kwargs)
+
+
+def default_config() -> Config:
+    return Config()
+
+
+def _parse_requests(text: str) -> tuple[RequestSpec, ...]:
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3:
+            raise ConfigError(
+                f"requests item {item!r}: expected TENANT:PAGES:ROOM, e.g. requests=a:2:1,b:3:2"
+            )
+        tenant, pages, room = parts
+        try:
+            out.append(RequestSpec(tenant, int(pages), int(room)))
+        except ValueError as exc:
+            raise ConfigError(f"requests item {item!r}: PAGES and ROOM must be integers") from exc
+    return tuple(out)
+
+
+def parse_set(base: Config, assignments: list[str]) -> Config:
+    """Apply `KEY=VALUE` overrides (the CLI's `--set`) to a config, with errors that name the key."""
+    types = {f.name: f.type for f in fields(Config)}
+    changes: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE")
+        if key not in types:
+            raise ConfigError(f"--set {key}: unknown key; known keys: {', '.join(sorted(types))}")
+        if key == "requests":
+            changes[key] = _parse_requests(value)
+        elif types[key] in ("bool", bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ConfigError(f"--set {key}={value}: expected true or false")
+            changes[key] = value.lower() in ("true", "1")
+        else:
+            try:
+                changes[key] = int(value)
+            except ValueError as exc:
+                raise ConfigError(f"--set {key}={value}: expected an integer") from exc
+    return replace(base, **changes)
+
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Generation",
+    "PageId",
+    "RequestIndex",
+    "RequestSpec",
+    "Room",
+    "TenantId",
+    "default_config",
+    "parse_set",
+]

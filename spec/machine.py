@@ -1,0 +1,742 @@
+"""What each step does: `init`, `enabled` and `step`.
+
+Read this file as the protocol's rulebook. Each rule has a guard (when the step may happen, reading
+only what the acting component knows) and an effect (what changes). The rules, in the order a
+successful handoff takes them:
+
+1. `router_submit_request`  The router refuses prompts over the context window; otherwise it hands
+   the request to prefill and decode at once.
+2. `prefill_admit_request` / `prefill_reject_request`  Prefill admits what fits its limit. What it
+   does with a prompt that does not fit is a design option (reject / placeholder / truncate).
+3. `decode_admit_request` / `decode_reject_request`  Decode checks its own limit.
+4. `decode_reserve_pages`  Decode takes free pages under a fresh generation and sends the grant.
+5. `prefill_receive_grant`, `prefill_write_page`, `decode_receive_write`  Prefill writes each
+   granted page; decode accepts a write only into a page it owns for that room and generation
+   (receiver-checked path) or the write lands wherever it points (one-sided path).
+6. `prefill_send_completion`  Once its writes have returned, prefill sends its completion: the page
+   count it wrote and a digest of the data.
+7. `decode_receive_completion`  Decode validates the completion before anything is read.
+8. `decode_generate`, `decode_answer`, `decode_release_pages`  Decode reads the pages, answers, and
+   returns the pages to the pool (zeroed, and fenced against late writes).
+
+Failure paths: rejection notices, aborts and their drain acks, timeouts, cancels, crash detection
+through health checks, and retransmission of messages whose RPC failed. Faults are at the bottom.
+
+Messages are matched the way real workers match them: by room and generation (generation 0 for
+messages sent before any grant, which are matched by the request id every message carries).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from spec.actions import (
+    Action,
+    ClientCancelRequest,
+    DecodeAdmitRequest,
+    DecodeAnswer,
+    DecodeDetectPrefillRestart,
+    DecodeGenerate,
+    DecodeReceiveAbortAck,
+    DecodeReceiveCompletion,
+    DecodeReceiveFailure,
+    DecodeReceiveWrite,
+    DecodeRejectRequest,
+    DecodeReleasePages,
+    DecodeReleaseTimeout,
+    DecodeReservePages,
+    DecodeRestart,
+    DecodeWaitingTimeout,
+    NetworkDropMessage,
+    NetworkDuplicateMessage,
+    PrefillAbortRequest,
+    PrefillAdmitRequest,
+    PrefillDetectDecodeRestart,
+    PrefillReceiveAbort,
+    PrefillReceiveGrant,
+    PrefillRejectRequest,
+    PrefillRestart,
+    PrefillSendAbortAck,
+    PrefillSendCompletion,
+    PrefillWritePage,
+    RetransmitMessage,
+    RouterSubmitRequest,
+    action_name,
+)
+from spec.config import Config
+from spec.state import (
+    PREFILL_LIVE,
+    PREFILL_TERMINAL,
+    Answer,
+    Message,
+    PageState,
+    PrefillPhase,
+    ReqState,
+    State,
+    Tag,
+    Write,
+    initial_state,
+)
+from spec.variants import REFERENCE, Design, Variant
+
+T = TypeVar("T")
+
+
+class ActionNotEnabled(ValueError):
+    """`step` was asked to take an action whose guard is false in this state."""
+
+
+def init(config: Config) -> State:
+    return initial_state(config)
+
+
+# --- Small helpers ------------------------------------------------------------------------------
+
+
+def _set_req(state: State, r: int, req: ReqState) -> State:
+    reqs = state.requests
+    return replace(state, requests=(*reqs[:r], req, *reqs[r + 1 :]))
+
+
+def _send(network: tuple[Message, ...], message: Message) -> tuple[Message, ...]:
+    """Add a message to the sorted multiset."""
+    items = list(network)
+    bisect.insort(items, message)
+    return tuple(items)
+
+
+def _remove_one(items: tuple[T, ...], item: T) -> tuple[T, ...]:
+    index = items.index(item)
+    return items[:index] + items[index + 1 :]
+
+
+def _add_write(writes: tuple[Write, ...], write: Write) -> tuple[Write, ...]:
+    items = list(writes)
+    bisect.insort(items, write)
+    return tuple(items)
+
+
+def _writes_in_flight(state: State, room: int, generation: int) -> bool:
+    return any(w.room == room and w.generation == generation for w in state.writes)
+
+
+def _tag(config: Config, r: int, generation: int) -> Tag:
+    return Tag(r, generation, config.requests[r].tenant)
+
+
+def _prefill_target_pages(design: Design, req: ReqState) -> int:
+    """How many pages prefill will write for its grant.
+
+    It can only write pages it has data for (`p_len`, its own view of the prompt), and never more
+    than were granted. Under the `local` completion rule this same number is what makes it claim
+    the transfer complete.
+    """
+    return min(req.p_len, len(req.p_pages))
+
+
+def _answer_error(req: ReqState, reason: str) -> ReqState:
+    if req.answer is not None:
+        return req
+    return replace(req, answer=Answer(ok=False, reason=reason))
+
+
+def _decode_fail(
+    design: Design, config: Config, state: State, r: int, reason: str, abort: bool
+) -> State:
+    """Decode gives up on request r: the client gets an error, prefill is told to stop.
+
+    When prefill may still be writing (the request holds a grant), decode sends an abort for the
+    generation; on the one-sided path with a drain fence, release then waits for prefill's ack.
+    """
+    req = state.requests[r]
+    network = state.network
+    awaiting = False
+    if abort:
+        room = config.requests[r].room
+        generation = req.d_gen if req.d == "reserved" else 0
+        network = _send(network, Message("abort", room, generation, r))
+        awaiting = req.d == "reserved" and design.release_fence in ("drain_ack", "ack_or_timeout")
+    req = replace(_answer_error(req, reason), d="failed", d_awaiting_ack=awaiting)
+    return replace(_set_req(state, r, req), network=network)
+
+
+def _decode_target(design: Design, config: Config, state: State, message: Message) -> int | None:
+    """The request at decode that a completion matches, or None (stale: dropped)."""
+    for r, req in enumerate(state.requests):
+        if req.d != "reserved" or config.requests[r].room != message.room:
+            continue
+        if design.check_generation and req.d_gen != message.generation:
+            continue
+        return r
+    return None
+
+
+def _digest_of_pages(state: State, pages: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """Decode's recomputation of a digest over the data now in `pages`.
+
+    A real digest hashes the bytes; two pages hash alike exactly when they hold the same
+    request's data for the same generation, which is what the tag records.
+    """
+    out = []
+    for p in pages:
+        content = state.pages[p].content
+        out.append((p, -1, -1) if content is None else (p, content.request, content.generation))
+    return tuple(out)
+
+
+# --- enabled ------------------------------------------------------------------------------------
+
+
+def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
+    """Every action whose guard holds, protocol steps first, faults last, in a stable order."""
+    d = variant.design
+    reqs = state.requests
+    out: list[Action] = []
+    n = len(reqs)
+    active = sum(1 for q in reqs if q.submitted and q.answer is None)
+    for r in range(n):
+        req = reqs[r]
+        if (
+            not req.submitted
+            and active < config.max_active
+            and (not config.submit_in_order or r == 0 or reqs[r - 1].submitted)
+        ):
+            out.append(RouterSubmitRequest(r))
+    for r in range(n):
+        if reqs[r].p == "received":
+            if config.requests[r].pages <= config.prefill_max_prompt:
+                out.append(PrefillAdmitRequest(r))
+            else:
+                out.append(PrefillRejectRequest(r))
+    for r in range(n):
+        if reqs[r].d == "received":
+            if config.requests[r].pages <= config.decode_max_prompt:
+                out.append(DecodeAdmitRequest(r))
+            else:
+                out.append(DecodeRejectRequest(r))
+    free = sum(1 for p in state.pages if p.owner is None)
+    for r in range(n):
+        if reqs[r].d == "admitted" and free >= config.requests[r].pages:
+            out.append(DecodeReservePages(r))
+    messages = sorted(set(state.network))
+    for m in messages:
+        if m.kind == "grant":
+            out.append(PrefillReceiveGrant(m))
+    for r in range(n):
+        req = reqs[r]
+        if req.p == "granted" and req.p_wrote < _prefill_target_pages(d, req):
+            out.append(PrefillWritePage(r))
+    for w in sorted(set(state.writes)):
+        out.append(DecodeReceiveWrite(w))
+    for r in range(n):
+        req = reqs[r]
+        if (
+            req.p == "granted"
+            and req.p_wrote == _prefill_target_pages(d, req)
+            and not _writes_in_flight(state, config.requests[r].room, req.p_gen)
+        ):
+            out.append(PrefillSendCompletion(r))
+    for m in messages:
+        if m.kind == "completion":
+            out.append(DecodeReceiveCompletion(m))
+    for m in messages:
+        if m.kind == "failure":
+            out.append(DecodeReceiveFailure(m))
+    for r in range(n):
+        if reqs[r].d == "validated":
+            out.append(DecodeGenerate(r))
+    for r in range(n):
+        if reqs[r].d == "generated":
+            out.append(DecodeAnswer(r))
+    for r in range(n):
+        req = reqs[r]
+        if req.d in ("answered", "failed") and req.d_pages and not req.d_awaiting_ack:
+            out.append(DecodeReleasePages(r))
+    for m in messages:
+        if m.kind == "abort":
+            out.append(PrefillReceiveAbort(m))
+    for room, generation, _r in state.pending_acks:
+        if not _writes_in_flight(state, room, generation):
+            out.append(PrefillSendAbortAck(room, generation))
+    for m in messages:
+        if m.kind == "abort_ack":
+            out.append(DecodeReceiveAbortAck(m))
+    if d.release_fence == "ack_or_timeout":
+        for r in range(n):
+            if reqs[r].d_awaiting_ack:
+                out.append(DecodeReleaseTimeout(r))
+    if state.decode_sees_prefill_epoch != state.prefill_epoch:
+        out.append(DecodeDetectPrefillRestart())
+    if state.prefill_sees_decode_epoch != state.decode_epoch:
+        out.append(PrefillDetectDecodeRestart())
+    for m in sorted(set(state.lost)):
+        out.append(RetransmitMessage(m))
+    if variant.extra_actions is not None:
+        out.extend(variant.extra_actions(config, state))
+
+    # Faults.
+    f = state.faults
+    if f.total >= config.max_faults:
+        return out
+    if f.cancels < config.max_cancels:
+        for r in range(n):
+            if reqs[r].submitted and reqs[r].answer is None:
+                out.append(ClientCancelRequest(r))
+    if f.timeouts < config.max_timeouts:
+        for r in range(n):
+            if reqs[r].d == "reserved":
+                out.append(DecodeWaitingTimeout(r))
+    if f.prefill_aborts < config.max_prefill_aborts:
+        for r in range(n):
+            req = reqs[r]
+            if req.p in PREFILL_LIVE and not _writes_in_flight(
+                state, config.requests[r].room, req.p_gen
+            ):
+                out.append(PrefillAbortRequest(r))
+    if f.crashes < config.max_crashes:
+        out.append(PrefillRestart())
+        out.append(DecodeRestart())
+    if f.drops < config.max_drops:
+        for m in messages:
+            out.append(NetworkDropMessage(m))
+    if f.duplicates < config.max_duplicates:
+        for m in messages:
+            out.append(NetworkDuplicateMessage(m))
+    return out
+
+
+# --- step ---------------------------------------------------------------------------------------
+
+
+def step(variant: Variant, config: Config, state: State, action: Action) -> State:
+    """The state after `action`. The caller must pass an enabled action (see `checked_step`)."""
+    override = variant.step_overrides.get(action_name(action)) if variant.step_overrides else None
+    if override is not None:
+        return override(config, state, action)
+    rule: Any = _STEP[type(action)]
+    result: State = rule(variant.design, config, state, action)
+    return result
+
+
+def checked_step(variant: Variant, config: Config, state: State, action: Action) -> State:
+    """`step`, after checking that `action` is enabled (used when replaying traces)."""
+    if action not in enabled(variant, config, state):
+        raise ActionNotEnabled(f"{action_name(action)} {action!r} is not enabled in this state")
+    return step(variant, config, state, action)
+
+
+def _router_submit(d: Design, c: Config, s: State, a: RouterSubmitRequest) -> State:
+    r = a.request
+    req = replace(s.requests[r], submitted=True)
+    if c.requests[r].pages > c.context_window:
+        # The advertised window is the router's only limit; prompts over it never reach a worker.
+        req = replace(req, answer=Answer(False, reason="prompt over the context window"))
+        req = replace(req, not_as_is=True)
+    else:
+        # The router learned both workers' boot epochs from their health checks; the request
+        # carries them, so a worker can later tell which requests a peer's restart affected.
+        req = replace(
+            req, p="received", d="received", p_epoch=s.decode_epoch, d_epoch=s.prefill_epoch
+        )
+    return _set_req(s, r, req)
+
+
+def _prefill_admit(d: Design, c: Config, s: State, a: PrefillAdmitRequest) -> State:
+    r = a.request
+    req = s.requests[r]
+    phase: PrefillPhase = "granted" if req.p_gen else "admitted"
+    return _set_req(s, r, replace(req, p=phase, p_len=c.requests[r].pages))
+
+
+def _prefill_reject(d: Design, c: Config, s: State, a: PrefillRejectRequest) -> State:
+    r = a.request
+    req = replace(s.requests[r], not_as_is=True)
+    if d.oversize == "reject":
+        # Fail closed: write nothing, tell decode (so it frees its reservation) and the client.
+        req = replace(req, p="rejected")
+        if d.router_honours_prefill_error:
+            req = _answer_error(req, "rejected by prefill: prompt over its limit")
+        network = _send(s.network, Message("failure", c.requests[r].room, 0, r, reason="rejected"))
+        return replace(_set_req(s, r, req), network=network)
+    if d.oversize == "placeholder":
+        # The request keeps its room and bootstraps normally, now one page long.
+        req = replace(req, p="granted" if req.p_gen else "admitted", p_len=1)
+        if d.placeholder_reports_error and d.router_honours_prefill_error:
+            req = _answer_error(req, "aborted by prefill: prompt over its limit")
+        return _set_req(s, r, req)
+    # Truncate: prefill keeps only as much of the prompt as fits.
+    phase: PrefillPhase = "granted" if req.p_gen else "admitted"
+    return _set_req(s, r, replace(req, p=phase, p_len=max(1, c.prefill_max_prompt)))
+
+
+def _decode_admit(d: Design, c: Config, s: State, a: DecodeAdmitRequest) -> State:
+    return _set_req(s, a.request, replace(s.requests[a.request], d="admitted"))
+
+
+def _decode_reject(d: Design, c: Config, s: State, a: DecodeRejectRequest) -> State:
+    r = a.request
+    req = _answer_error(s.requests[r], "rejected by decode: prompt over its limit")
+    req = replace(req, d="rejected", not_as_is=True)
+    # Prefill may have admitted it and be waiting for a grant that will never come.
+    network = _send(s.network, Message("abort", c.requests[r].room, 0, r))
+    return replace(_set_req(s, r, req), network=network)
+
+
+def _decode_reserve(d: Design, c: Config, s: State, a: DecodeReservePages) -> State:
+    r = a.request
+    tenant = c.requests[r].tenant
+    generation = s.next_generation
+    chosen = tuple(i for i, p in enumerate(s.pages) if p.owner is None)[: c.requests[r].pages]
+    pages = list(s.pages)
+    ghost = s.ghost
+    for i in chosen:
+        old = pages[i]
+        if old.last_tenant is not None:
+            ghost = replace(ghost, page_reuse=True)
+            if old.last_tenant != tenant:
+                ghost = replace(ghost, cross_tenant_reuse=True)
+        pages[i] = replace(old, owner=(r, generation), last_tenant=tenant)
+    req = replace(s.requests[r], d="reserved", d_gen=generation, d_pages=chosen)
+    grant = Message("grant", c.requests[r].room, generation, r, pages=chosen, epoch=s.decode_epoch)
+    return replace(
+        _set_req(s, r, req),
+        pages=tuple(pages),
+        next_generation=generation + 1,
+        network=_send(s.network, grant),
+        ghost=ghost,
+    )
+
+
+def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGrant) -> State:
+    m = a.message
+    s = replace(s, network=_remove_one(s.network, m))
+    req = s.requests[m.request]
+    if req.p in ("received", "admitted") and req.p_gen == 0:
+        # The grant can overtake the router's hand-over to prefill's scheduler: keep it, and
+        # start writing as soon as the request is admitted.
+        granted = req.p == "admitted"
+        req = replace(
+            req,
+            p="granted" if granted else req.p,
+            p_gen=m.generation,
+            p_pages=m.pages,
+            p_epoch=m.epoch,
+        )
+        return _set_req(s, m.request, req)
+    if d.prefill_adopts_unknown_grant and req.p not in PREFILL_LIVE:
+        key = (m.room, m.generation)
+        if key not in s.orphans:
+            return replace(s, orphans=tuple(sorted((*s.orphans, key))))
+    return s  # stale or duplicate: dropped
+
+
+def _prefill_write(d: Design, c: Config, s: State, a: PrefillWritePage) -> State:
+    r = a.request
+    req = s.requests[r]
+    page = req.p_pages[req.p_wrote]
+    write = Write(c.requests[r].room, req.p_gen, page, _tag(c, r, req.p_gen), req.p_epoch)
+    s = replace(s, writes=_add_write(s.writes, write))
+    return _set_req(s, r, replace(req, p_wrote=req.p_wrote + 1))
+
+
+def _owner_matches(c: Config, page: PageState, write: Write) -> bool:
+    if page.owner is None:
+        return False
+    owner_request, owner_generation = page.owner
+    return c.requests[owner_request].room == write.room and owner_generation == write.generation
+
+
+def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite) -> State:
+    w = a.write
+    s = replace(s, writes=_remove_one(s.writes, w))
+    page = s.pages[w.page]
+    matches = _owner_matches(c, page, w)
+    if d.write_path == "receiver_checked":
+        if not matches:
+            return replace(s, ghost=replace(s.ghost, refused_write=True))
+    elif d.release_fence != "none" and w.epoch != s.decode_epoch:
+        # A restarted decode registered its pool again: the remote key this write was issued
+        # with is revoked, so the NIC refuses it. Fencing designs rely on this after a crash.
+        return replace(s, ghost=replace(s.ghost, refused_write=True))
+    pages = list(s.pages)
+    pages[w.page] = replace(page, content=w.data)
+    s = replace(s, pages=tuple(pages))
+    # Ghost: did the data land in a page owned by someone else (or by no one)?
+    if page.owner != (w.data.request, w.data.generation):
+        s = replace(s, ghost=replace(s.ghost, late_landing=True))
+    return s
+
+
+def _prefill_send_completion(d: Design, c: Config, s: State, a: PrefillSendCompletion) -> State:
+    r = a.request
+    req = s.requests[r]
+    written = req.p_pages[: req.p_wrote]
+    count = len(req.p_pages) if d.completion == "local" else req.p_wrote
+    digest = tuple((p, r, req.p_gen) for p in written) if d.prefill_sends_digest else None
+    msg = Message("completion", c.requests[r].room, req.p_gen, r, count=count, digest=digest)
+    return replace(_set_req(s, r, replace(req, p="completed")), network=_send(s.network, msg))
+
+
+def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveCompletion) -> State:
+    m = a.message
+    s = replace(s, network=_remove_one(s.network, m))
+    r = _decode_target(d, c, s, m)
+    if r is None:
+        return s
+    req = s.requests[r]
+    count_ok = m.count == len(req.d_pages)
+    if d.validation == "none":
+        valid = True
+    elif d.validation == "count_only":
+        valid = count_ok
+    else:
+        digest_ok = m.digest == _digest_of_pages(s, req.d_pages)
+        if d.validation == "digest_optional" and m.digest is None:
+            digest_ok = True
+        valid = count_ok and digest_ok
+    if not valid:
+        # Prefill sent its completion only after its writes returned: nothing to fence.
+        return _decode_fail(d, c, s, r, "completion failed validation", abort=False)
+    own = _tag(c, r, req.d_gen)
+    full = all(s.pages[p].content == own for p in req.d_pages)
+    return _set_req(s, r, replace(req, d="validated", accepted_full=full))
+
+
+def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFailure) -> State:
+    m = a.message
+    s = replace(s, network=_remove_one(s.network, m))
+    req = s.requests[m.request]
+    if req.d not in ("received", "admitted", "reserved"):
+        return s
+    if m.generation != 0 and req.d_gen != m.generation:
+        return s
+    reason = f"prefill reported failure: {m.reason}"
+    return _decode_fail(d, c, s, m.request, reason, abort=False)
+
+
+def _decode_generate(d: Design, c: Config, s: State, a: DecodeGenerate) -> State:
+    r = a.request
+    req = s.requests[r]
+    read = tuple(s.pages[p].content for p in req.d_pages)
+    return _set_req(s, r, replace(req, d="generated", read=read))
+
+
+def _decode_answer(d: Design, c: Config, s: State, a: DecodeAnswer) -> State:
+    r = a.request
+    req = s.requests[r]
+    ghost = s.ghost
+    if req.answer is None:
+        req = replace(req, answer=Answer(ok=True, tags=req.read or ()))
+        if s.faults.crashes:
+            ghost = replace(ghost, ok_after_crash=True)
+        if s.faults.drops:
+            ghost = replace(ghost, ok_after_loss=True)
+    return replace(_set_req(s, r, replace(req, d="answered")), ghost=ghost)
+
+
+def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> State:
+    r = a.request
+    req = s.requests[r]
+    pages = list(s.pages)
+    ghost = s.ghost
+    for p in req.d_pages:
+        page = pages[p]
+        if d.scrub:
+            if page.content is not None:
+                ghost = replace(ghost, scrubbed_written_page=True)
+            pages[p] = replace(page, owner=None, content=None)
+        else:
+            pages[p] = replace(page, owner=None)
+    req = replace(req, d="released", d_pages=(), d_awaiting_ack=False)
+    return replace(_set_req(s, r, req), pages=tuple(pages), ghost=ghost)
+
+
+def _prefill_receive_abort(d: Design, c: Config, s: State, a: PrefillReceiveAbort) -> State:
+    m = a.message
+    s = replace(s, network=_remove_one(s.network, m))
+    req = s.requests[m.request]
+    if req.p in ("received", "admitted") or (req.p == "granted" and req.p_gen == m.generation):
+        s = _set_req(s, m.request, replace(req, p="aborted"))
+    if m.generation and d.release_fence in ("drain_ack", "ack_or_timeout"):
+        key = (m.room, m.generation, m.request)
+        if key not in s.pending_acks:
+            s = replace(s, pending_acks=tuple(sorted((*s.pending_acks, key))))
+    return s
+
+
+def _prefill_send_abort_ack(d: Design, c: Config, s: State, a: PrefillSendAbortAck) -> State:
+    keep = []
+    network = s.network
+    for key in s.pending_acks:
+        room, generation, r = key
+        if (room, generation) == (a.room, a.generation):
+            network = _send(network, Message("abort_ack", room, generation, r))
+        else:
+            keep.append(key)
+    return replace(s, pending_acks=tuple(keep), network=network)
+
+
+def _decode_receive_abort_ack(d: Design, c: Config, s: State, a: DecodeReceiveAbortAck) -> State:
+    m = a.message
+    s = replace(s, network=_remove_one(s.network, m))
+    for r, req in enumerate(s.requests):
+        if req.d_awaiting_ack and c.requests[r].room == m.room and req.d_gen == m.generation:
+            s = replace(s, ghost=replace(s.ghost, drain_acked=True))
+            return _set_req(s, r, replace(req, d_awaiting_ack=False))
+    return s
+
+
+def _decode_detect_prefill_restart(
+    d: Design, c: Config, s: State, a: DecodeDetectPrefillRestart
+) -> State:
+    s = replace(s, decode_sees_prefill_epoch=s.prefill_epoch)
+    for r, req in enumerate(s.requests):
+        if req.d in ("received", "admitted", "reserved") and req.d_epoch != s.prefill_epoch:
+            s = _decode_fail(d, c, s, r, "prefill restarted", abort=True)
+        elif req.d_awaiting_ack:
+            # The restarted prefill forgot the abort; ask again so it acks once drained.
+            abort = Message("abort", c.requests[r].room, req.d_gen, r)
+            s = replace(s, network=_send(s.network, abort))
+    return s
+
+
+def _prefill_detect_decode_restart(
+    d: Design, c: Config, s: State, a: PrefillDetectDecodeRestart
+) -> State:
+    s = replace(s, prefill_sees_decode_epoch=s.decode_epoch)
+    for r, req in enumerate(s.requests):
+        if req.p in ("received", *PREFILL_LIVE) and req.p_epoch != s.decode_epoch:
+            s = _set_req(s, r, replace(req, p="aborted"))
+    return s
+
+
+def _retransmit(d: Design, c: Config, s: State, a: RetransmitMessage) -> State:
+    return replace(s, lost=_remove_one(s.lost, a.message), network=_send(s.network, a.message))
+
+
+# Faults.
+
+
+def _client_cancel(d: Design, c: Config, s: State, a: ClientCancelRequest) -> State:
+    r = a.request
+    req = s.requests[r]
+    s = replace(s, faults=replace(s.faults, cancels=s.faults.cancels + 1))
+    if req.p == "granted" and req.p_wrote > 0:
+        s = replace(s, ghost=replace(s.ghost, cancelled_mid_transfer=True))
+    if req.d in ("received", "admitted", "reserved", "validated", "generated"):
+        abort = req.d in ("received", "admitted", "reserved")
+        return _decode_fail(d, c, s, r, "cancelled by the client", abort=abort)
+    return _set_req(s, r, _answer_error(req, "cancelled by the client"))
+
+
+def _decode_waiting_timeout(d: Design, c: Config, s: State, a: DecodeWaitingTimeout) -> State:
+    s = replace(s, faults=replace(s.faults, timeouts=s.faults.timeouts + 1))
+    return _decode_fail(d, c, s, a.request, "timed out waiting for prefill", abort=True)
+
+
+def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> State:
+    r = a.request
+    req = s.requests[r]
+    s = replace(s, faults=replace(s.faults, prefill_aborts=s.faults.prefill_aborts + 1))
+    new = replace(req, p="aborted")
+    if d.router_honours_prefill_error:
+        new = _answer_error(new, "aborted by prefill")
+    s = _set_req(s, r, new)
+    if d.prefill_abort_notifies_decode:
+        notice = Message("failure", c.requests[r].room, req.p_gen, r, reason="aborted")
+        s = replace(s, network=_send(s.network, notice))
+    return s
+
+
+def _decode_release_timeout(d: Design, c: Config, s: State, a: DecodeReleaseTimeout) -> State:
+    return _set_req(s, a.request, replace(s.requests[a.request], d_awaiting_ack=False))
+
+
+def _prefill_restart(d: Design, c: Config, s: State, a: PrefillRestart) -> State:
+    reqs = tuple(q if q.p in PREFILL_TERMINAL else replace(q, p="lost") for q in s.requests)
+    return replace(
+        s,
+        requests=reqs,
+        prefill_epoch=s.prefill_epoch + 1,
+        pending_acks=(),
+        orphans=(),
+        faults=replace(s.faults, crashes=s.faults.crashes + 1),
+    )
+
+
+def _decode_restart(d: Design, c: Config, s: State, a: DecodeRestart) -> State:
+    reqs = []
+    for q in s.requests:
+        if q.d in ("none", "rejected", "released", "lost") and not q.d_pages:
+            reqs.append(q)
+            continue
+        # The router sees decode's stream break: an unanswered client gets an error.
+        q = _answer_error(q, "decode restarted")
+        reqs.append(replace(q, d="lost", d_pages=(), d_awaiting_ack=False))
+    if d.scrub:
+        pages = tuple(replace(p, owner=None, content=None) for p in s.pages)
+    else:
+        pages = tuple(replace(p, owner=None) for p in s.pages)
+    return replace(
+        s,
+        requests=tuple(reqs),
+        pages=pages,
+        decode_epoch=s.decode_epoch + 1,
+        next_generation=s.next_generation if d.generations_persist else 1,
+        faults=replace(s.faults, crashes=s.faults.crashes + 1),
+    )
+
+
+def _drop(d: Design, c: Config, s: State, a: NetworkDropMessage) -> State:
+    # The sender's RPC fails, so the sender knows and will retransmit.
+    return replace(
+        s,
+        network=_remove_one(s.network, a.message),
+        lost=_send(s.lost, a.message),
+        faults=replace(s.faults, drops=s.faults.drops + 1),
+    )
+
+
+def _duplicate(d: Design, c: Config, s: State, a: NetworkDuplicateMessage) -> State:
+    return replace(
+        s,
+        network=_send(s.network, a.message),
+        faults=replace(s.faults, duplicates=s.faults.duplicates + 1),
+    )
+
+
+_STEP = {
+    RouterSubmitRequest: _router_submit,
+    PrefillAdmitRequest: _prefill_admit,
+    PrefillRejectRequest: _prefill_reject,
+    DecodeAdmitRequest: _decode_admit,
+    DecodeRejectRequest: _decode_reject,
+    DecodeReservePages: _decode_reserve,
+    PrefillReceiveGrant: _prefill_receive_grant,
+    PrefillWritePage: _prefill_write,
+    DecodeReceiveWrite: _decode_receive_write,
+    PrefillSendCompletion: _prefill_send_completion,
+    DecodeReceiveCompletion: _decode_receive_completion,
+    DecodeReceiveFailure: _decode_receive_failure,
+    DecodeGenerate: _decode_generate,
+    DecodeAnswer: _decode_answer,
+    DecodeReleasePages: _decode_release,
+    PrefillReceiveAbort: _prefill_receive_abort,
+    PrefillSendAbortAck: _prefill_send_abort_ack,
+    DecodeReceiveAbortAck: _decode_receive_abort_ack,
+    DecodeDetectPrefillRestart: _decode_detect_prefill_restart,
+    PrefillDetectDecodeRestart: _prefill_detect_decode_restart,
+    RetransmitMessage: _retransmit,
+    ClientCancelRequest: _client_cancel,
+    DecodeWaitingTimeout: _decode_waiting_timeout,
+    PrefillAbortRequest: _prefill_abort,
+    DecodeReleaseTimeout: _decode_release_timeout,
+    PrefillRestart: _prefill_restart,
+    DecodeRestart: _decode_restart,
+    NetworkDropMessage: _drop,
+    NetworkDuplicateMessage: _duplicate,
+}
+
+__all__ = ["REFERENCE", "ActionNotEnabled", "checked_step", "enabled", "init", "step"]

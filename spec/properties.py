@@ -1,0 +1,298 @@
+"""What must always hold, what must be possible, and what the deployment must satisfy.
+
+Each `always` property is a claim about every reachable state; its name says the claim. Each has a
+`sometimes` partner (a witness): a state that must be reachable, so that a property that holds only
+because nothing ever happens (a vacuous spec) is caught. `every_request_terminates` is a
+bounded-response property over the state graph, checked by the explorer (see
+`model_checker/explore.py`): once faults stop, every request ends in an answer or an error, and its
+pages return to the pool, within a bound of steps.
+
+Deployment-level properties are plain functions of the `Config`: they are what `check-config`
+checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
+default scenario breaks both on purpose), which is why they are reported apart from the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spec.config import Config
+from spec.state import State, Tag
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    claim: str
+    holds: Callable[[Config, State], bool]
+    witness: str = ""
+    """The name of the `sometimes` property that shows this one is not vacuous."""
+
+
+@dataclass(frozen=True)
+class Witness:
+    name: str
+    claim: str
+    reached: Callable[[Config, State], bool]
+
+
+class PropertyViolation(AssertionError):
+    def __init__(self, prop: Property, state: State) -> None:
+        super().__init__(f"{prop.name} violated: {prop.claim}")
+        self.property = prop
+        self.state = state
+
+
+# --- always -------------------------------------------------------------------------------------
+
+
+def decode_reads_only_validated_pages(config: Config, state: State) -> bool:
+    """Ack implies data validated: when decode generates for r, every page it reads holds data
+    written by r's own prefill for r's current generation."""
+    for r, req in enumerate(state.requests):
+        if req.read is None:
+            continue
+        own = Tag(r, req.d_gen, config.requests[r].tenant)
+        if any(t != own for t in req.read):
+            return False
+    return True
+
+
+def no_cross_tenant_read(config: Config, state: State) -> bool:
+    """Nothing a request's answer is generated from was written for another tenant."""
+    for r, req in enumerate(state.requests):
+        if req.read is None:
+            continue
+        tenant = config.requests[r].tenant
+        if any(t is not None and t.tenant != tenant for t in req.read):
+            return False
+    return True
+
+
+def accepted_completion_implies_full_coverage(config: Config, state: State) -> bool:
+    """A completion that decode accepts covers every granted page with the request's own data."""
+    return all(req.accepted_full is not False for req in state.requests)
+
+
+def rejected_request_gets_error_not_output(config: Config, state: State) -> bool:
+    """Fail closed: a request that some side did not admit as sent (rejected, swapped for a
+    placeholder, truncated) gets an error, never output, and prefill writes nothing for it."""
+    for req in state.requests:
+        if not req.not_as_is:
+            continue
+        if req.p_wrote > 0:
+            return False
+        if req.answer is not None and req.answer.ok:
+            return False
+    return True
+
+
+def page_has_single_owner(config: Config, state: State) -> bool:
+    """Decode's page table and its requests agree, and no page is granted to two requests."""
+    holders: dict[int, int] = {}
+    for r, req in enumerate(state.requests):
+        for p in req.d_pages:
+            if p in holders:
+                return False
+            holders[p] = r
+            if state.pages[p].owner != (r, req.d_gen):
+                return False
+    return all(page.owner is None or i in holders for i, page in enumerate(state.pages))
+
+
+def no_late_write_lands_in_reallocated_page(config: Config, state: State) -> bool:
+    """A write lands only in a page owned by its own request and generation: no write of an
+    aborted or released generation lands after the page was freed or granted again."""
+    return not state.ghost.late_landing
+
+
+def freed_pages_hold_no_readable_data(config: Config, state: State) -> bool:
+    """Free pages hold nothing readable: whatever was there was zeroed when it was freed."""
+    return all(p.content is None for p in state.pages if p.owner is None)
+
+
+# --- sometimes ----------------------------------------------------------------------------------
+
+
+def can_complete_handoff(config: Config, state: State) -> bool:
+    return any(req.answer is not None and req.answer.ok for req in state.requests)
+
+
+def can_reuse_page_across_tenants(config: Config, state: State) -> bool:
+    return state.ghost.cross_tenant_reuse
+
+
+def can_accept_completion(config: Config, state: State) -> bool:
+    return any(req.accepted_full is not None for req in state.requests)
+
+
+def can_reject_oversized_prompt(config: Config, state: State) -> bool:
+    return any(
+        req.not_as_is
+        and req.answer is not None
+        and not req.answer.ok
+        and config.requests[r].pages > config.prefill_max_prompt
+        for r, req in enumerate(state.requests)
+    )
+
+
+def can_reuse_freed_page(config: Config, state: State) -> bool:
+    return state.ghost.page_reuse
+
+
+def can_refuse_or_fence_late_write(config: Config, state: State) -> bool:
+    """A stale write was refused, or an abort's drain ack arrived before release."""
+    return state.ghost.refused_write or state.ghost.drain_acked
+
+
+def can_scrub_written_page(config: Config, state: State) -> bool:
+    return state.ghost.scrubbed_written_page
+
+
+def can_cancel_mid_transfer(config: Config, state: State) -> bool:
+    return state.ghost.cancelled_mid_transfer
+
+
+def can_recover_from_crash(config: Config, state: State) -> bool:
+    return state.ghost.ok_after_crash
+
+
+def can_recover_from_message_loss(config: Config, state: State) -> bool:
+    return state.ghost.ok_after_loss
+
+
+def can_time_out_waiting(config: Config, state: State) -> bool:
+    return state.faults.timeouts > 0 and any(
+        req.answer is not None and req.answer.reason == "timed out waiting for prefill"
+        for req in state.requests
+    )
+
+
+ALWAYS: tuple[Property, ...] = (
+    Property(
+        "decode_reads_only_validated_pages",
+        "decode generates for r only from pages holding r's own data for r's current generation",
+        decode_reads_only_validated_pages,
+        "can_complete_handoff",
+    ),
+    Property(
+        "no_cross_tenant_read",
+        "nothing a request's answer is generated from was written for another tenant",
+        no_cross_tenant_read,
+        "can_reuse_page_across_tenants",
+    ),
+    Property(
+        "accepted_completion_implies_full_coverage",
+        "a completion that decode accepts covers every granted page",
+        accepted_completion_implies_full_coverage,
+        "can_accept_completion",
+    ),
+    Property(
+        "rejected_request_gets_error_not_output",
+        "a request not admitted as sent gets an error, never output, and nothing is written for it",
+        rejected_request_gets_error_not_output,
+        "can_reject_oversized_prompt",
+    ),
+    Property(
+        "page_has_single_owner",
+        "decode's page table and its requests agree; no page is granted twice at once",
+        page_has_single_owner,
+        "can_reuse_freed_page",
+    ),
+    Property(
+        "no_late_write_lands_in_reallocated_page",
+        "a write lands only in a page owned by its own request and generation",
+        no_late_write_lands_in_reallocated_page,
+        "can_refuse_or_fence_late_write",
+    ),
+    Property(
+        "freed_pages_hold_no_readable_data",
+        "free pages hold nothing readable",
+        freed_pages_hold_no_readable_data,
+        "can_scrub_written_page",
+    ),
+)
+
+TERMINATION = Property(
+    "every_request_terminates",
+    "once faults stop, every request ends in an answer or an error and its pages are freed, "
+    "within a bound of steps",
+    lambda config, state: True,  # a graph property: see model_checker.explore
+    "can_recover_from_crash",
+)
+
+SOMETIMES: tuple[Witness, ...] = (
+    Witness("can_complete_handoff", "some request gets an answer", can_complete_handoff),
+    Witness(
+        "can_reuse_page_across_tenants",
+        "a page used for one tenant is granted to another",
+        can_reuse_page_across_tenants,
+    ),
+    Witness("can_accept_completion", "decode accepts a completion", can_accept_completion),
+    Witness(
+        "can_reject_oversized_prompt",
+        "a prompt over prefill's limit ends in an error",
+        can_reject_oversized_prompt,
+    ),
+    Witness("can_reuse_freed_page", "a freed page is granted again", can_reuse_freed_page),
+    Witness(
+        "can_refuse_or_fence_late_write",
+        "a stale write is refused, or fenced by a drain ack",
+        can_refuse_or_fence_late_write,
+    ),
+    Witness(
+        "can_scrub_written_page", "a written page is zeroed on release", can_scrub_written_page
+    ),
+    Witness(
+        "can_cancel_mid_transfer",
+        "a client cancels while pages are being written",
+        can_cancel_mid_transfer,
+    ),
+    Witness(
+        "can_recover_from_crash",
+        "a request is answered after a crash",
+        can_recover_from_crash,
+    ),
+    Witness(
+        "can_recover_from_message_loss",
+        "a request is answered after a lost message",
+        can_recover_from_message_loss,
+    ),
+    Witness(
+        "can_time_out_waiting",
+        "decode times out waiting for prefill",
+        can_time_out_waiting,
+    ),
+)
+
+ALL_PROPERTY_NAMES: tuple[str, ...] = (*tuple(p.name for p in ALWAYS), TERMINATION.name)
+
+
+def check_always(config: Config, state: State) -> list[Property]:
+    """The `always` properties that fail in `state`."""
+    return [p for p in ALWAYS if not p.holds(config, state)]
+
+
+# --- deployment ---------------------------------------------------------------------------------
+
+
+def context_window_fits_pools(config: Config) -> bool:
+    """Every prompt the router admits fits both pools and both admission limits."""
+    return config.context_window <= min(
+        config.prefill_pool_pages,
+        config.decode_pages,
+        config.prefill_max_prompt,
+        config.decode_max_prompt,
+    )
+
+
+def prefill_admits_everything_decode_admits(config: Config) -> bool:
+    """Any prompt decode would admit (within the window) prefill admits too, without substitution."""
+    return min(config.context_window, config.decode_max_prompt) <= config.prefill_max_prompt
+
+
+DEPLOYMENT: tuple[tuple[str, Callable[[Config], bool]], ...] = (
+    ("context_window_fits_pools", context_window_fits_pools),
+    ("prefill_admits_everything_decode_admits", prefill_admits_everything_decode_admits),
+)

@@ -1,0 +1,234 @@
+"""What the system remembers.
+
+A `State` is everything at one instant: each request's progress on the router, prefill and decode;
+each decode page's owner and content; the page writes in flight; the control messages in the
+network; and the fault budget spent so far.
+
+Two kinds of fields live here, and the difference matters:
+
+* **Protocol state** is what some component really knows: decode knows which pages it granted to
+  which (request, generation) and which writes it accepted; prefill knows which grant it holds and
+  how many pages it wrote. Actions may read protocol state only of the component taking them.
+* **Ghost state** exists only so that properties can speak about data: which request, generation and
+  tenant last wrote a page (`PageState.content`), what decode actually read when it generated
+  (`ReqState.read`), whether a request was not admitted as it was sent (`ReqState.not_as_is`).
+  Guards never read ghost state. (Page *content* is data, and a digest computed over it is a
+  legitimate check; the tag just names whose data it is.)
+
+Every collection is a tuple so that states are hashable; multisets (messages, writes) are kept
+sorted so that two states with the same contents compare equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from spec.config import Config
+
+# --- The vocabulary of phases -------------------------------------------------------------------
+
+PrefillPhase = Literal[
+    "none",  # never heard of the request
+    "received",  # the router handed it over; not yet admitted
+    "admitted",  # admitted; waiting for decode's grant
+    "rejected",  # refused; nothing will be written (terminal)
+    "granted",  # holds decode's grant and writes pages
+    "completed",  # sent its completion message (terminal)
+    "aborted",  # stopped on an abort, a decode restart or its own failure (terminal)
+    "lost",  # its state was lost in a prefill crash (terminal)
+]
+DecodePhase = Literal[
+    "none",
+    "received",
+    "admitted",  # admitted; waiting for free pages
+    "rejected",  # refused at admission (terminal)
+    "reserved",  # pages granted with a fresh generation; waiting for prefill's completion
+    "validated",  # completion accepted: decode may generate
+    "generated",  # generated from the pages
+    "answered",  # answer sent; pages still held until released
+    "failed",  # gave up (timeout, cancel, failed validation, prefill failure)
+    "released",  # pages returned to the pool (terminal)
+    "lost",  # state lost in a decode crash (terminal)
+]
+MessageKind = Literal["grant", "completion", "failure", "abort", "abort_ack"]
+
+PREFILL_TERMINAL: frozenset[str] = frozenset({"none", "rejected", "completed", "aborted", "lost"})
+PREFILL_LIVE: frozenset[str] = frozenset({"admitted", "granted"})
+DECODE_LIVE: frozenset[str] = frozenset(
+    {"received", "admitted", "reserved", "validated", "generated", "answered"}
+)
+
+
+@dataclass(frozen=True, order=True)
+class Tag:
+    """Ghost label of a page's data: written by `request`'s prefill for `generation`, for `tenant`.
+
+    Generation 0 marks data that was not written for any decode generation.
+    """
+
+    request: int
+    generation: int
+    tenant: str
+
+
+@dataclass(frozen=True, order=True)
+class Message:
+    """A control message between prefill and decode.
+
+    Receivers match messages by `room` and `generation` only, as real workers do; `request` is the
+    model's bookkeeping of who sent it and is never used to match.
+    """
+
+    kind: MessageKind
+    room: int
+    generation: int
+    request: int
+    pages: tuple[int, ...] = ()
+    count: int = 0
+    digest: tuple[tuple[int, int, int], ...] | None = None
+    reason: str = ""
+    epoch: int = 0  # on a grant: decode's boot epoch, i.e. which registration of its pool
+
+
+@dataclass(frozen=True, order=True)
+class Write:
+    """A page write in flight from prefill to decode: destination page, and the data it carries."""
+
+    room: int
+    generation: int
+    page: int
+    data: Tag
+    epoch: int = 0  # the decode boot epoch of the grant it writes against
+
+
+@dataclass(frozen=True)
+class PageState:
+    """One decode page. `owner` is protocol state (decode's page table); `content` is the data."""
+
+    owner: tuple[int, int] | None = None  # (request, generation)
+    content: Tag | None = None  # None: zeroed; nothing readable
+    last_tenant: str | None = None  # ghost: tenant of the last request granted this page
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the client got: output generated from pages (their data tags), or an error."""
+
+    ok: bool
+    tags: tuple[Tag | None, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ReqState:
+    """One request, as the router, prefill and decode each see it (plus ghost fields)."""
+
+    submitted: bool = False
+    answer: Answer | None = None
+    # Prefill's side.
+    p: PrefillPhase = "none"
+    p_len: int = 0  # prefill's view of the prompt length (a placeholder or truncation changes it)
+    p_gen: int = 0  # generation of the grant prefill holds
+    p_pages: tuple[int, ...] = ()  # the granted destination pages
+    p_wrote: int = 0  # pages written so far, in grant order
+    p_epoch: int = 0  # decode's boot epoch this request was sent with (and its grant names)
+    # Decode's side.
+    d: DecodePhase = "none"
+    d_gen: int = 0
+    d_pages: tuple[int, ...] = ()
+    d_awaiting_ack: bool = False  # abort sent; release fenced until prefill's drain ack
+    d_epoch: int = 0  # prefill's boot epoch this request was sent with
+    # Ghost.
+    not_as_is: bool = False  # some side did not admit the prompt as sent (reject/placeholder/trunc)
+    read: tuple[Tag | None, ...] | None = None  # what decode read when it generated
+    accepted_full: bool | None = (
+        None  # at completion acceptance: did every granted page hold r's data?
+    )
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault budget spent so far (each bounded by the config)."""
+
+    crashes: int = 0
+    drops: int = 0
+    duplicates: int = 0
+    timeouts: int = 0
+    cancels: int = 0
+    prefill_aborts: int = 0
+
+    @property
+    def total(self) -> int:
+        return (
+            self.crashes
+            + self.drops
+            + self.duplicates
+            + self.timeouts
+            + self.cancels
+            + self.prefill_aborts
+        )
+
+
+@dataclass(frozen=True)
+class Ghost:
+    """Whole-system ghost facts, used by properties and witnesses only. All monotone flags."""
+
+    late_landing: bool = False  # a write landed on a page not owned by its (room, generation)
+    refused_write: bool = False  # decode's ownership check (or a revoked key) refused a write
+    drain_acked: bool = False  # an abort's drain ack released a fenced reservation
+    cross_tenant_reuse: bool = False  # a page granted to one tenant was later granted to another
+    page_reuse: bool = False  # a freed page was granted again
+    scrubbed_written_page: bool = False
+    cancelled_mid_transfer: bool = False
+    ok_after_crash: bool = False
+    ok_after_loss: bool = False
+
+
+@dataclass(frozen=True)
+class State:
+    requests: tuple[ReqState, ...]
+    pages: tuple[PageState, ...]
+    network: tuple[Message, ...] = ()  # sorted multiset
+    lost: tuple[Message, ...] = ()  # messages whose RPC failed; the sender will retransmit
+    writes: tuple[Write, ...] = ()  # sorted multiset of page writes in flight
+    next_generation: int = 1  # decode's generation counter (persisted across restarts)
+    prefill_epoch: int = 0  # incremented by each prefill restart (its health check reports it)
+    decode_epoch: int = 0
+    decode_sees_prefill_epoch: int = 0  # the epoch decode last saw in prefill's health check
+    prefill_sees_decode_epoch: int = 0
+    # (room, generation, request) of aborts prefill must acknowledge once their writes drained.
+    pending_acks: tuple[tuple[int, int, int], ...] = ()
+    orphans: tuple[tuple[int, int], ...] = ()  # transfer state prefill holds for unknown rooms
+    faults: Faults = Faults()
+    ghost: Ghost = Ghost()
+
+
+def initial_state(config: Config) -> State:
+    return State(
+        requests=tuple(ReqState() for _ in config.requests),
+        pages=tuple(PageState() for _ in range(config.decode_pages)),
+    )
+
+
+def request_done(config: Config, state: State, r: int) -> bool:
+    """Has request r ended everywhere: answered (or never sent), and no side still holds anything?"""
+    req = state.requests[r]
+    if not req.submitted:
+        return True
+    if req.answer is None:
+        return False
+    if req.p not in PREFILL_TERMINAL:
+        return False
+    if req.d_pages:
+        return False
+    return req.d in ("none", "rejected", "released", "lost", "failed")
+
+
+def all_done(config: Config, state: State) -> bool:
+    """Quiescence: every request ended, every page free, prefill holds no orphan transfer state."""
+    if state.orphans:
+        return False
+    if any(p.owner is not None for p in state.pages):
+        return False
+    return all(request_done(config, state, r) for r in range(len(state.requests)))

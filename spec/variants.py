@@ -1,0 +1,346 @@
+"""The reference protocol, the incident, and the catalogue of real bugs, as values.
+
+A protocol is a `Design`: a handful of named options, each one a decision that some real engine made
+one way or the other (see `reference/engines.md`). The reference protocol takes the safe choice of
+each; a *variant* flips a few of them, or overrides or adds an action in a few lines of Python.
+Every engine (explicit search, Z3, conformance) takes the variant as input and runs unchanged.
+
+Many real bugs are harmless on their own against the reference protocol's other defences. That is
+the point of defence in depth, and it is also why each catalogue variant below flips *the smallest
+set of options that makes its bug observable*, and says which defence had to go for it to show.
+
+To write your own, make a Python file that defines `VARIANT = Variant(...)` (start from
+`REFERENCE.derive(...)`) and pass its path to `kvhandoff check --variant PATH.py`; see
+`docs/variants.md` and `examples/variant_skip_digest.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from spec.config import Config
+from spec.state import State
+
+Oversize = Literal["reject", "placeholder", "truncate"]
+Completion = Literal["granted", "local"]
+Validation = Literal["full", "count_only", "digest_optional", "none"]
+WritePath = Literal["receiver_checked", "one_sided"]
+Fence = Literal["generation", "drain_ack", "ack_or_timeout", "none"]
+
+
+@dataclass(frozen=True)
+class Design:
+    """The protocol's design options. Defaults are the reference protocol's choices."""
+
+    oversize: Oversize = "reject"
+    """Prefill's answer to a prompt over its limit: reject it (tell decode and the client, write
+    nothing); swap it for a one-page placeholder and carry on (SGLang's `set_finish_with_abort`,
+    M1); or silently truncate it (`--allow-auto-truncate` on prefill only, M6)."""
+    completion: Completion = "granted"
+    """When prefill's completion says "done": after writing the pages it has for the grant, with the
+    count it really wrote (`granted`); or, as in SGLang's `is_last_chunk`, after the pages of *its
+    own* view of the prompt, claiming the whole grant is covered (`local`, M2)."""
+    validation: Validation = "full"
+    """What decode checks before it generates: page count and a digest recomputed over every granted
+    page (`full`); the count only (`count_only`); the digest only if one was sent
+    (`digest_optional`, M5); nothing but the room and generation (`none`, M3)."""
+    prefill_sends_digest: bool = True
+    check_generation: bool = True
+    """Decode matches a completion by room *and* generation; False matches by room only (M10)."""
+    write_path: WritePath = "receiver_checked"
+    """`receiver_checked`: decode accepts a page write only into a page it owns for that room and
+    generation (our gRPC path). `one_sided`: the write lands wherever it points (RDMA WRITE)."""
+    release_fence: Fence = "generation"
+    """What stops a write of a released generation from landing later: decode's ownership check
+    (`generation`, needs the receiver-checked path); waiting for prefill's drain ack after an
+    abort (`drain_ack`); that ack or a timeout (`ack_or_timeout`, M8); nothing (`none`, M7)."""
+    scrub: bool = True
+    """Zero pages when they are freed (and the pool when decode restarts); False is M20."""
+    prefill_abort_notifies_decode: bool = True
+    """A prefill-side abort is told to decode; False is M15 (decode waits for its timeout)."""
+    router_honours_prefill_error: bool = True
+    """The router answers the client with prefill's error; False returns decode's answer (M16)."""
+    placeholder_reports_error: bool = False
+    """With `oversize="placeholder"`: prefill's response to the router is the abort error (as after
+    sglang #33507) rather than a spurious success (0.5.11's FINISH_LENGTH, the incident)."""
+    prefill_adopts_unknown_grant: bool = False
+    """Prefill creates transfer state for a grant whose request it does not hold (M18)."""
+    generations_persist: bool = True
+    """Decode's generation counter survives a restart; False restarts it at 1."""
+
+
+EnabledHook = Callable[[Config, State], Iterable[Any]]
+StepHook = Callable[[Config, State, Any], State]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A protocol: a design, plus optional action overrides, with its catalogue entry."""
+
+    name: str
+    summary: str
+    explanation: str = ""
+    m_numbers: tuple[str, ...] = ()
+    breaks: tuple[str, ...] = ()
+    """Properties this variant is expected to violate (empty: expected safe)."""
+    design: Design = Design()
+    extra_actions: EnabledHook | None = None
+    """Adds actions to `enabled` (after the protocol's own, before faults)."""
+    step_overrides: Mapping[str, StepHook] = field(default_factory=dict)
+    """Replaces the effect of the named actions (snake_case names)."""
+
+    def derive(self, name: str, summary: str, **changes: Any) -> Variant:
+        """A new variant: this one with the given design options (and catalogue fields) changed."""
+        design_fields = set(Design.__dataclass_fields__)
+        design_changes = {k: v for k, v in changes.items() if k in design_fields}
+        other = {k: v for k, v in changes.items() if k not in design_fields}
+        return replace(
+            self,
+            name=name,
+            summary=summary,
+            design=replace(self.design, **design_changes),
+            **other,
+        )
+
+    @property
+    def is_pure_design(self) -> bool:
+        """True when the variant is only a choice of design options (every engine can encode it)."""
+        return self.extra_actions is None and not self.step_overrides
+
+
+REFERENCE = Variant(
+    name="reference",
+    summary="The protocol that must be proved safe.",
+    explanation=(
+        "Decode reserves pages under a fresh generation and grants them to prefill. Prefill either "
+        "rejects (telling decode and the client, writing nothing) or writes every granted page, "
+        "tagged with room and generation. Decode accepts a write only into a page it owns for that "
+        "room and generation, and before it generates a single token it checks that the completion "
+        "covers every granted page and that a digest recomputed over those pages matches the one "
+        "prefill sent. Release is fenced by the ownership check, freed pages are zeroed, and the "
+        "generation counter survives restarts."
+    ),
+)
+
+_R = REFERENCE
+
+VARIANTS: tuple[Variant, ...] = (
+    REFERENCE,
+    _R.derive(
+        "incident",
+        "The 2026 incident: placeholder rejection, local completion, trusting decode, stale pages.",
+        m_numbers=("M1", "M2", "M3", "M6", "M20"),
+        breaks=("decode_reads_only_validated_pages", "no_cross_tenant_read"),
+        explanation=(
+            "A prompt too long for prefill's pool but not for decode's (M6, the config's asymmetric "
+            "limits) is swapped by prefill for a one-page placeholder (M1). Prefill writes that one "
+            "page and declares the transfer complete by its own count (M2); decode takes the signal "
+            "as proof that all its reserved pages were overwritten (M3) and generates from pages "
+            "that still hold an earlier tenant's data, because freed pages are not zeroed (M20)."
+        ),
+        oversize="placeholder",
+        completion="local",
+        validation="none",
+        scrub=False,
+    ),
+    _R.derive(
+        "m1_placeholder_rejection",
+        "Prefill's rejection path swaps the prompt for a one-page placeholder and carries on.",
+        m_numbers=("M1",),
+        breaks=("rejected_request_gets_error_not_output",),
+        explanation=(
+            "SGLang's `Req.set_finish_with_abort` sets the prompt to one token and leaves the "
+            "request queued, so prefill bootstraps, writes and signals completion for a request it "
+            "rejected. Against the reference decode the completion fails validation and the client "
+            "gets an error, but a rejected request has moved data: fail-closed is already broken."
+        ),
+        oversize="placeholder",
+    ),
+    _R.derive(
+        "m2_local_completion_count",
+        "Prefill declares the transfer complete by its own view of the prompt length.",
+        m_numbers=("M2", "M6"),
+        breaks=("accepted_completion_implies_full_coverage",),
+        explanation=(
+            "SGLang computes `is_last_chunk` from prefill's own page count, not from the page list "
+            "decode granted. M2 is invisible while both sides agree on the length, so this variant "
+            "adds the simplest disagreement (prefill-only auto-truncation, M6), and a decode that "
+            "checks only the claimed page count: a digest would catch it."
+        ),
+        oversize="truncate",
+        completion="local",
+        validation="count_only",
+    ),
+    _R.derive(
+        "m3_decode_trusts_completion",
+        "Decode treats the completion signal as proof of coverage and checks nothing.",
+        m_numbers=("M3", "M1"),
+        breaks=("decode_reads_only_validated_pages",),
+        explanation=(
+            "SGLang's decode commits on Success plus a room match; it never compares what was "
+            "written with what it reserved (PR #38704 is still open). Prefill's honest page count "
+            "would reveal the gap, but nobody looks: with the placeholder path (M1) as the source "
+            "of the gap, decode generates from pages no one wrote for this request."
+        ),
+        oversize="placeholder",
+        validation="none",
+    ),
+    _R.derive(
+        "m5_digest_skipped",
+        "The integrity check is optional and skipped when prefill sends no digest.",
+        m_numbers=("M5", "M2", "M6"),
+        breaks=("decode_reads_only_validated_pages",),
+        explanation=(
+            "SGLang's KV checksum is off by default, must be enabled on both roles, and is skipped "
+            "when the expected value is 0 or the layout differs. Here prefill sends no digest and "
+            "decode, checking only the count when no digest came, accepts a truncated transfer "
+            "(M6) whose completion claims full coverage (M2)."
+        ),
+        oversize="truncate",
+        completion="local",
+        validation="digest_optional",
+        prefill_sends_digest=False,
+    ),
+    _R.derive(
+        "m6_asymmetric_truncation",
+        "Prefill silently truncates a prompt decode admitted whole.",
+        m_numbers=("M6",),
+        breaks=("rejected_request_gets_error_not_output",),
+        explanation=(
+            "`--allow-auto-truncate` on prefill only (or different pools) makes prefill admit a "
+            "shorter prompt than decode reserved for. The reference decode's validation then fails "
+            "the request, but prefill moved data for a prompt it did not admit as sent."
+        ),
+        oversize="truncate",
+    ),
+    _R.derive(
+        "m7_release_before_drain",
+        "Decode frees pages on abort while one-sided writes are still in flight.",
+        m_numbers=("M7",),
+        breaks=("no_late_write_lands_in_reallocated_page",),
+        explanation=(
+            "With one-sided RDMA writes nothing at the receiver refuses a write. SGLang freed pages "
+            "on abort before prefill's in-flight writes drained (sglang #24527: \"A's write lands on "
+            "B's KV\"); the pages are granted again and the old write lands in the new owner's page."
+        ),
+        write_path="one_sided",
+        release_fence="none",
+    ),
+    _R.derive(
+        "m8_release_on_timeout",
+        "A deferred release resolves on a timeout without the drain ack.",
+        m_numbers=("M8",),
+        breaks=("no_late_write_lands_in_reallocated_page",),
+        explanation=(
+            "SGLang defers release until prefill acks the drain, *or* a deadline passes. A timeout "
+            "cannot prove a one-sided write stopped (Mooncake has no cancel), so the deadline path "
+            "is itself a use-after-free window (PR #38961)."
+        ),
+        write_path="one_sided",
+        release_fence="ack_or_timeout",
+    ),
+    _R.derive(
+        "m10_stale_status_adopted",
+        "A late or duplicated completion is adopted by a new request reusing the room.",
+        m_numbers=("M10", "M20"),
+        breaks=("no_cross_tenant_read",),
+        explanation=(
+            "Matching status by room alone lets a duplicate of an old request's completion be "
+            "adopted by a new request that reuses the room (client-chosen rooms, n>1 fan-outs; "
+            "sglang #40125). Even a digest does not save it when the digest is not bound to the "
+            "generation and the pages still hold the old request's data (M20): the digests match."
+        ),
+        check_generation=False,
+        scrub=False,
+    ),
+    _R.derive(
+        "m15_silent_prefill_abort",
+        "A prefill-side abort is not told to decode, which holds its pages until a timeout.",
+        m_numbers=("M15",),
+        breaks=("every_request_terminates",),
+        explanation=(
+            "Under SGLang's early policy a prefill-local abort marks the room Failed locally only; "
+            "decode learns through its 300 s waiting timeout (PR #28651 measured 1/15 throughput). "
+            "Once faults stop, nothing in the protocol ends the request."
+        ),
+        prefill_abort_notifies_decode=False,
+    ),
+    _R.derive(
+        "m16_router_ignores_prefill_error",
+        "The router returns decode's answer and ignores prefill's error.",
+        m_numbers=("M16", "M1", "M3"),
+        breaks=("rejected_request_gets_error_not_output",),
+        explanation=(
+            "mini_lb reads only decode's response. Even when prefill reports the abort of a "
+            "placeholder-rejected request (M1) as an error, the client receives decode's output, "
+            "generated by a decode that trusts the completion (M3)."
+        ),
+        oversize="placeholder",
+        placeholder_reports_error=True,
+        validation="none",
+        router_honours_prefill_error=False,
+    ),
+    _R.derive(
+        "m18_orphan_grant_accepted",
+        "Prefill creates transfer state for a grant whose request it does not hold.",
+        m_numbers=("M18",),
+        breaks=("every_request_terminates",),
+        explanation=(
+            "SGLang's bootstrap thread stores `transfer_infos[room]` unconditionally (sglang "
+            "#39428): a duplicated or late grant for a finished or forgotten request creates "
+            "transfer state that nothing ever clears."
+        ),
+        prefill_adopts_unknown_grant=True,
+    ),
+    _R.derive(
+        "m20_unscrubbed_pages",
+        "Freed pages keep their data.",
+        m_numbers=("M20",),
+        breaks=("freed_pages_hold_no_readable_data",),
+        explanation=(
+            "Neither SGLang nor vLLM zeroes attention KV on free. Alone it is harmless against the "
+            "reference checks, but it turns any coverage bug into a cross-tenant disclosure."
+        ),
+        scrub=False,
+    ),
+    _R.derive(
+        "generation_reset_on_restart",
+        "Decode's generation counter restarts at 1 after a crash.",
+        breaks=("no_late_write_lands_in_reallocated_page",),
+        explanation=(
+            "Generations are what fence old writes. If the counter is volatile, a write issued "
+            "before a decode crash carries a (room, generation) that a new request on the same room "
+            "is granted again, and the receiver check lets it in."
+        ),
+        generations_persist=False,
+    ),
+    _R.derive(
+        "one_sided_fenced",
+        "Alternative design: one-sided writes, release only after prefill's drain ack.",
+        explanation=(
+            "What SGLang's deferred release does without its timeout path: with one-sided writes "
+            "decode cannot refuse a late write, so it holds the pages of an aborted request until "
+            "prefill acknowledges that no write of that generation is in flight. Expected safe."
+        ),
+        write_path="one_sided",
+        release_fence="drain_ack",
+    ),
+)
+
+_BY_NAME = {v.name: v for v in VARIANTS}
+
+
+class UnknownVariantError(KeyError):
+    pass
+
+
+def get_variant(name: str) -> Variant:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnknownVariantError(
+            f"unknown variant {name!r}; known variants: {', '.join(sorted(_BY_NAME))} "
+            "(or a path to a .py file defining VARIANT)"
+        ) from None
