@@ -192,6 +192,23 @@ class DecodeRestart:
 
 
 @dataclass(frozen=True)
+class PrefillLeaseExpire:
+    """Pull path: prefill's lease on the request's pinned blocks runs out and they are freed.
+
+    Counts against the timeout budget.
+    """
+
+    request: int
+
+
+@dataclass(frozen=True)
+class NetworkFailTransfer:
+    """Pull path: a page read fails (RDMA error, unreleasable handle). Counts as a lost message."""
+
+    write: Write
+
+
+@dataclass(frozen=True)
 class NetworkDropMessage:
     message: Message
 
@@ -229,6 +246,8 @@ Action = (
     | PrefillAbortRequest
     | PrefillRestart
     | DecodeRestart
+    | PrefillLeaseExpire
+    | NetworkFailTransfer
     | NetworkDropMessage
     | NetworkDuplicateMessage
 )
@@ -263,6 +282,8 @@ FAULT_ACTIONS: tuple[type, ...] = (
     PrefillAbortRequest,
     PrefillRestart,
     DecodeRestart,
+    PrefillLeaseExpire,
+    NetworkFailTransfer,
     NetworkDropMessage,
     NetworkDuplicateMessage,
 )

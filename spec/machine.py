@@ -51,9 +51,11 @@ from spec.actions import (
     DecodeWaitingTimeout,
     NetworkDropMessage,
     NetworkDuplicateMessage,
+    NetworkFailTransfer,
     PrefillAbortRequest,
     PrefillAdmitRequest,
     PrefillDetectDecodeRestart,
+    PrefillLeaseExpire,
     PrefillReceiveAbort,
     PrefillReceiveGrant,
     PrefillRejectRequest,
@@ -67,6 +69,7 @@ from spec.actions import (
 )
 from spec.config import Config
 from spec.state import (
+    OTHER_TENANT,
     PREFILL_LIVE,
     PREFILL_TERMINAL,
     Answer,
@@ -298,6 +301,17 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
     if f.crashes < config.max_crashes:
         out.append(PrefillRestart())
         out.append(DecodeRestart())
+    if d.transfer == "pull":
+        if f.timeouts < config.max_timeouts:
+            for r in range(n):
+                req = reqs[r]
+                if not req.p_lease_expired and _writes_in_flight(
+                    state, config.requests[r].room, req.p_gen
+                ):
+                    out.append(PrefillLeaseExpire(r))
+        if f.drops < config.max_drops:
+            for w in sorted(set(state.writes)):
+                out.append(NetworkFailTransfer(w))
     if f.drops < config.max_drops:
         for m in messages:
             out.append(NetworkDropMessage(m))
@@ -451,6 +465,11 @@ def _owner_matches(c: Config, page: PageState, write: Write) -> bool:
 def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite) -> State:
     w = a.write
     s = replace(s, writes=_remove_one(s.writes, w))
+    writer = (w.data.request, w.data.generation)
+    data = w.data
+    if d.transfer == "pull" and s.requests[w.data.request].p_lease_expired:
+        # The read fetches what the source block holds now: it was freed and reused.
+        data = Tag(-1, 0, OTHER_TENANT)
     page = s.pages[w.page]
     matches = _owner_matches(c, page, w)
     if d.write_path == "receiver_checked":
@@ -461,10 +480,10 @@ def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite)
         # with is revoked, so the NIC refuses it. Fencing designs rely on this after a crash.
         return replace(s, ghost=replace(s.ghost, refused_write=True))
     pages = list(s.pages)
-    pages[w.page] = replace(page, content=w.data)
+    pages[w.page] = replace(page, content=data)
     s = replace(s, pages=tuple(pages))
-    # Ghost: did the data land in a page owned by someone else (or by no one)?
-    if page.owner != (w.data.request, w.data.generation):
+    # Ghost: did the transfer land in a page owned by someone else (or by no one)?
+    if page.owner != writer:
         s = replace(s, ghost=replace(s.ghost, late_landing=True))
     return s
 
@@ -689,6 +708,33 @@ def _decode_restart(d: Design, c: Config, s: State, a: DecodeRestart) -> State:
     )
 
 
+def _prefill_lease_expire(d: Design, c: Config, s: State, a: PrefillLeaseExpire) -> State:
+    r = a.request
+    req = s.requests[r]
+    s = replace(s, faults=replace(s.faults, timeouts=s.faults.timeouts + 1))
+    s = _set_req(s, r, replace(req, p_lease_expired=True))
+    if d.lease_expiry_notifies_decode:
+        notice = Message("failure", c.requests[r].room, req.p_gen, r, reason="lease expired")
+        s = replace(s, network=_send(s.network, notice))
+    return s
+
+
+def _fail_transfer(d: Design, c: Config, s: State, a: NetworkFailTransfer) -> State:
+    w = a.write
+    s = replace(
+        s,
+        writes=_remove_one(s.writes, w),
+        faults=replace(s.faults, drops=s.faults.drops + 1),
+    )
+    if not d.transfer_failure_reported:
+        return s  # decode counts the page as received
+    # The reader (decode, on the pull path) sees the failure and fails the request.
+    for r, req in enumerate(s.requests):
+        if req.d == "reserved" and c.requests[r].room == w.room and req.d_gen == w.generation:
+            return _decode_fail(d, c, s, r, "page transfer failed", abort=True)
+    return s
+
+
 def _drop(d: Design, c: Config, s: State, a: NetworkDropMessage) -> State:
     # The sender's RPC fails, so the sender knows and will retransmit.
     return replace(
@@ -735,6 +781,8 @@ _STEP = {
     DecodeReleaseTimeout: _decode_release_timeout,
     PrefillRestart: _prefill_restart,
     DecodeRestart: _decode_restart,
+    PrefillLeaseExpire: _prefill_lease_expire,
+    NetworkFailTransfer: _fail_transfer,
     NetworkDropMessage: _drop,
     NetworkDuplicateMessage: _duplicate,
 }

@@ -53,6 +53,8 @@ DecodePhase = Literal[
 ]
 MessageKind = Literal["grant", "completion", "failure", "abort", "abort_ack"]
 
+OTHER_TENANT = "other"
+
 PREFILL_TERMINAL: frozenset[str] = frozenset({"none", "rejected", "completed", "aborted", "lost"})
 PREFILL_LIVE: frozenset[str] = frozenset({"admitted", "granted"})
 DECODE_LIVE: frozenset[str] = frozenset(
@@ -64,7 +66,9 @@ DECODE_LIVE: frozenset[str] = frozenset(
 class Tag:
     """Ghost label of a page's data: written by `request`'s prefill for `generation`, for `tenant`.
 
-    Generation 0 marks data that was not written for any decode generation.
+    Generation 0 marks data that was not written for any decode generation. Request -1 stands
+    for traffic outside the scenario (another tenant's request that reused a freed source block on
+    the pull path), with tenant `OTHER_TENANT`.
     """
 
     request: int
@@ -133,6 +137,7 @@ class ReqState:
     p_pages: tuple[int, ...] = ()  # the granted destination pages
     p_wrote: int = 0  # pages written so far, in grant order
     p_epoch: int = 0  # decode's boot epoch this request was sent with (and its grant names)
+    p_lease_expired: bool = False  # pull path: prefill's pinned source blocks were freed
     # Decode's side.
     d: DecodePhase = "none"
     d_gen: int = 0

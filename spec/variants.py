@@ -28,6 +28,7 @@ Completion = Literal["granted", "local"]
 Validation = Literal["full", "count_only", "digest_optional", "none"]
 WritePath = Literal["receiver_checked", "one_sided"]
 Fence = Literal["generation", "drain_ack", "ack_or_timeout", "none"]
+Transfer = Literal["push", "pull"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,17 @@ class Design:
     """Prefill creates transfer state for a grant whose request it does not hold (M18)."""
     generations_persist: bool = True
     """Decode's generation counter survives a restart; False restarts it at 1."""
+    transfer: Transfer = "push"
+    """`push`: prefill writes into decode's pages (SGLang, Mooncake). `pull`: decode reads prefill's
+    pinned blocks (vLLM's NIXL connector). On the pull path the data a transfer delivers is what
+    the source block holds *when the read lands*, the source is pinned by a lease that can expire
+    (a fault), and a read can fail (a fault) where the reader sees it."""
+    lease_expiry_notifies_decode: bool = True
+    """Pull: when prefill's lease on a request's blocks expires, it tells decode (False: only a
+    log line on prefill, M13)."""
+    transfer_failure_reported: bool = True
+    """Pull: a failed read fails the request (False: decode carries on as if the page arrived,
+    M14)."""
 
 
 EnabledHook = Callable[[Config, State], Iterable[Any]]
@@ -315,6 +327,46 @@ VARIANTS: tuple[Variant, ...] = (
             "is granted again, and the receiver check lets it in."
         ),
         generations_persist=False,
+    ),
+    _R.derive(
+        "m13_lease_expiry_pull",
+        "Pull: prefill's lease expires, its blocks are reused, decode reads them anyway.",
+        m_numbers=("M13", "M3"),
+        breaks=("no_cross_tenant_read",),
+        explanation=(
+            "vLLM pins prefill's blocks for a lease (`kv_lease_duration`); on expiry "
+            "`_reap_expired_send_leases` frees them and the only trace is a log line on prefill "
+            '(vLLM #21570, #52234: "previous prompt\'s answer returned for the new prompt"). '
+            "Blocks freed on prefill are reused by its other traffic, so a read that lands after "
+            "the expiry delivers another tenant's KV, and a decode without a digest check (M3; "
+            "the NIXL path has none) generates from it."
+        ),
+        transfer="pull",
+        lease_expiry_notifies_decode=False,
+        validation="none",
+    ),
+    _R.derive(
+        "m14_silent_receive_failure_pull",
+        "Pull: a failed read is not reported; decode runs on pages that never arrived.",
+        m_numbers=("M14", "M3"),
+        breaks=("decode_reads_only_validated_pages",),
+        explanation=(
+            "vLLM's HMA path left failed receives unreported (`# TODO handle failed transfer for "
+            'HMA`; #52234, fixed by PR #52232 "Fail closed on HMA receive errors"): the request '
+            "finished receiving with HTTP 200 and decode ran on whatever its blocks held."
+        ),
+        transfer="pull",
+        transfer_failure_reported=False,
+        validation="none",
+    ),
+    _R.derive(
+        "reference_pull",
+        "Alternative design: the reference protocol on the pull path (decode reads).",
+        explanation=(
+            "Lease expiries and failed reads are told to decode, and decode's digest check covers "
+            "what actually landed. Expected safe."
+        ),
+        transfer="pull",
     ),
     _R.derive(
         "one_sided_fenced",
