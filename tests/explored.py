@@ -1,0 +1,14 @@
+"""Explorer results shared across test modules (each variant is explored once per session)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from model_checker.explore import explore
+from model_checker.result import CheckResult
+from spec import Config, get_variant
+
+
+@cache
+def explored(variant_name: str) -> CheckResult:
+    return explore(get_variant(variant_name), Config())
