@@ -21,7 +21,7 @@ from model_checker.deployment import (
     from_commands,
     from_toml,
 )
-from model_checker.deployment.decide import DEFAULT_TIMEOUT_MS
+from model_checker.deployment.decision import DEFAULT_TIMEOUT_MS
 from model_checker.deployment.model import SGLANG_VERSIONS
 from model_checker.deployment.report import exit_code, render_json, render_text
 
@@ -71,25 +71,53 @@ def register(subparsers: Any) -> None:
     src.add_argument("--decode", metavar="CMD", help="decode server's launch command line")
     src.add_argument("--config", metavar="FILE", type=Path, help="neutral TOML description")
     opt = p.add_argument_group("what the command lines leave open")
-    opt.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                     help="environment of both servers (repeatable)")
+    opt.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of both servers (repeatable)",
+    )
     opt.add_argument("--prefill-env", action="append", default=[], metavar="KEY=VALUE")
     opt.add_argument("--decode-env", action="append", default=[], metavar="KEY=VALUE")
-    opt.add_argument("--prefill-pool-tokens", type=_positive_int, metavar="N",
-                     help="prefill's KV pool as the server reports it (profiled from GPU memory)")
+    opt.add_argument(
+        "--prefill-pool-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="prefill's KV pool as the server reports it (profiled from GPU memory)",
+    )
     opt.add_argument("--decode-pool-tokens", type=_positive_int, metavar="N")
-    opt.add_argument("--context-window", type=_positive_int, metavar="N",
-                     help="the window the router advertises (default: the larger role window)")
-    opt.add_argument("--model-context-length", type=_positive_int, metavar="N",
-                     help="the model's own window, for roles without --context-length")
-    opt.add_argument("--sglang-version", choices=SGLANG_VERSIONS,
-                     help="SGLang release whose admission rules apply (default 0.5.23)")
-    opt.add_argument("--max-decode-queueing", type=_seconds, metavar="SECONDS",
-                     help="longest wait in decode's queues before pages are allocated (C6)")
+    opt.add_argument(
+        "--context-window",
+        type=_positive_int,
+        metavar="N",
+        help="the window the router advertises (default: the larger role window)",
+    )
+    opt.add_argument(
+        "--model-context-length",
+        type=_positive_int,
+        metavar="N",
+        help="the model's own window, for roles without --context-length",
+    )
+    opt.add_argument(
+        "--sglang-version",
+        choices=SGLANG_VERSIONS,
+        help="SGLang release whose admission rules apply (default 0.5.23)",
+    )
+    opt.add_argument(
+        "--max-decode-queueing",
+        type=_seconds,
+        metavar="SECONDS",
+        help="longest wait in decode's queues before pages are allocated (C6)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="machine-readable report")
-    out.add_argument("--timeout-ms", type=_positive_int, default=DEFAULT_TIMEOUT_MS,
-                     help="Z3 timeout per query; a timeout is inconclusive (exit 3)")
+    out.add_argument(
+        "--timeout-ms",
+        type=_positive_int,
+        default=DEFAULT_TIMEOUT_MS,
+        help="Z3 timeout per query; a timeout is inconclusive (exit 3)",
+    )
     p.set_defaults(func=run)
 
 

@@ -10,7 +10,7 @@ Pipeline: `build` (inputs → `Deployment`) → `decide` (Z3 + `rules`) → `rep
 """
 
 from model_checker.deployment.build import CheckerOptions, from_commands, from_toml
-from model_checker.deployment.decide import Decision, decide
+from model_checker.deployment.decision import Decision, decide
 from model_checker.deployment.errors import ConfigInputError, DeploymentError, InconclusiveError
 from model_checker.deployment.findings import Finding, LengthRange, Severity
 

@@ -103,7 +103,9 @@ def _resolve_sglang_pool(
             f"down to {aligned:,}"
         )
     if aligned <= 0:
-        raise ConfigInputError(source, f"the {role} pool holds no whole page of {page} tokens", str(value))
+        raise ConfigInputError(
+            source, f"the {role} pool holds no whole page of {page} tokens", str(value)
+        )
     return Setting(aligned, source)
 
 
@@ -130,7 +132,9 @@ def _resolve_vllm_pool(
             f"block size {block} = {tokens:,} tokens"
         )
         if tokens <= 0:
-            raise ConfigInputError(blocks[1], "leaves no usable block after the null block", str(blocks[0]))
+            raise ConfigInputError(
+                blocks[1], "leaves no usable block after the null block", str(blocks[0])
+            )
         return Setting(tokens, f"{blocks[1]} × --block-size")
     if profiled is None:
         raise ConfigInputError(
@@ -206,7 +210,9 @@ def _version(engine: Engine, given: str | None, where: str) -> str:
     if given is None:
         return DEFAULT_SGLANG_VERSION if engine is Engine.SGLANG else DEFAULT_VLLM_VERSION
     if given not in versions:
-        raise ConfigInputError(where, f"{engine.title} versions modelled: {', '.join(versions)}", given)
+        raise ConfigInputError(
+            where, f"{engine.label} versions modelled: {', '.join(versions)}", given
+        )
     return given
 
 
@@ -286,19 +292,23 @@ def from_commands(prefill_cmd: str, decode_cmd: str, opts: CheckerOptions) -> De
             role,
             cmd.engine,
             values,
-            profiled_pool=opts.prefill_pool_tokens if role is Role.PREFILL else opts.decode_pool_tokens,
+            profiled_pool=opts.prefill_pool_tokens
+            if role is Role.PREFILL
+            else opts.decode_pool_tokens,
             model_context_length=opts.model_context_length,
             notes=[],
         )
     if engines[Role.PREFILL] is not engines[Role.DECODE]:
         raise ConfigInputError(
             "--decode",
-            f"prefill runs {engines[Role.PREFILL].title} but decode runs "
-            f"{engines[Role.DECODE].title}; the two cannot hand KV to each other",
+            f"prefill runs {engines[Role.PREFILL].label} but decode runs "
+            f"{engines[Role.DECODE].label}; the two cannot hand KV to each other",
         )
     engine = engines[Role.PREFILL]
     if engine is Engine.VLLM and opts.sglang_version is not None:
-        raise ConfigInputError("--sglang-version", "given, but both servers run vLLM", opts.sglang_version)
+        raise ConfigInputError(
+            "--sglang-version", "given, but both servers run vLLM", opts.sglang_version
+        )
     version = _version(engine, opts.sglang_version, "--sglang-version")
     return _deployment(
         engine,
@@ -346,8 +356,14 @@ _TOML_CHOICES = {
     "allocation_policy": SGLANG_POLICIES,
     "kv_load_failure_policy": ("recompute", "fail"),
 }
-_POSITIVE = {"context_length", "pool_tokens", "page_size", "max_prefill_tokens", "dp_size",
-             "max_num_batched_tokens"}
+_POSITIVE = {
+    "context_length",
+    "pool_tokens",
+    "page_size",
+    "max_prefill_tokens",
+    "dp_size",
+    "max_num_batched_tokens",
+}
 
 
 def _toml_value(section: str, key: str, value: object) -> Any:
@@ -371,7 +387,9 @@ def _toml_value(section: str, key: str, value: object) -> Any:
             raise ConfigInputError(where, "must be ≥ 0 seconds", repr(value))
         return float(value)
     if key in _TOML_CHOICES and value not in _TOML_CHOICES[key]:
-        raise ConfigInputError(where, f"must be one of {', '.join(_TOML_CHOICES[key])}", repr(value))
+        raise ConfigInputError(
+            where, f"must be one of {', '.join(_TOML_CHOICES[key])}", repr(value)
+        )
     return value
 
 
@@ -387,7 +405,9 @@ def from_toml(path: Path) -> Deployment:
         raise ConfigInputError("--config", f"not valid TOML: {exc}", where) from None
     for section in data:
         if section not in ("deployment", "prefill", "decode"):
-            raise ConfigInputError(f"[{section}]", "unknown table (expected [deployment], [prefill], [decode])")
+            raise ConfigInputError(
+                f"[{section}]", "unknown table (expected [deployment], [prefill], [decode])"
+            )
     for section in ("deployment", "prefill", "decode"):
         if not isinstance(data.get(section), dict):
             raise ConfigInputError(f"[{section}]", f"missing table in {where}")
@@ -423,7 +443,9 @@ def from_toml(path: Path) -> Deployment:
                 f"missing: the checker cannot determine the {role} KV pool size without it",
             )
         if "context_length" not in values:
-            raise ConfigInputError(f"[{role}] context_length", "missing (or set it under [deployment])")
+            raise ConfigInputError(
+                f"[{role}] context_length", "missing (or set it under [deployment])"
+            )
         roles[role] = _finish_role(
             role, engine, values, profiled_pool=None, model_context_length=None, notes=[]
         )
@@ -431,12 +453,16 @@ def from_toml(path: Path) -> Deployment:
     if "context_window" in dep:
         cw = dep["context_window"]
         if isinstance(cw, bool) or not isinstance(cw, int) or cw < 2:
-            raise ConfigInputError("[deployment] context_window", "expected an integer ≥ 2", repr(cw))
+            raise ConfigInputError(
+                "[deployment] context_window", "expected an integer ≥ 2", repr(cw)
+            )
         window = Setting(cw, "[deployment] context_window")
     queueing: Setting[float] | None = None
     if "max_decode_queueing_s" in dep:
         q = dep["max_decode_queueing_s"]
         if isinstance(q, bool) or not isinstance(q, int | float) or q < 0:
-            raise ConfigInputError("[deployment] max_decode_queueing_s", "expected seconds ≥ 0", repr(q))
+            raise ConfigInputError(
+                "[deployment] max_decode_queueing_s", "expected seconds ≥ 0", repr(q)
+            )
         queueing = Setting(float(q), "[deployment] max_decode_queueing_s")
     return _deployment(engine, version, roles[Role.PREFILL], roles[Role.DECODE], window, queueing)

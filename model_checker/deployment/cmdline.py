@@ -40,7 +40,9 @@ class FlagSpec:
     switch_value: bool = True
 
 
-def _int(minimum: int = 1, allow: tuple[int, ...] = (), human: bool = False) -> Callable[[str, str], int]:
+def _int(
+    minimum: int = 1, allow: tuple[int, ...] = (), human: bool = False
+) -> Callable[[str, str], int]:
     return lambda flag, raw: parse_int(flag, raw, minimum=minimum, allow=allow, human=human)
 
 
@@ -166,8 +168,8 @@ def parse_command(text: str, where: str) -> ParsedCommand:
     if words and words[0] == "env":
         words = words[1:]
     while words and _ENV_WORD.match(words[0]):
-        key, _, value = words.pop(0).partition("=")
-        env[key] = value
+        key, _, assigned = words.pop(0).partition("=")
+        env[key] = assigned
     engine, rest = _detect_engine(words, where)
     cmd = ParsedCommand(engine=engine, env=env)
     specs = SGLANG_FLAGS if engine is Engine.SGLANG else VLLM_FLAGS
@@ -270,7 +272,9 @@ def parse_kv_transfer_config(raw: str) -> dict[str, tuple[Any, str]]:
         )
     extra = data.get("kv_connector_extra_config", {})
     if not isinstance(extra, dict):
-        raise ConfigInputError(f"{flag} kv_connector_extra_config", "expected an object", repr(extra))
+        raise ConfigInputError(
+            f"{flag} kv_connector_extra_config", "expected an object", repr(extra)
+        )
     if "kv_lease_duration" in extra:
         key = f"{flag} kv_connector_extra_config.kv_lease_duration"
         lease = extra["kv_lease_duration"]

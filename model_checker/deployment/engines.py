@@ -104,7 +104,7 @@ class RoleLimits:
     def handling(self, length: IntLike) -> tuple[z3.ArithRef, z3.ArithRef]:
         """(kind, effective length) of a prompt of `length` tokens, as Z3 terms."""
         if self.engine is Engine.VLLM:
-            return vllm_handling(length, self.tokenizer_limit, self.capacity_limit)
+            return vllm_handling(length, self.tokenizer_limit)
         assert self.scheduler_limit is not None
         return sglang_handling(
             length,
@@ -128,7 +128,9 @@ def _k(kind: Kind) -> z3.ArithRef:
     return z3.IntVal(int(kind))
 
 
-def _gate(kind: z3.ArithRef, eff: z3.ArithRef, capacity: IntLike) -> tuple[z3.ArithRef, z3.ArithRef]:
+def _gate(
+    kind: z3.ArithRef, eff: z3.ArithRef, capacity: IntLike
+) -> tuple[z3.ArithRef, z3.ArithRef]:
     """The bootstrap / preallocation capacity check, applied to whatever the scheduler let on."""
     over = z3.And(kind >= int(Kind.PLACEHOLDER), eff > capacity)
     return (
@@ -170,14 +172,13 @@ def sglang_handling(
     return _gate(kind, eff, capacity)
 
 
-def vllm_handling(
-    length: IntLike, max_model_len: IntLike, capacity: IntLike
-) -> tuple[z3.ArithRef, z3.ArithRef]:
-    """vLLM: the request check, then (only if the startup check was skipped) the pool."""
+def vllm_handling(length: IntLike, max_model_len: IntLike) -> tuple[z3.ArithRef, z3.ArithRef]:
+    """vLLM: the request check only. The pool needs no gate: a server whose pool cannot hold a
+    max_model_len request does not start at all (reported as C1 by `rules.py`)."""
     n = _int(length)
     kind = z3.If(n >= max_model_len, _k(Kind.TOKENIZER_REJECT), _k(Kind.FULL))
     eff = z3.If(n >= max_model_len, z3.IntVal(0), n)
-    return _gate(kind, eff, capacity)
+    return kind, eff
 
 
 def role_limits(cfg: RoleConfig, version: str) -> RoleLimits:

@@ -19,7 +19,7 @@ class Engine(enum.StrEnum):
     VLLM = "vllm"
 
     @property
-    def title(self) -> str:
+    def label(self) -> str:
         return "SGLang" if self is Engine.SGLANG else "vLLM"
 
     @property

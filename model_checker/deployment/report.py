@@ -12,7 +12,7 @@ from model_checker.deployment.bridge import (
     protocol_variant,
     to_protocol_config,
 )
-from model_checker.deployment.decide import Decision
+from model_checker.deployment.decision import Decision
 from model_checker.deployment.engines import RoleLimits
 from model_checker.deployment.findings import Finding, Severity
 from model_checker.deployment.model import Engine, Role
@@ -56,7 +56,7 @@ def render_text(decision: Decision) -> str:
     out = [
         f"kvhandoff check-config: {verdict} (exit {exit_code(decision)}): "
         f"{_counts(decision.findings)}",
-        f"deployment: {d.engine.title} {d.version}, router window {d.router_window.value:,} "
+        f"deployment: {d.engine.label} {d.version}, router window {d.router_window.value:,} "
         f"tokens (prompts of 1 to {d.router_window.value - 1:,})",
         "",
     ]

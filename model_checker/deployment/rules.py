@@ -3,7 +3,7 @@
 These compare settings across the two roles (the bootstrap handshake checks some of them, but not
 capacity, truncation, checksums or timeouts) and against known-bad values. They need no solver:
 each is one comparison, and stating it plainly is the clearest proof. The length-dependent rules
-(C1, C2 and the length effects of C3) are decided by Z3 in `decide.py`.
+(C1, C2 and the length effects of C3) are decided by Z3 in `decision.py`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def sglang_rules(d: Deployment, limits: dict[Role, RoleLimits]) -> Iterator[Find
                 roles=(cfg.role,),
             )
     # C3: truncation on one side only cuts the prompt on that side; the other side's page count
-    # no longer matches (the length ranges are in decide.py; this names the flag once).
+    # no longer matches (the length ranges are in decision.py; this names the flag once).
     yield from _mismatch(
         "C3",
         "auto-truncate-asymmetric",

@@ -15,8 +15,14 @@ _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**3
 _HUMAN = re.compile(r"^(\d+(?:\.\d+)?)([kmgKMG])$")
 
 
-def parse_int(flag: str, raw: str, *, minimum: int | None = 1, allow: tuple[int, ...] = (),
-              human: bool = False) -> int:
+def parse_int(
+    flag: str,
+    raw: str,
+    *,
+    minimum: int | None = 1,
+    allow: tuple[int, ...] = (),
+    human: bool = False,
+) -> int:
     """An integer >= minimum (or one of `allow`, e.g. -1 for "disabled" / "auto")."""
     text = raw.strip().replace("_", "")
     value: int | None = None

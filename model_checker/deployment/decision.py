@@ -72,7 +72,7 @@ class _Z3:
     def satisfiable(self, formula: z3.BoolRef, what: str) -> bool:
         s = z3.Solver()
         s.add(formula)
-        return self._run(s, what) == z3.sat
+        return bool(self._run(s, what) == z3.sat)
 
     def extreme(self, formula: z3.BoolRef, n: z3.ArithRef, *, least: bool, what: str) -> int:
         opt = z3.Optimize()
@@ -85,7 +85,7 @@ class _Z3:
             raise InconclusiveError(f"Z3 lost a model it had found while deciding {what}")
         value = opt.model().eval(n, model_completion=True)
         assert isinstance(value, z3.IntNumRef)
-        return value.as_long()
+        return int(value.as_long())
 
     def length_range(self, formula: z3.BoolRef, n: z3.ArithRef, what: str) -> LengthRange | None:
         if not self.satisfiable(formula, what):
@@ -104,9 +104,7 @@ def _generates(kind: z3.ArithRef) -> z3.BoolRef:
     return kind >= int(Kind.TRUNCATED)
 
 
-def handled_alike(
-    kp: z3.ArithRef, ep: z3.ArithRef, kd: z3.ArithRef, ed: z3.ArithRef
-) -> z3.BoolRef:
+def handled_alike(kp: z3.ArithRef, ep: z3.ArithRef, kd: z3.ArithRef, ed: z3.ArithRef) -> z3.BoolRef:
     """S(L) of the module docstring."""
     ph = int(Kind.PLACEHOLDER)
     return z3.Or(
@@ -377,7 +375,11 @@ def decide(deployment: Deployment, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Deci
                             f"{_span(r)} pass the router, but prefill {KIND_WORDS[a]} and "
                             f"decode {KIND_WORDS[b]}: no page goes uncovered, the client gets "
                             "an error"
-                            + (" (SGLang keeps 5 tokens of the window for output)" if reserve else "")
+                            + (
+                                " (SGLang keeps 5 tokens of the window for output)"
+                                if reserve
+                                else ""
+                            )
                         ),
                         fix="none needed; advertise a window clients can use",
                         flags=(),
