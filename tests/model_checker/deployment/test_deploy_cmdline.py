@@ -50,7 +50,9 @@ def test_leading_environment_words_become_the_servers_environment() -> None:
         "env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=900 " + PREFILL, DECODE, CheckerOptions()
     )
     assert d.prefill.bootstrap_timeout_s.value == 900.0
-    assert d.prefill.bootstrap_timeout_s.source.startswith("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")
+    assert d.prefill.bootstrap_timeout_s.source.startswith(
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
+    )
 
 
 def test_per_role_env_options_override_the_command_line() -> None:

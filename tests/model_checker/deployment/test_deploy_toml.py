@@ -19,7 +19,9 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def fixed(pool: int) -> str:
-    return EXAMPLE.read_text(encoding="utf-8").replace("pool_tokens = 681280", f"pool_tokens = {pool}")
+    return EXAMPLE.read_text(encoding="utf-8").replace(
+        "pool_tokens = 681280", f"pool_tokens = {pool}"
+    )
 
 
 def test_the_documented_incident_file_is_unsafe_at_the_incident_boundary() -> None:
@@ -70,7 +72,10 @@ kv_role = "kv_consumer"
         (("pool_tokens = 681280", "# pool left out"), "[prefill] pool_tokens"),
         (('engine = "sglang"', 'engine = "trt"'), "[deployment] engine"),
         (('version = "0.5.11"', 'version = "0.4"'), "[deployment] version"),
-        (('transfer_backend = "mooncake"', 'transfer_backend = "tcp"'), "[deployment] transfer_backend"),
+        (
+            ('transfer_backend = "mooncake"', 'transfer_backend = "tcp"'),
+            "[deployment] transfer_backend",
+        ),
         (("waiting_timeout_s = 300", "waiting_timeout_s = -3"), "[decode] waiting_timeout_s"),
         (("[decode]", "[decoder]"), "[decoder]"),
         (("page_size = 64", "page_size = [64]"), "[deployment] page_size"),
