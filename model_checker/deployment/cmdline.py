@@ -204,7 +204,12 @@ def parse_command(text: str, where: str) -> ParsedCommand:
                 i += 1
             else:
                 raise ConfigInputError(flag, f"missing value in {where}")
-            value = spec.parse(flag, raw)
+            try:
+                value = spec.parse(flag, raw)
+            except ConfigInputError as exc:
+                raise ConfigInputError(
+                    exc.flag, f"{exc.message} in the {where} command line", exc.value
+                ) from None
         if spec.field is None:
             continue
         previous = cmd.values.get(spec.field)

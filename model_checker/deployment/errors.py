@@ -19,6 +19,7 @@ class ConfigInputError(DeploymentError):
 
     def __init__(self, flag: str, message: str, value: str | None = None) -> None:
         self.flag = flag
+        self.message = message
         self.value = value
         shown = f" (got {value!r})" if value is not None else ""
         super().__init__(f"{flag}: {message}{shown}")

@@ -62,7 +62,8 @@ def _mismatch(
         title=f"{flag} differs: prefill {_fmt(p.value)}, decode {_fmt(q.value)}",
         detail=why,
         fix=fix or f"set {flag} to the same value on both roles",
-        flags=tuple(dict.fromkeys((name(p, flag), name(q, flag)))),
+        # Name what the user set; a side left at its default is changed through the same flag.
+        flags=tuple(dict.fromkeys(s.source for s in (p, q) if not s.is_default)) or (flag,),
         roles=BOTH,
     )
 
