@@ -11,7 +11,8 @@ everything the deployment handles safely fits in 1, and the roles' limits become
     context_window     = ceil((router window - 1) / B)
     prefill_pool_pages = prefill pool // B,  decode_pages = decode pool // B (at most 4, at least
                          what decode must reserve for the longer request)
-    requests           = A: 1 page (a normal prompt), B: ceil(first failing length / B) pages
+    requests           = tenant a: 1 page (a normal prompt), tenant b: ceil(first failing
+                         length / B) pages
 
 A safe deployment is scaled so that the router's longest prompt is 2 pages, and the reference
 protocol is checked on that shape.
@@ -65,7 +66,7 @@ def to_protocol_config(deployment: Deployment, findings: Sequence[Finding]) -> d
         "decode_max_prompt": str(decode_max),
         "prefill_pool_pages": str(max(1, lim[Role.PREFILL].pool_tokens // band)),
         "decode_pages": str(decode_pages),
-        "requests": f"A:1:1,B:{long_request}:2",
+        "requests": f"a:1:1,b:{long_request}:2",
     }
 
 
@@ -83,10 +84,17 @@ def check_command(variant: str, pairs: Mapping[str, str]) -> str:
 
 def build_spec_config(pairs: Mapping[str, str]) -> object | None:
     """A `spec.Config` for the pairs, if the spec package provides one that accepts them. The spec
-    is written separately; until it exists (or if its fields differ) this returns None."""
+    is written separately: its `parse_set` (the same parser `kvhandoff check --set` uses) applies
+    the pairs to its default scenario, which keeps the fault bounds. Until the spec exists, or if
+    it rejects the pairs, this returns None and the report still prints the command."""
     try:
         import spec  # the protocol model; optional at this layer
 
+        parse_set = getattr(spec, "parse_set", None)
+        default_config = getattr(spec, "default_config", None)
+        if parse_set is not None and default_config is not None:
+            config: object = parse_set(default_config(), [f"{k}={v}" for k, v in pairs.items()])
+            return config
         config_cls = getattr(spec, "Config", None)
         request_cls = getattr(spec, "RequestSpec", None)
         if config_cls is None or request_cls is None:
@@ -96,7 +104,7 @@ def build_spec_config(pairs: Mapping[str, str]) -> object | None:
             for t, n, room in (item.split(":") for item in pairs["requests"].split(","))
         )
         ints = {k: int(v) for k, v in pairs.items() if k != "requests"}
-        config: object = config_cls(**ints, requests=requests)
+        config = config_cls(**ints, requests=requests)
         return config
     except (ImportError, TypeError, ValueError):
         return None

@@ -113,7 +113,7 @@ def test_the_bridge_scales_the_incident_to_a_two_page_leak() -> None:
         "decode_max_prompt": "2",
         "prefill_pool_pages": "1",
         "decode_pages": "3",
-        "requests": "A:1:1,B:2:2",
+        "requests": "a:1:1,b:2:2",
     }
     assert protocol_variant(d.findings) == "incident"
 
@@ -144,5 +144,20 @@ def test_the_bridge_builds_a_spec_config_when_the_spec_provides_one(
     d = decide(incident())
     config = build_spec_config(to_protocol_config(d.deployment, d.findings))
     assert isinstance(config, Config)
-    assert config.requests == (RequestSpec("A", 1, 1), RequestSpec("B", 2, 2))
+    assert config.requests == (RequestSpec("a", 1, 1), RequestSpec("b", 2, 2))
     assert config.prefill_max_prompt < config.decode_max_prompt
+
+
+def test_the_bridge_agrees_with_the_specs_deployment_properties() -> None:
+    """Runs once the protocol model (spec/, written separately) provides its deployment checks."""
+    spec = pytest.importorskip("spec")
+    if not hasattr(spec, "parse_set") or not hasattr(spec, "DEPLOYMENT"):
+        pytest.skip("this checkout's spec/ does not provide parse_set and DEPLOYMENT yet")
+    for pool, holds in ((681_280, False), (1_048_576, True)):
+        d = decide(incident(prefill_pool=pool))
+        config = build_spec_config(to_protocol_config(d.deployment, d.findings))
+        assert config is not None
+        assert {name: check(config) for name, check in spec.DEPLOYMENT} == {
+            "context_window_fits_pools": holds,
+            "prefill_admits_everything_decode_admits": holds,
+        }
