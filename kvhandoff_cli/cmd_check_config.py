@@ -76,7 +76,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="environment of both servers (repeatable)",
+        help="environment of both servers, or of one with prefill:KEY=VALUE or decode:KEY=VALUE "
+        "(repeatable)",
     )
     opt.add_argument("--prefill-env", action="append", default=[], metavar="KEY=VALUE")
     opt.add_argument("--decode-env", action="append", default=[], metavar="KEY=VALUE")

@@ -240,7 +240,18 @@ def _deployment(
 
 
 def from_commands(prefill_cmd: str, decode_cmd: str, opts: CheckerOptions) -> Deployment:
-    both_env = parse_env_assignments(opts.env, "--env")
+    # `--env KEY=VALUE` is both roles' environment; `--env prefill:KEY=VALUE` (or decode:) is one
+    # role's, like `--prefill-env KEY=VALUE`.
+    scoped = {r: [e.split(":", 1)[1] for e in opts.env if e.startswith(f"{r}:")] for r in Role}
+    both_env = parse_env_assignments(
+        [e for e in opts.env if not e.startswith(("prefill:", "decode:"))], "--env"
+    )
+    if opts.router_window is not None and opts.router_window < 2:
+        raise ConfigInputError(
+            "--context-window",
+            "must be at least 2 (a window of 1 admits no prompt)",
+            str(opts.router_window),
+        )
     roles: dict[Role, RoleConfig] = {}
     engines: dict[Role, Engine] = {}
     for role, text in ((Role.PREFILL, prefill_cmd), (Role.DECODE, decode_cmd)):
@@ -248,7 +259,8 @@ def from_commands(prefill_cmd: str, decode_cmd: str, opts: CheckerOptions) -> De
         cmd = parse_command(text, where)
         engines[role] = cmd.engine
         own = parse_env_assignments(
-            opts.prefill_env if role is Role.PREFILL else opts.decode_env, f"--{role}-env"
+            [*scoped[role], *(opts.prefill_env if role is Role.PREFILL else opts.decode_env)],
+            f"--{role}-env",
         )
         for key in both_env.keys() & own.keys():
             if both_env[key] != own[key]:

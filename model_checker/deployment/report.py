@@ -177,6 +177,9 @@ def render_json(decision: Decision) -> str:
     d = decision.deployment
     pairs = to_protocol_config(decision.deployment, decision.findings)
     variant = "reference" if decision.safe else protocol_variant(decision.findings)
+    reproducible = decision.safe or any(
+        f.severity is Severity.ERROR and f.lengths is not None for f in decision.findings
+    )
     doc = {
         "verdict": "safe" if decision.safe else "unsafe",
         "exit_code": exit_code(decision),
@@ -186,12 +189,15 @@ def render_json(decision: Decision) -> str:
         "roles": {r.value: _limits_json(decision.limits[r], decision) for r in Role},
         "findings": [_finding_json(f) for f in decision.findings],
         "proved": list(decision.proved),
+        # None when the errors are not a prompt-length boundary the protocol model can replay.
         "protocol": {
             "variant": variant,
             "set": pairs,
             "command": check_command(variant, pairs),
             "spec_config_built": build_spec_config(pairs) is not None,
-        },
+        }
+        if reproducible
+        else None,
         "z3_queries": decision.queries,
     }
     return json.dumps(doc, indent=2) + "\n"

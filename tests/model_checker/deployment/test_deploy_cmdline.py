@@ -205,3 +205,18 @@ def test_env_and_role_env_that_disagree_are_contradictory() -> None:
         decode_env=["SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600"],
     )
     assert "contradicts" in str(err)
+
+
+def test_env_can_be_scoped_to_one_role() -> None:
+    d = from_commands(
+        PREFILL,
+        DECODE,
+        CheckerOptions(env=["decode:SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600"]),
+    )
+    assert d.decode.waiting_timeout_s.value == 600.0
+    assert d.prefill.waiting_timeout_s.is_default
+
+
+def test_a_router_window_of_one_token_admits_nothing_and_is_refused() -> None:
+    err = input_error(PREFILL, DECODE, router_window=1)
+    assert err.flag == "--context-window"
