@@ -177,8 +177,9 @@ def _consequence(d: Deployment, cls: str, kp: Kind, kd: Kind, lim: dict[Role, Ro
         if sg:
             return (
                 "decode reserves the prompt's pages and holds them until "
-                f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT ({q.waiting_timeout_s.value:g} s); "
-                "the client waits as long (mutant M15)"
+                f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT ({q.waiting_timeout_s.value:g} s), "
+                "and the client waits as long unless the router cancels decode on a prefill "
+                "error (mutant M15, sglang #29017)"
             )
         return (
             "the proxy fails the request at prefill (HTTP 400), although decode and the "

@@ -18,7 +18,6 @@ from model_checker.deployment.model import (
     Deployment,
     Engine,
     Role,
-    RoleConfig,
     Setting,
 )
 
@@ -444,4 +443,4 @@ def static_rules(d: Deployment, limits: dict[Role, RoleLimits]) -> list[Finding]
     return list(vllm_rules(d, limits))
 
 
-__all__ = ["RoleConfig", "static_rules"]
+__all__ = ["name", "static_rules"]
