@@ -258,10 +258,24 @@ def from_commands(prefill_cmd: str, decode_cmd: str, opts: CheckerOptions) -> De
         where = f"--{role}"
         cmd = parse_command(text, where)
         engines[role] = cmd.engine
+        scoped_env = parse_env_assignments(scoped[role], f"--env {role}:")
         own = parse_env_assignments(
-            [*scoped[role], *(opts.prefill_env if role is Role.PREFILL else opts.decode_env)],
-            f"--{role}-env",
+            opts.prefill_env if role is Role.PREFILL else opts.decode_env, f"--{role}-env"
         )
+        for key in scoped_env.keys() & own.keys():
+            if scoped_env[key] != own[key]:
+                raise ConfigInputError(
+                    f"--{role}-env {key}",
+                    f"contradicts --env {role}:{key}={scoped_env[key]}",
+                    own[key],
+                )
+        origin = {
+            **{k: f"{role} command line" for k in cmd.env},
+            **{k: "--env" for k in both_env},
+            **{k: f"--env {role}:" for k in scoped_env},
+            **{k: f"--{role}-env" for k in own},
+        }
+        own = {**scoped_env, **own}
         for key in both_env.keys() & own.keys():
             if both_env[key] != own[key]:
                 raise ConfigInputError(
@@ -270,11 +284,6 @@ def from_commands(prefill_cmd: str, decode_cmd: str, opts: CheckerOptions) -> De
                     own[key],
                 )
         env = {**cmd.env, **both_env, **own}
-        origin = {
-            **{k: f"{role} command line" for k in cmd.env},
-            **{k: "--env" for k in both_env},
-            **{k: f"--{role}-env" for k in own},
-        }
         values = dict(cmd.values)
         values.update(apply_env(cmd.engine, env, origin))
         if cmd.engine is Engine.SGLANG:
