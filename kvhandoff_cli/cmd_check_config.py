@@ -21,7 +21,8 @@ from model_checker.deployment import (
     from_commands,
     from_toml,
 )
-from model_checker.deployment.decision import DEFAULT_TIMEOUT_MS
+from model_checker.deployment.bridge import check_command, protocol_variant, to_protocol_config
+from model_checker.deployment.decision import DEFAULT_TIMEOUT_MS, Decision
 from model_checker.deployment.model import SGLANG_VERSIONS
 from model_checker.deployment.report import exit_code, render_json, render_text
 
@@ -114,6 +115,11 @@ def register(subparsers: Any) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="machine-readable report")
     out.add_argument(
+        "--run-protocol-check",
+        action="store_true",
+        help="after the report, run the printed `kvhandoff check` on the scaled protocol model",
+    )
+    out.add_argument(
         "--timeout-ms",
         type=_positive_int,
         default=DEFAULT_TIMEOUT_MS,
@@ -123,6 +129,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.run_protocol_check and args.json:
+        raise UsageError("--run-protocol-check: prints text, so it cannot be combined with --json")
     try:
         if args.config is not None:
             clashing = [
@@ -176,4 +184,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvhandoff check-config: INCONCLUSIVE (exit 3): {exc}", file=sys.stderr)
         return EXIT_INCONCLUSIVE
     sys.stdout.write(render_json(decision) if args.json else render_text(decision))
+    if args.run_protocol_check:
+        run_protocol_check(decision)
     return exit_code(decision)
+
+
+PROTOCOL_CHECK_MODULE = "kvhandoff_cli.cmd_check"
+
+
+def run_protocol_check(decision: Decision) -> int | None:
+    """Run `kvhandoff check` on the scaled deployment, in-process. Its verdict is printed, not
+    returned as ours: the deployment's verdict is check-config's exit code. Returns the protocol
+    check's exit code, or None when this checkout has no `kvhandoff check` yet."""
+    from kvhandoff_cli.main import main
+
+    pairs = to_protocol_config(decision.deployment, decision.findings)
+    variant = "reference" if decision.safe else protocol_variant(decision.findings)
+    argv = ["check", "--variant", variant]
+    for key, value in pairs.items():
+        argv += ["--set", f"{key}={value}"]
+    print(f"\n$ {check_command(variant, pairs)}", flush=True)
+    try:
+        code = main(argv, modules=[PROTOCOL_CHECK_MODULE])
+    except ModuleNotFoundError as exc:
+        if exc.name != PROTOCOL_CHECK_MODULE:
+            raise
+        print("kvhandoff check is not available in this checkout; run the command above later")
+        return None
+    print(f"(kvhandoff check exited {code})")
+    return code

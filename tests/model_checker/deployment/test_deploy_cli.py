@@ -7,6 +7,7 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import z3
@@ -161,3 +162,37 @@ def test_the_bridge_agrees_with_the_specs_deployment_properties() -> None:
             "context_window_fits_pools": holds,
             "prefill_admits_everything_decode_admits": holds,
         }
+
+
+def test_run_protocol_check_runs_kvhandoff_check_on_the_scaled_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, list[str]]] = []
+
+    def register(subparsers: Any) -> None:
+        p = subparsers.add_parser("check")
+        p.add_argument("--variant")
+        p.add_argument("--set", action="append", default=[])
+        p.set_defaults(func=lambda args: seen.append((args.variant, args.set)) or 1)
+
+    fake = types.ModuleType("kvhandoff_cli.cmd_check")
+    fake.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kvhandoff_cli.cmd_check", fake)
+    code, out, _ = run(capsys, *incident_args(), "--run-protocol-check")
+    assert code == 1  # the deployment's verdict, not the protocol check's
+    assert seen == [("incident", [f"{k}={v}" for k, v in _incident_pairs().items()])]
+    assert "(kvhandoff check exited 1)" in out
+
+
+def test_run_protocol_check_without_kvhandoff_check_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "kvhandoff_cli.cmd_check", None)
+    code, out, _ = run(capsys, *incident_args(1_048_576), "--run-protocol-check")
+    assert code == 0
+    assert "kvhandoff check is not available in this checkout" in out
+
+
+def _incident_pairs() -> dict[str, str]:
+    d = decide(incident())
+    return to_protocol_config(d.deployment, d.findings)
