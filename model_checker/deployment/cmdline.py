@@ -140,15 +140,17 @@ class ParsedCommand:
 
 
 def _detect_engine(words: list[str], where: str) -> tuple[Engine, list[str]]:
-    """Find the launcher and return the engine and the words after it."""
-    if len(words) >= 2 and words[0].endswith("vllm") and words[1] == "serve":
-        return Engine.VLLM, words[2:]
-    if len(words) >= 3 and _PYTHON.match(words[0]) and words[1] == "-m":
-        module = words[2]
-        if module == "sglang.launch_server":
-            return Engine.SGLANG, words[3:]
-        if module == "vllm.entrypoints.openai.api_server":
-            return Engine.VLLM, words[3:]
+    """Find the launcher and return the engine and the words after it. Words before it are a
+    wrapper (`uv run`, `numactl --interleave=all`, `srun ...`) and are skipped."""
+    for i in range(len(words)):
+        rest = words[i:]
+        if len(rest) >= 2 and rest[0].endswith("vllm") and rest[1] == "serve":
+            return Engine.VLLM, rest[2:]
+        if len(rest) >= 3 and _PYTHON.match(rest[0]) and rest[1] == "-m":
+            if rest[2] == "sglang.launch_server":
+                return Engine.SGLANG, rest[3:]
+            if rest[2] == "vllm.entrypoints.openai.api_server":
+                return Engine.VLLM, rest[3:]
     shown = " ".join(words[:3]) if words else ""
     raise ConfigInputError(
         where,

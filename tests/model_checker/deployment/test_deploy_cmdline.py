@@ -220,3 +220,14 @@ def test_env_can_be_scoped_to_one_role() -> None:
 def test_a_router_window_of_one_token_admits_nothing_and_is_refused() -> None:
     err = input_error(PREFILL, DECODE, router_window=1)
     assert err.flag == "--context-window"
+
+
+def test_a_wrapper_before_the_launcher_is_skipped() -> None:
+    cmd = parse_command("numactl --interleave=all uv run " + PREFILL, "--prefill")
+    assert cmd.engine is Engine.SGLANG
+    assert cmd.values["max_total_tokens"] == (65536, "--max-total-tokens")
+    api = parse_command(
+        "python3.11 -m vllm.entrypoints.openai.api_server --model m --max-model-len 4096",
+        "--decode",
+    )
+    assert api.engine is Engine.VLLM and api.values["context_length"] == (4096, "--max-model-len")
