@@ -223,6 +223,7 @@ def _deployment(
     decode: RoleConfig,
     router_window: Setting[int] | None,
     queueing: Setting[float] | None,
+    model_context_length: int | None = None,
 ) -> Deployment:
     if router_window is None:
         router_window = Setting(
@@ -236,6 +237,9 @@ def _deployment(
         decode=decode,
         router_window=router_window,
         max_decode_queueing_s=queueing or Setting(0.0, "default"),
+        model_context_length=Setting(model_context_length, "--model-context-length")
+        if model_context_length is not None
+        else Setting(None, "default"),
     )
 
 
@@ -340,6 +344,7 @@ def from_commands(prefill_cmd: str, decode_cmd: str, opts: CheckerOptions) -> De
         Setting(opts.max_decode_queueing_s, "--max-decode-queueing")
         if opts.max_decode_queueing_s is not None
         else None,
+        opts.model_context_length,
     )
 
 

@@ -112,6 +112,7 @@ SGLANG_ENV: dict[str, tuple[str | None, Callable[[str, str], Any]]] = {
         "deferred_release_timeout_s",
         parse_float,
     ),
+    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": ("allow_longer_context", parse_bool),
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": (None, parse_float),
     "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": (None, lambda f, r: parse_int(f, r)),
 }

@@ -103,6 +103,8 @@ class RoleConfig:
     deferred_release_timeout_s: Setting[float] = Setting(
         SGLANG_DEFAULT_DEFERRED_RELEASE_TIMEOUT_S, "default"
     )
+    # SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN: lets --context-length exceed the model's window.
+    allow_longer_context: Setting[bool] = Setting(False, "default")
     # vLLM
     kv_connector: Setting[str | None] = Setting(None, "default")
     kv_role: Setting[str | None] = Setting(None, "default")
@@ -129,6 +131,8 @@ class Deployment:
     router_window: Setting[int]
     # Time a request can spend in decode's queues before its pages are allocated (C6).
     max_decode_queueing_s: Setting[float] = Setting(0.0, "default")
+    # The model's own window (max_position_embeddings), when the user told us (C1 startup check).
+    model_context_length: Setting[int | None] = Setting(None, "default")
 
     def role(self, role: Role) -> RoleConfig:
         return self.prefill if role is Role.PREFILL else self.decode

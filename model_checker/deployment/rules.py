@@ -87,6 +87,33 @@ def sglang_rules(d: Deployment, limits: dict[Role, RoleLimits]) -> Iterator[Find
                 flags=(name(cfg.pool_tokens, "--max-total-tokens"),),
                 roles=(cfg.role,),
             )
+    model_window = d.model_context_length.value
+    for cfg in (p, q):
+        ctx = cfg.context_length
+        if (
+            model_window is not None
+            and not ctx.is_default
+            and ctx.source != "--model-context-length"
+            and ctx.value > model_window
+            and not cfg.allow_longer_context.value
+        ):
+            yield Finding(
+                rule="C1",
+                code=f"{cfg.role}-context-beyond-model",
+                severity=Severity.ERROR,
+                title=(
+                    f"{cfg.role} will not start: --context-length {ctx.value:,} exceeds the "
+                    f"model's window {model_window:,}"
+                ),
+                detail=(
+                    "SGLang refuses a --context-length above the model's own window unless "
+                    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set (and then the model runs "
+                    "past the positions it was trained on)"
+                ),
+                fix=f"lower --context-length to ≤ {model_window:,} on {cfg.role}",
+                flags=(ctx.source,),
+                roles=(cfg.role,),
+            )
     # C3: truncation on one side only cuts the prompt on that side; the other side's page count
     # no longer matches (the length ranges are in decision.py; this names the flag once).
     yield from _mismatch(

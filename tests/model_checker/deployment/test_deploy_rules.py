@@ -164,3 +164,16 @@ def test_vllm_batched_tokens_below_max_model_len_without_chunking_will_not_start
         vllm_cmd("decode", *SIZED),
     )
     assert set(found) == {"prefill-batched-tokens-below-max-model-len"}
+
+
+def test_a_context_length_beyond_the_models_window_will_not_start_without_the_override() -> None:
+    def check(*env: str) -> set[str]:
+        d = from_commands(
+            incident_cmd("prefill", FIXED),
+            incident_cmd("decode", 2_097_152),
+            CheckerOptions(model_context_length=202_752, env=list(env)),
+        )
+        return set(errors_of(decide(d).findings))
+
+    assert check() == {"prefill-context-beyond-model", "decode-context-beyond-model"}
+    assert check("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1") == set()
