@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from model_checker.deployment import CheckerOptions, from_commands
+from model_checker.deployment.engines import Kind
 from model_checker.deployment.model import Deployment
 
 INCIDENT_CONTEXT = 1_048_576
@@ -44,3 +45,22 @@ def incident(
         ),
         CheckerOptions(sglang_version=version),
     )
+
+
+def oracle_sglang(n: int, context: int, pool: int, truncate: bool, v0511: bool) -> tuple[Kind, int]:
+    """engines.md §5.1 written out longhand, independently of the Z3 encoding."""
+    if n >= context:
+        return Kind.TOKENIZER_REJECT, 0
+    limit = min(context - 1, pool - 1) - 5
+    if n >= limit:
+        if truncate:
+            kind, eff = Kind.TRUNCATED, limit
+        elif v0511:
+            kind, eff = Kind.PLACEHOLDER, 1
+        else:
+            return Kind.RETIRED, 0
+    else:
+        kind, eff = Kind.FULL, n
+    if eff > pool:
+        return Kind.CAPACITY_ABORT, 0
+    return kind, eff

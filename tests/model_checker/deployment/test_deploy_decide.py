@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import z3
-from deploy_helpers import incident
+from deploy_helpers import incident, oracle_sglang
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_deploy_engine_limits import oracle_sglang
 
 import model_checker.deployment.decision as decision_module
 from model_checker.deployment import Finding, InconclusiveError, LengthRange, Severity, decide

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import z3
-from deploy_helpers import incident
+from deploy_helpers import incident, oracle_sglang
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,25 +18,6 @@ from model_checker.deployment.engines import (
     vllm_handling,
 )
 from model_checker.deployment.model import Engine, Role
-
-
-def oracle_sglang(n: int, context: int, pool: int, truncate: bool, v0511: bool) -> tuple[Kind, int]:
-    """engines.md §5.1 written out longhand, independently of the Z3 encoding."""
-    if n >= context:
-        return Kind.TOKENIZER_REJECT, 0
-    limit = min(context - 1, pool - 1) - 5
-    if n >= limit:
-        if truncate:
-            kind, eff = Kind.TRUNCATED, limit
-        elif v0511:
-            kind, eff = Kind.PLACEHOLDER, 1
-        else:
-            return Kind.RETIRED, 0
-    else:
-        kind, eff = Kind.FULL, n
-    if eff > pool:
-        return Kind.CAPACITY_ABORT, 0
-    return kind, eff
 
 
 def evaluate(lim: RoleLimits, n: int) -> tuple[Kind, int]:
