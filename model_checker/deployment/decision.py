@@ -392,7 +392,13 @@ def decide(deployment: Deployment, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Deci
     findings.extend(static_rules(d, lim))
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.NOTE: 2}
     findings.sort(
-        key=lambda f: (order[f.severity], not f.leak, f.rule, f.lengths.lo if f.lengths else 0)
+        key=lambda f: (
+            order[f.severity],
+            not f.leak,
+            f.rule,
+            f.lengths is None,
+            f.lengths.lo if f.lengths else 0,
+        )
     )
     return Decision(
         deployment=d,
