@@ -20,6 +20,7 @@ EXIT_INCONCLUSIVE = 3
 # `func(args) -> int` returns the exit code.
 COMMAND_MODULES = [
     "kvhandoff_cli.cmd_check",
+    "kvhandoff_cli.cmd_check_config",
 ]
 
 
@@ -27,7 +28,7 @@ class UsageError(Exception):
     """Bad usage or bad input: printed as one line and mapped to exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvhandoff",
         description=(
@@ -37,13 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MODULES) -> int:
+    """`modules` lets a test run one subcommand without importing the others."""
+    parser = build_parser(modules)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
