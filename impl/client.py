@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 
 from impl.errors import RequestFailed, TransportError
+from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2_grpc as pb_grpc
 from impl.servers.base import channel_options
 from impl.tls import TlsFiles
 from impl.tokenizer import decode
@@ -50,7 +50,7 @@ class Client:
             self._channel = grpc.secure_channel(router, tls.channel_credentials(), options=opts)
         else:
             self._channel = grpc.insecure_channel(router, options=opts)
-        self._stub = pb_grpc.RouterStub(self._channel)
+        self._stub = rpc.router_stub(self._channel)
 
     def generate(
         self,
@@ -95,7 +95,8 @@ class Client:
 
     def info(self, timeout: float = 5.0) -> pb.ServerInfo:
         try:
-            return self._stub.Info(pb.InfoRequest(), timeout=timeout)
+            info: pb.ServerInfo = self._stub.Info(pb.InfoRequest(), timeout=timeout)
+            return info
         except grpc.RpcError as exc:
             raise TransportError(f"router unreachable: {exc}") from exc
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from impl.client import Client
+from impl.core.common import RequestId
+from impl.core.decode import GrantView
 from impl.errors import ConfigError
 from impl.eventlog import EventLog
 from impl.modes import Mode, get_mode
@@ -182,10 +184,10 @@ class Cluster:
 
     def _log(self, role: str) -> EventLog | None:
         # Logs outlive restarts so each server keeps one file with increasing seq numbers.
-        if self.config.log_dir is None:
+        c = self.config
+        if c.log_dir is None:
             return None
         if role not in self._logs:
-            c = self.config
             self._logs[role] = EventLog(
                 c.log_dir / f"{role}.jsonl",
                 role,
@@ -273,6 +275,35 @@ class Cluster:
         server = DecodeServer(old.settings, self.mode, self._log("decode"))
         self.runtime.run(server.start())
         self.decode_server = server
+
+    def stall_prefill_writes(self, request_id: str, after_messages: int = 1) -> None:
+        """Fault injection: prefill pauses the writes of ``request_id`` after that many messages."""
+        server = self.prefill_server
+        self.runtime.call(
+            lambda: server.stall_after.__setitem__(RequestId(request_id), after_messages)
+        )
+
+    def resume_prefill_writes(self, request_id: str) -> None:
+        server = self.prefill_server
+        self.runtime.call(lambda: server.stall_after.pop(RequestId(request_id), None))
+
+    def decode_grant(self, request_id: str) -> GrantView | None:
+        core = self.decode_server.core
+        return self.runtime.call(lambda: core.grant_of(RequestId(request_id)))
+
+    def wait_for_grant(
+        self, request_id: str, pages_written: int = 0, timeout: float = 10.0
+    ) -> GrantView:
+        """Block until decode holds a grant for ``request_id`` with at least that many pages written."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            view = self.decode_grant(request_id)
+            if view is not None and len(view.written) >= pages_written:
+                return view
+            time.sleep(0.01)
+        raise TimeoutError(
+            f"decode never held a grant for {request_id!r} with {pages_written} pages written"
+        )
 
     def decode_pages(self) -> tuple[int, int]:
         """(free, used) pages of decode's pool."""

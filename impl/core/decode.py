@@ -151,6 +151,17 @@ class GrantFailed:
 
 
 @dataclass(frozen=True)
+class GrantDelivered:
+    """Prefill acknowledged the grant; ``prefill_epoch`` is the boot epoch of the prefill that
+    now holds it (so a later restart of that prefill fails exactly the requests it held)."""
+
+    request_id: RequestId
+    generation: Generation
+    prefill_epoch: int
+    now: float
+
+
+@dataclass(frozen=True)
 class GenerationFinished:
     request_id: RequestId
     generation: Generation
@@ -178,6 +189,7 @@ DecodeEvent = (
     | CancelRequest
     | AbortAckReceived
     | GrantFailed
+    | GrantDelivered
     | GenerationFinished
     | PrefillHeartbeat
     | Tick
@@ -269,6 +281,16 @@ class _Request:
 
 
 @dataclass(frozen=True)
+class GrantView:
+    room: Room
+    generation: Generation
+    pages: tuple[PageId, ...]
+    token: bytes
+    state: str
+    written: tuple[PageId, ...]
+
+
+@dataclass(frozen=True)
 class _Tombstone:
     tenant: Tenant
     pages: tuple[PageId, ...]
@@ -311,6 +333,13 @@ class DecodeCore:
     def owner_of(self, page: PageId) -> RequestId | None:
         return self._owner.get(page)
 
+    def grant_of(self, request_id: RequestId) -> GrantView | None:
+        """The current grant of an active request (for tests and introspection)."""
+        r = self._requests.get(request_id)
+        if r is None:
+            return None
+        return GrantView(r.room, r.generation, r.pages, r.token, r.state.value, tuple(r.written))
+
     # ------------------------------------------------------------------ entry point
 
     def handle(self, event: DecodeEvent) -> list[DecodeCommand]:
@@ -329,6 +358,8 @@ class DecodeCore:
                 return self._on_abort_ack(event)
             case GrantFailed():
                 return self._on_grant_failed(event)
+            case GrantDelivered():
+                return self._on_grant_delivered(event)
             case GenerationFinished():
                 return self._on_generation_finished(event)
             case PrefillHeartbeat():
@@ -398,7 +429,7 @@ class DecodeCore:
             generation=generation,
             token=ev.token,
             pages=pages,
-            prefill_epoch=self._prefill_epoch,
+            prefill_epoch=None,
             deadline=ev.now + self.config.waiting_timeout_s,
         )
         return [
@@ -770,23 +801,33 @@ class DecodeCore:
             cmds += self._release(req, "drained")
         return [*cmds, Reply(Status.OK)]
 
+    def _on_grant_delivered(self, ev: GrantDelivered) -> list[DecodeCommand]:
+        cmds = self._observe_epoch(ev.prefill_epoch)
+        req = self._requests.get(ev.request_id)
+        if req is not None and req.generation == ev.generation:
+            req.prefill_epoch = ev.prefill_epoch
+        return cmds
+
     def _on_heartbeat(self, ev: PrefillHeartbeat) -> list[DecodeCommand]:
-        if ev.epoch is None:
-            self._heartbeat_misses += 1
-            if self._prefill_dead or self._heartbeat_misses < self.config.prefill_dead_after_misses:
-                return []
-            self._prefill_dead = True
-            return self._fail_after_prefill_loss(
-                self._prefill_epoch, None, "prefill stopped answering health checks"
-            )
+        if ev.epoch is not None:
+            return self._observe_epoch(ev.epoch)
+        self._heartbeat_misses += 1
+        if self._prefill_dead or self._heartbeat_misses < self.config.prefill_dead_after_misses:
+            return []
+        self._prefill_dead = True
+        return self._fail_after_prefill_loss(
+            self._prefill_epoch, None, "prefill stopped answering health checks"
+        )
+
+    def _observe_epoch(self, epoch: int) -> list[DecodeCommand]:
         self._heartbeat_misses = 0
         self._prefill_dead = False
         old = self._prefill_epoch
-        self._prefill_epoch = ev.epoch
-        if old is None or old == ev.epoch:
+        self._prefill_epoch = epoch
+        if old is None or old == epoch:
             return []
         return self._fail_after_prefill_loss(
-            old, ev.epoch, f"prefill restarted (epoch {old} -> {ev.epoch})"
+            old, epoch, f"prefill restarted (epoch {old} -> {epoch})"
         )
 
     def _fail_after_prefill_loss(
@@ -799,7 +840,9 @@ class DecodeCore:
             )
         ]
         for req in list(self._requests.values()):
-            if new_epoch is not None and req.prefill_epoch == new_epoch:
+            # Only requests held by the lost prefill; a grant still in flight has no epoch yet
+            # and fails (or succeeds) on its own delivery.
+            if req.prefill_epoch is None or req.prefill_epoch == new_epoch:
                 continue
             if req.state is RequestState.WAITING:
                 cmds += self._answer(

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -26,9 +27,9 @@ from impl.pool import (
     resolve_device,
     tensor_from_bytes,
 )
+from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2_grpc as pb_grpc
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly
+from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
 
 MAX_REQUEST_ID = 128
 MAX_TENANT = 128
@@ -69,7 +70,7 @@ def next_boot(state_dir: Path | None) -> int:
     return boot
 
 
-class DecodeServer(BaseServer, pb_grpc.DecodeServicer):
+class DecodeServer(BaseServer):
     role = "decode"
 
     def __init__(self, settings: DecodeSettings, mode: Mode, event_log: EventLog | None = None):
@@ -109,7 +110,7 @@ class DecodeServer(BaseServer, pb_grpc.DecodeServicer):
         self.metrics.gauge("kvhandoff_validation_seconds_total", lambda: self.validation_seconds)
 
     def _register(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_DecodeServicer_to_server(self, server)
+        rpc.add_decode(self, server)
 
     async def start(self) -> None:
         await super().start()
@@ -154,8 +155,8 @@ class DecodeServer(BaseServer, pb_grpc.DecodeServicer):
     async def _on_tick(self, now: float) -> None:
         self.feed(dc.Tick(now))
 
-    def _stub(self) -> pb_grpc.PrefillStub:
-        return pb_grpc.PrefillStub(self.channel(self.settings.prefill_address))
+    def _stub(self) -> Any:
+        return rpc.prefill_stub(self.channel(self.settings.prefill_address))
 
     async def _heartbeat(self) -> None:
         while not self._stopping:
@@ -179,11 +180,21 @@ class DecodeServer(BaseServer, pb_grpc.DecodeServicer):
             token=cmd.token,
             prompt_tokens=cmd.prompt_len,
         )
-        status, message = await call_quietly(
-            self._stub().ReceiveGrant(grant, timeout=self.common.rpc_timeout_s)
-        )
-        if status is not Status.OK and not self._stopping:
-            self.feed(dc.GrantFailed(cmd.request_id, cmd.generation, message, time.monotonic()))
+        try:
+            ack = await self._stub().ReceiveGrant(
+                grant, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as exc:
+            if not self._stopping:
+                _, message = status_of(exc)
+                self.feed(dc.GrantFailed(cmd.request_id, cmd.generation, message, time.monotonic()))
+            return
+        if not self._stopping:
+            self.feed(
+                dc.GrantDelivered(
+                    cmd.request_id, cmd.generation, int(ack.boot_epoch), time.monotonic()
+                )
+            )
 
     async def _send_abort(self, cmd: dc.SendAbort) -> None:
         # A lost abort is retried by the core (Tick), so failures need no handling here.
@@ -191,6 +202,7 @@ class DecodeServer(BaseServer, pb_grpc.DecodeServicer):
             self._stub().ReceiveAbort(
                 pb.Abort(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
                 timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
         )
 

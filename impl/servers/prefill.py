@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -16,8 +17,8 @@ from impl.eventlog import EventLog
 from impl.model import CopyHeadModel
 from impl.modes import Mode
 from impl.pool import DTYPE_NAME, PoolShape, page_digest, resolve_device, tensor_bytes, wire_pages
+from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2_grpc as pb_grpc
 from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
 from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
 
@@ -38,7 +39,7 @@ class PrefillSettings:
     device: str = "auto"
 
 
-class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
+class PrefillServer(BaseServer):
     role = "prefill"
 
     def __init__(self, settings: PrefillSettings, mode: Mode, event_log: EventLog | None = None):
@@ -68,11 +69,14 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
         self._prompts: dict[RequestId, list[int]] = {}
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
         self._writers: dict[tuple[RequestId, int], asyncio.Task[None]] = {}
+        # Fault injection for tests: request id -> number of write messages after which its
+        # writes pause until the entry is removed (opens a reliable "mid-transfer" window).
+        self.stall_after: dict[RequestId, int] = {}
         self.digest_seconds = 0.0  # sender-side digests, for the transfer benchmark
         self.metrics.gauge("kvhandoff_parked_grants", lambda: float(self.core.parked_grants))
 
     def _register(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_PrefillServicer_to_server(self, server)
+        rpc.add_prefill(self, server)
 
     async def start(self) -> None:
         await super().start()
@@ -111,8 +115,8 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
     async def _on_tick(self, now: float) -> None:
         self.feed(pc.Tick(now))
 
-    def _stub(self) -> pb_grpc.DecodeStub:
-        return pb_grpc.DecodeStub(self.channel(self.settings.decode_address))
+    def _stub(self) -> Any:
+        return rpc.decode_stub(self.channel(self.settings.decode_address))
 
     async def _write(self, cmd: pc.StartWrites) -> None:
         rid, gen = cmd.request_id, cmd.generation
@@ -123,7 +127,7 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
             k, v = self.model.prefill(tokens)
             wire = wire_pages(k, v, self.settings.shape)
             await self._stub().WritePages(
-                self._messages(cmd, wire), timeout=self.common.rpc_timeout_s
+                self._messages(cmd, wire), timeout=self.common.rpc_timeout_s, wait_for_ready=True
             )
         except asyncio.CancelledError:
             if self._stopping:
@@ -146,6 +150,8 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
         for message_id, start in enumerate(range(0, len(cmd.pages), step)):
             if message_id and self.settings.write_delay_s:
                 await asyncio.sleep(self.settings.write_delay_s)
+            while self.stall_after.get(cmd.request_id, len(cmd.pages) + 1) <= message_id:
+                await asyncio.sleep(0.01)
             pages: Sequence[PageId] = cmd.pages[start : start + step]
             data = tensor_bytes(wire[start : start + len(pages)])
             t0 = time.perf_counter()
@@ -185,6 +191,7 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
                     digest=cmd.digest,
                 ),
                 timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
         )
         if not self._stopping:
@@ -200,6 +207,7 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
                     reason=cmd.reason,
                 ),
                 timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
         )
         if status is not Status.OK:
@@ -212,6 +220,7 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
             self._stub().ReceiveAbortAck(
                 pb.AbortAck(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
                 timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
         )
 
@@ -294,7 +303,7 @@ class PrefillServer(BaseServer, pb_grpc.PrefillServicer):
         )
         if reply.status is not Status.OK:
             await abort_with(context, reply)
-        return pb.GrantAck()
+        return pb.GrantAck(boot_epoch=self.boot_epoch)
 
     async def ReceiveAbort(
         self, request: pb.Abort, context: grpc.aio.ServicerContext

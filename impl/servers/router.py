@@ -7,6 +7,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -15,8 +16,8 @@ from impl.core import router as rc
 from impl.core.common import Log, Reply, RequestId, Room, Status, Tenant
 from impl.eventlog import EventLog
 from impl.modes import Mode
+from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2_grpc as pb_grpc
 from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
 from impl.tokenizer import VOCAB_SIZE
 
@@ -34,7 +35,7 @@ class RouterSettings:
     max_new_tokens: int = 1024
 
 
-class RouterServer(BaseServer, pb_grpc.RouterServicer):
+class RouterServer(BaseServer):
     role = "router"
 
     def __init__(self, settings: RouterSettings, mode: Mode, event_log: EventLog | None = None):
@@ -53,7 +54,7 @@ class RouterServer(BaseServer, pb_grpc.RouterServicer):
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
 
     def _register(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_RouterServicer_to_server(self, server)
+        rpc.add_router(self, server)
 
     def feed(self, event: rc.RouterEvent) -> Reply:
         reply = Reply(Status.OK)
@@ -73,6 +74,7 @@ class RouterServer(BaseServer, pb_grpc.RouterServicer):
                             self._prefill().Cancel(
                                 pb.CancelRequest(request_id=cmd.request_id, reason=cmd.reason),
                                 timeout=self.common.rpc_timeout_s,
+                                wait_for_ready=True,
                             )
                         )
                     )
@@ -82,6 +84,7 @@ class RouterServer(BaseServer, pb_grpc.RouterServicer):
                             self._decode().Cancel(
                                 pb.CancelRequest(request_id=cmd.request_id, reason=cmd.reason),
                                 timeout=self.common.rpc_timeout_s,
+                                wait_for_ready=True,
                             )
                         )
                     )
@@ -91,11 +94,11 @@ class RouterServer(BaseServer, pb_grpc.RouterServicer):
                         fut.set_result((cmd.status, cmd.message))
         return reply
 
-    def _prefill(self) -> pb_grpc.PrefillStub:
-        return pb_grpc.PrefillStub(self.channel(self.settings.prefill_address))
+    def _prefill(self) -> Any:
+        return rpc.prefill_stub(self.channel(self.settings.prefill_address))
 
-    def _decode(self) -> pb_grpc.DecodeStub:
-        return pb_grpc.DecodeStub(self.channel(self.settings.decode_address))
+    def _decode(self) -> Any:
+        return rpc.decode_stub(self.channel(self.settings.decode_address))
 
     async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
         prompt = self._prompts.get(cmd.request_id, [])
@@ -108,6 +111,7 @@ class RouterServer(BaseServer, pb_grpc.RouterServicer):
                     prompt_tokens=prompt,
                 ),
                 timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
             status, message = Status.OK, ""
         except grpc.RpcError as exc:
@@ -126,6 +130,7 @@ class RouterServer(BaseServer, pb_grpc.RouterServicer):
                     max_tokens=cmd.max_tokens,
                 ),
                 timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
             if cmd.request_id in self._waiters:
                 self._answers[cmd.request_id] = list(resp.tokens)

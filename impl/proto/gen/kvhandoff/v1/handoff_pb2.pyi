@@ -95,8 +95,10 @@ class Grant(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GrantAck(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("boot_epoch",)
+    BOOT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    boot_epoch: int
+    def __init__(self, boot_epoch: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
     __slots__ = ("request_id", "room", "generation")

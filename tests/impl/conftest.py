@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from impl.cluster import Cluster, start_cluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """Start clusters on loopback (CPU) with logs under tmp_path; all are stopped afterwards."""
+    started: list[Cluster] = []
+
+    def make(mode: str = "reference", **settings: Any) -> Cluster:
+        settings.setdefault("device", "cpu")
+        settings.setdefault("log_dir", tmp_path / f"logs-{len(started)}")
+        settings.setdefault("state_dir", tmp_path / f"state-{len(started)}")
+        cluster = start_cluster(mode, **settings)
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
