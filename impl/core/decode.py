@@ -541,7 +541,8 @@ class DecodeCore:
         self, ev: WriteReceived, args: dict[str, LogValue], tomb: _Tombstone
     ) -> list[DecodeCommand]:
         # m7/m8: a one-sided write cannot be refused once the pages are gone; it lands wherever
-        # the page now is. Decode still knows it happened, so it raises an alarm.
+        # the page now is, under the new owner's recorded digest (as with RDMA, validation does
+        # not see it). Decode knows it happened here, so it raises an alarm for operators.
         page = PageId(ev.page_id)
         cmds: list[DecodeCommand] = [
             Log("decode_receive_write", {**args, "outcome": "accepted", "late": True}),
@@ -561,9 +562,6 @@ class DecodeCore:
                     },
                 )
             )
-            owner = self._requests.get(now_owner)
-            if owner is not None:
-                owner.written.pop(page, None)
         cmds.append(Reply(Status.OK))
         return cmds
 

@@ -531,8 +531,12 @@ class PrefillCore:
         }
         req = self._requests.get(ev.request_id)
         parked = self._parked.get(ev.room)
-        if parked is not None and parked.generation == ev.generation:
-            del self._parked[ev.room]
+        if (
+            parked is not None
+            and parked.generation == ev.generation
+            and not self._b.accept_orphan_grants
+        ):
+            del self._parked[ev.room]  # M18 keeps the orphan's transfer state regardless
         ack = SendAbortAck(ev.request_id, ev.room, ev.generation)
         if req is None or req.grant is None or req.grant.generation != ev.generation:
             cmds: list[PrefillCommand] = [

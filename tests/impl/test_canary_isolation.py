@@ -43,7 +43,9 @@ class Outcome:
     result: GenerateResult
 
 
-def in_background(cluster: Cluster, tenant: str, tokens: list[int], rid: str) -> Callable[[], GenerateResult]:
+def in_background(
+    cluster: Cluster, tenant: str, tokens: list[int], rid: str
+) -> Callable[[], GenerateResult]:
     box: list[GenerateResult] = []
 
     def run() -> None:
@@ -66,7 +68,9 @@ def run_scenario(cluster: Cluster) -> list[Outcome]:
 
         def ok_round(tag: str) -> None:
             for tenant in ("A", "B", "A"):
-                out.append(Outcome(f"{tag} ok", tenant, c.generate(tenant, prompt(tenant, 100), 32)))
+                out.append(
+                    Outcome(f"{tag} ok", tenant, c.generate(tenant, prompt(tenant, 100), 32))
+                )
 
         ok_round("first")
         # Oversized for prefill (300 > 128 tokens) but admitted by the router and by decode.
@@ -82,7 +86,9 @@ def run_scenario(cluster: Cluster) -> list[Outcome]:
 
         # Decode's waiting timeout: prefill stalls past it.
         cluster.stall_prefill_writes("slow")
-        out.append(Outcome("timeout", "B", c.generate("B", prompt("B", 100), 32, request_id="slow")))
+        out.append(
+            Outcome("timeout", "B", c.generate("B", prompt("B", 100), 32, request_id="slow"))
+        )
         cluster.resume_prefill_writes("slow")
 
         # Prefill crashes mid-transfer and comes back with a new boot epoch.
