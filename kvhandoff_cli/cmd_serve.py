@@ -47,6 +47,10 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--layers", type=int, default=2)
     serve.add_argument("--heads", type=int, default=2)
     serve.add_argument("--head-dim", type=int, default=16)
+    serve.add_argument("--pages-per-message", type=int, default=16, help="pages per write message")
+    serve.add_argument(
+        "--max-message-bytes", type=int, default=8 << 20, help="gRPC message size limit"
+    )
     serve.add_argument(
         "--waiting-timeout",
         type=float,
@@ -126,6 +130,8 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         prefill_pages=args.prefill_pages,
         context_window=args.context_window,
         waiting_timeout_s=args.waiting_timeout,
+        pages_per_message=args.pages_per_message,
+        max_message_bytes=args.max_message_bytes,
         host=args.host,
         metrics=args.metrics_port is not None,
         log_dir=args.log_dir,
@@ -190,6 +196,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
         log_dir=args.log_dir,
         metrics_port=args.metrics_port,
         tls=config.tls,
+        max_message_bytes=config.max_message_bytes,
     )
     shape = PoolShape(config.layers, config.page_size, config.heads, config.head_dim)
     server: BaseServer
@@ -202,6 +209,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
                 config.prefill_pages,
                 limits.prefill_max_prompt,
                 limits.context_window,
+                pages_per_message=config.pages_per_message,
                 device=config.device,
             ),
             mode,

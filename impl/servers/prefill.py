@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import torch
 
 from impl.core import prefill as pc
 from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
@@ -23,6 +24,18 @@ from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quiet
 from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
 
 MAX_GRANT_PAGES = 1 << 20
+WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One serialised write message and the pages it carries."""
+
+    message_id: int
+    start: int  # index of its first page in the grant
+    pages: Sequence[PageId]
+    digests: list[bytes]
+    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,7 @@ class PrefillServer(BaseServer):
         self.stall_after: dict[RequestId, int] = {}
         self.digest_seconds = 0.0  # sender-side digests, for the transfer benchmark
         self.metrics.gauge("kvhandoff_parked_grants", lambda: float(self.core.parked_grants))
+        self.metrics.gauge("kvhandoff_sender_digest_seconds_total", lambda: self.digest_seconds)
 
     def _register(self, server: grpc.aio.Server) -> None:
         rpc.add_prefill(self, server)
@@ -125,9 +139,14 @@ class PrefillServer(BaseServer):
             prompt = self._prompts.get(rid, [])
             tokens = [PLACEHOLDER_TOKEN] if cmd.placeholder else prompt[: cmd.prompt_len]
             k, v = self.model.prefill(tokens)
-            wire = wire_pages(k, v, self.settings.shape)
-            await self._stub().WritePages(
-                self._messages(cmd, wire), timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            batches = self._encode(cmd, wire_pages(k, v, self.settings.shape))
+            write_pages = self.channel(self.settings.decode_address).stream_unary(
+                WRITE_PAGES,
+                request_serializer=None,
+                response_deserializer=pb.WriteSummary.FromString,
+            )
+            await write_pages(
+                self._stream(cmd, batches), timeout=self.common.rpc_timeout_s, wait_for_ready=True
             )
         except asyncio.CancelledError:
             if self._stopping:
@@ -140,33 +159,23 @@ class PrefillServer(BaseServer):
         if not self._stopping:
             self.feed(pc.WritesFinished(rid, gen, status, message))
 
-    async def _messages(self, cmd: pc.StartWrites, wire: object) -> AsyncIterator[pb.PageWrite]:
-        import torch
-
-        assert isinstance(wire, torch.Tensor)
+    def _encode(self, cmd: pc.StartWrites, wire: torch.Tensor) -> list[_Batch]:
+        """Serialise every write message up front, as part of producing the KV: the stream then
+        only moves ready buffers (like an RDMA write from registered memory)."""
         shape = self.settings.shape
         step = max(1, self.settings.pages_per_message)
-        pb_bytes = shape.page_bytes
+        page_bytes = shape.page_bytes
+        batches: list[_Batch] = []
         for message_id, start in enumerate(range(0, len(cmd.pages), step)):
-            if message_id and self.settings.write_delay_s:
-                await asyncio.sleep(self.settings.write_delay_s)
-            while self.stall_after.get(cmd.request_id, len(cmd.pages) + 1) <= message_id:
-                await asyncio.sleep(0.01)
-            pages: Sequence[PageId] = cmd.pages[start : start + step]
+            pages = cmd.pages[start : start + step]
             data = tensor_bytes(wire[start : start + len(pages)])
             t0 = time.perf_counter()
             view = memoryview(data)
             digests = [
-                page_digest(view[i * pb_bytes : (i + 1) * pb_bytes]) for i in range(len(pages))
+                page_digest(view[i * page_bytes : (i + 1) * page_bytes]) for i in range(len(pages))
             ]
             self.digest_seconds += time.perf_counter() - t0
-            for i, page in enumerate(pages):
-                self.feed(
-                    pc.PageSent(
-                        cmd.request_id, cmd.generation, page, start + i, digests[i], message_id
-                    )
-                )
-            yield pb.PageWrite(
+            msg = pb.PageWrite(
                 request_id=cmd.request_id,
                 room=cmd.room,
                 generation=cmd.generation,
@@ -178,6 +187,27 @@ class PrefillServer(BaseServer):
                 dtype=DTYPE_NAME,
                 data=data,
             )
+            batches.append(_Batch(message_id, start, pages, digests, msg.SerializeToString()))
+        return batches
+
+    async def _stream(self, cmd: pc.StartWrites, batches: list[_Batch]) -> AsyncIterator[bytes]:
+        for batch in batches:
+            if batch.message_id and self.settings.write_delay_s:
+                await asyncio.sleep(self.settings.write_delay_s)
+            while self.stall_after.get(cmd.request_id, len(batches) + 1) <= batch.message_id:
+                await asyncio.sleep(0.01)
+            for i, page in enumerate(batch.pages):
+                self.feed(
+                    pc.PageSent(
+                        cmd.request_id,
+                        cmd.generation,
+                        page,
+                        batch.start + i,
+                        batch.digests[i],
+                        batch.message_id,
+                    )
+                )
+            yield batch.payload
 
     async def _send_completion(self, cmd: pc.SendCompletion) -> None:
         status, message = await call_quietly(
