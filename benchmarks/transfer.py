@@ -164,7 +164,7 @@ def raw_socket(args: argparse.Namespace, page_bytes: int) -> dict[str, float]:
         port = server.getsockname()[1]
         done: list[float] = []
 
-        def receive(srv: socket.socket = server) -> None:
+        def receive(srv: socket.socket = server, done: list[float] = done) -> None:
             conn, _ = srv.accept()
             with conn:
                 buf = bytearray(page_bytes)
