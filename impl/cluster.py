@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -368,4 +368,4 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-__all__ = ["Cluster", "ClusterConfig", "Limits", "defaults_for", "field", "start_cluster"]
+__all__ = ["Cluster", "ClusterConfig", "Limits", "defaults_for", "start_cluster"]

@@ -142,6 +142,7 @@ def test_reference_never_leaks_across_tenants(make_cluster: Callable[..., Cluste
     free, used = cluster.decode_pages()
     assert (free, used) == (128, 0)
     pool = cluster.decode_server.pool
+    assert pool.device.type == cluster.config.device or cluster.config.device == "auto"
     assert all(pool.is_zero(p) for p in range(pool.num_pages)), "a freed page still holds data"
 
 
