@@ -1,12 +1,12 @@
 """Handoff throughput over loopback gRPC vs a raw TCP socket sending the same bytes, same run.
 
-    python benchmarks/transfer.py [--device cpu|cuda] [--pages 64] [--repeats 5] [--json]
+    python benchmarks/transfer.py [--device cpu|cuda] [--pages 64] [--repeats 20] [--json]
 
 gRPC: a reference-mode cluster on loopback, prefill, decode and router each in its own process
 (``kvhandoff serve ROLE``), as deployed; each request's prompt fills ``--pages`` pages, and a
 handoff is timed inside decode from its first write message to the validated completion (page
 writes, per-page digests on receipt, copies into the torch pool, completion check). Validation
-time is decode's time (read from its /metrics) in digest and coverage checks (including the core's bookkeeping and event
+time is decode's CPU time (read from its /metrics) in digest and coverage checks (including the core's bookkeeping and event
 logging of each write, so it is an upper bound), plus prefill's digests, reported separately.
 
 Raw TCP: one thread sends the same page bytes with ``sendall`` in the same message sizes, the
@@ -209,8 +209,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--pages-per-message", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--pages-per-message", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     shape = PoolShape(args.layers, args.page_size, args.heads, args.head_dim)

@@ -461,10 +461,7 @@ class DecodeCore:
         }
 
         def refuse(status: Status, reason: str, message: str) -> list[DecodeCommand]:
-            return [
-                Log("decode_receive_write", {**args, "outcome": "refused", "reason": reason}),
-                Reply(status, message),
-            ]
+            return self._refuse_write(args, status, reason, message)
 
         req = self._requests.get(ev.request_id)
         if req is None or req.generation != ev.generation:
@@ -535,6 +532,15 @@ class DecodeCore:
             Log("decode_receive_write", {**args, "outcome": "accepted"}),
             StorePage(PageId(ev.page_id)),
             Reply(Status.OK),
+        ]
+
+    @staticmethod
+    def _refuse_write(
+        args: dict[str, LogValue], status: Status, reason: str, message: str
+    ) -> list[DecodeCommand]:
+        return [
+            Log("decode_receive_write", {**args, "outcome": "refused", "reason": reason}),
+            Reply(status, message),
         ]
 
     def _late_write_lands(
