@@ -155,3 +155,62 @@ def test_bad_prompt_tokens_are_exit_2_naming_the_token(
 def test_a_single_role_needs_its_peers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "decode"]) == 2
     assert "--prefill" in capsys.readouterr().err
+
+
+def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    from impl.client import Client
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    pp, dp = free_port(), free_port()
+    roles = [
+        ("prefill", "--port", str(pp), "--decode", f"127.0.0.1:{dp}"),
+        (
+            "decode",
+            "--port",
+            str(dp),
+            "--prefill",
+            f"127.0.0.1:{pp}",
+            "--metrics-port",
+            "0",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ),
+        ("router", "--prefill", f"127.0.0.1:{pp}", "--decode", f"127.0.0.1:{dp}"),
+    ]
+    procs: list[subprocess.Popen[str]] = []
+    infos: dict[str, dict[str, object]] = {}
+    try:
+        for role, *flags in roles:
+            proc = subprocess.Popen(
+                kvhandoff("serve", role, "--device", "cpu", "--json", *flags),
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env(),
+                cwd=ROOT,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            infos[role] = json.loads(proc.stdout.readline())
+        with Client(str(infos["router"]["router"])) as c:
+            result = c.generate("t", [72, 105, 33], 3)
+        assert result.status == "ok" and result.text == "Hi!"
+        metrics = (
+            urllib.request.urlopen(f"http://{infos['decode']['metrics']}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+        assert 'kvhandoff_pages_used{server="decode"} 0' in metrics
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(20) for proc in procs] == [0, 0, 0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
