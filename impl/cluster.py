@@ -20,10 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from impl.client import Client
 from impl.core.common import RequestId
 from impl.core.decode import GrantView
-from impl.errors import ConfigError
+from impl.errors import ConfigError, TransportError
 from impl.eventlog import EventLog
 from impl.modes import Mode, get_mode
 from impl.pool import PoolShape
@@ -253,6 +255,33 @@ class Cluster:
             "limits": self.limits.as_json(),
         }
 
+    def wait_healthy(self, timeout: float = 10.0) -> None:
+        """Block until the standard gRPC health service of all three servers says SERVING."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        for address in (self.prefill, self.decode, self.router):
+            channel = self._sync_channel(address)
+            try:
+                stub = health_pb2_grpc.HealthStub(channel)
+                while True:
+                    try:
+                        status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                    except grpc.RpcError:
+                        status = None
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TransportError(f"{address} is not SERVING after {timeout}s")
+                    time.sleep(0.05)
+            finally:
+                channel.close()
+
+    def _sync_channel(self, address: str) -> grpc.Channel:
+        if self.config.tls is not None:
+            return grpc.secure_channel(address, self.config.tls.channel_credentials())
+        return grpc.insecure_channel(address)
+
     def client(self) -> Client:
         return Client(
             self.router, tls=self.config.tls, max_message_bytes=self.config.max_message_bytes
@@ -263,7 +292,7 @@ class Cluster:
 
     def restart_prefill(self) -> None:
         old = self.prefill_server
-        server = PrefillServer(old.settings, self.mode, self._log("prefill"))
+        server = PrefillServer(old.settings, self.mode, self._log("prefill"), restarted=True)
         self.runtime.run(server.start())
         self.prefill_server = server
 

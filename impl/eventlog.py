@@ -25,6 +25,7 @@ class EventLog:
         self._seq = 0
         self._lock = threading.Lock()
         self._file: TextIO | None = None
+        self.resumed = False  # True when continuing the file of an earlier run of this server
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +33,7 @@ class EventLog:
             # A restarted server continues its file; seq keeps increasing.
             last = path.read_text().rstrip("\n").rsplit("\n", 1)[-1]
             self._seq = int(json.loads(last).get("seq", 0))
+            self.resumed = True
             self._file = path.open("a", encoding="utf-8")
             return
         self._file = path.open("w", encoding="utf-8")

@@ -7,7 +7,7 @@ names are the same as the spec's variants so a conformance run can pair them up.
 | mode | what it changes | M |
 |---|---|---|
 | reference | nothing: receiver-checked writes, completion with page count + digest checked before generating, explicit rejection, fenced release, scrubbed pages | - |
-| incident | M1 + M2 + M3 + M20, and default limits in the incident's shape (context window > prefill pool, decode admits more than prefill) | 1, 2, 3, 6, 20 |
+| incident | M1 + M2 + M3 + M20, and default limits in the incident's shape (context window > prefill pool, decode admits more than prefill: M6's asymmetric admission, without truncation) | 1, 2, 3, 6, 20 |
 | m1_placeholder_rejection | prefill swaps an over-limit prompt for a 1-token placeholder and carries on; no rejection notice | 1 |
 | m2_local_completion_count | prefill writes and declares done for its own view of the prompt length, not the grant | 2 |
 | m3_decode_trusts_completion | decode checks only that the completion's room matches | 3 |

@@ -31,7 +31,12 @@ def register(subparsers: Any) -> None:
         "--mode", default="reference", help="implementation mode (see impl/modes.py)"
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=0, help="port of a single role (0 = any)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="port of a single role, or of the router with `all` (0 = any)",
+    )
     serve.add_argument("--prefill", help="prefill address HOST:PORT (decode, router)")
     serve.add_argument("--decode", help="decode address HOST:PORT (prefill, router)")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
@@ -130,6 +135,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         prefill_pages=args.prefill_pages,
         context_window=args.context_window,
         waiting_timeout_s=args.waiting_timeout,
+        router_port=args.port if args.role == "all" else 0,
         pages_per_message=args.pages_per_message,
         max_message_bytes=args.max_message_bytes,
         host=args.host,
@@ -157,6 +163,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.role == "all":
             cluster = Cluster(config)
             try:
+                cluster.wait_healthy()
                 if args.json:
                     print(json.dumps(cluster.addresses()), flush=True)
                 else:

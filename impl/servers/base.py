@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from impl.core.common import Log, Reply, Status
+from impl.errors import ConfigError
 from impl.eventlog import EventLog
 from impl.metrics import Metrics
 from impl.modes import Mode
@@ -119,10 +120,13 @@ class BaseServer:
         self._register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         bind = f"{self.common.host}:{self.common.port}"
-        if self.common.tls is not None:
-            self.port = server.add_secure_port(bind, self.common.tls.server_credentials())
-        else:
-            self.port = server.add_insecure_port(bind)
+        try:
+            if self.common.tls is not None:
+                self.port = server.add_secure_port(bind, self.common.tls.server_credentials())
+            else:
+                self.port = server.add_insecure_port(bind)
+        except RuntimeError as exc:  # grpc's way of saying the address is unusable
+            raise ConfigError(f"{self.role} cannot listen on {bind}: {exc}") from exc
         await server.start()
         self._server = server
         if self.common.metrics_port is not None:
@@ -136,6 +140,8 @@ class BaseServer:
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving. ``grace=0`` models a crash: calls in flight are cut, nothing more is sent."""
         self._stopping = True
+        if grace:
+            await self.health.enter_graceful_shutdown()  # peers see NOT_SERVING first
         for task in list(self._tasks):
             task.cancel()
         if self._server is not None:

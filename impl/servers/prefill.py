@@ -55,9 +55,16 @@ class PrefillSettings:
 class PrefillServer(BaseServer):
     role = "prefill"
 
-    def __init__(self, settings: PrefillSettings, mode: Mode, event_log: EventLog | None = None):
+    def __init__(
+        self,
+        settings: PrefillSettings,
+        mode: Mode,
+        event_log: EventLog | None = None,
+        restarted: bool = False,
+    ):
         s = settings
         self.settings = s
+        self.restarted = restarted
         log_config = {
             "num_pages": s.num_pages,
             "page_size": s.shape.page_size,
@@ -94,7 +101,8 @@ class PrefillServer(BaseServer):
 
     async def start(self) -> None:
         await super().start()
-        self.log_event("prefill_restart", boot_epoch=self.boot_epoch)
+        if self.restarted or self.event_log.resumed:
+            self.log_event("prefill_restart", boot_epoch=self.boot_epoch)
 
     # -------------------------------------------------------------- core driving
 

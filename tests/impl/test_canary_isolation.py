@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from impl.client import GenerateResult
 from impl.cluster import Cluster
+from impl.eventlog import read_events
 from impl.tokenizer import encode
 
 CANARY_A = "QZXJALPHAKVW"
@@ -141,6 +142,16 @@ def test_reference_never_leaks_across_tenants(make_cluster: Callable[..., Cluste
     assert cluster.wait_quiescent(10), "requests or pages still held after quiescence"
     free, used = cluster.decode_pages()
     assert (free, used) == (128, 0)
+    logs = cluster.config.log_dir
+    assert logs is not None
+    prefill_kinds = {e["event"] for e in read_events(logs / "prefill.jsonl")[1]}
+    decode_kinds = {e["event"] for e in read_events(logs / "decode.jsonl")[1]}
+    assert "prefill_restart" in prefill_kinds
+    assert {
+        "decode_restart",
+        "decode_detect_prefill_restart",
+        "decode_waiting_timeout",
+    } <= decode_kinds
     pool = cluster.decode_server.pool
     assert pool.device.type == cluster.config.device or cluster.config.device == "auto"
     assert all(pool.is_zero(p) for p in range(pool.num_pages)), "a freed page still holds data"
