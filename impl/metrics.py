@@ -19,6 +19,14 @@ class Metrics:
         self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
         self._gauges: dict[str, Callable[[], float]] = {}
         self._http: ThreadingHTTPServer | None = None
+        # Exposed from the start (at 0) so dashboards and alerts see them before the first event.
+        for name in (
+            "kvhandoff_admission_failures_total",
+            "kvhandoff_validation_failures_total",
+            "kvhandoff_refused_writes_total",
+            "kvhandoff_invariant_alarms_total",
+        ):
+            self._counters[(name, ())] = 0.0
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))

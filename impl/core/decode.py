@@ -35,7 +35,6 @@ from __future__ import annotations
 import enum
 import hmac
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from impl.core.common import (
@@ -926,7 +925,3 @@ class DecodeCore:
             ),
             ReleasePages(req.pages, scrub),
         ]
-
-
-def page_ids(values: Iterable[int]) -> tuple[PageId, ...]:
-    return tuple(PageId(v) for v in values)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,7 @@ class DecodeServer(BaseServer):
         # Handoff timing for the benchmark: first write message of a request -> validated
         # completion. Samples are (pages, bytes, seconds).
         self._handoff_started: dict[RequestId, float] = {}
-        self.handoff_samples: list[tuple[int, int, float]] = []
+        self.handoff_samples: deque[tuple[int, int, float]] = deque(maxlen=1024)
         self.metrics.gauge("kvhandoff_pages_free", lambda: float(self.core.free_pages))
         self.metrics.gauge("kvhandoff_pages_used", lambda: float(self.core.used_pages))
         self.metrics.gauge("kvhandoff_validation_seconds_total", lambda: self.validation_seconds)

@@ -129,6 +129,9 @@ def test_a_write_with_the_wrong_capability_token_is_refused(cluster: Cluster, he
     err = write(cluster, page_write(cluster, held.grant, token=b"x" * 16))
     assert err.code() is grpc.StatusCode.PERMISSION_DENIED
     assert "capability token" in err.details() and "held-1" in err.details()
+    assert (
+        cluster.decode_server.metrics.get("kvhandoff_refused_writes_total", reason="bad_token") == 1
+    )
 
 
 def test_a_write_to_a_page_outside_the_pool_is_refused_naming_the_page(

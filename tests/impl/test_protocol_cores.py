@@ -9,7 +9,7 @@ import pytest
 
 from impl.core import decode as dc
 from impl.core import router as rc
-from impl.core.common import Generation, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.core.common import Generation, Reply, RequestId, Room, Status, Tenant
 from impl.core.inprocess import InProcessCluster
 from impl.errors import ConfigError
 from impl.modes import MODES, NOT_APPLICABLE, Behaviour, get_mode
@@ -369,7 +369,3 @@ def test_cores_are_deterministic() -> None:
         return n.log
 
     assert trace() == trace()
-
-
-def test_page_ids_helper_keeps_order() -> None:
-    assert dc.page_ids([3, 1]) == (PageId(3), PageId(1))
