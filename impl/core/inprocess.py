@@ -105,10 +105,12 @@ class InProcessCluster:
         r = RequestId(rid)
         self.tenants[r] = Tenant(tenant)
         room_id = Room(room if room is not None else len(self.tenants) * 1000 + 7)
-        self._router(rc.ClientSubmit(r, Tenant(tenant), room_id, prompt_len, max_tokens, self.now))
+        self.to_router(
+            rc.ClientSubmit(r, Tenant(tenant), room_id, prompt_len, max_tokens, self.now)
+        )
 
     def cancel(self, rid: str) -> None:
-        self._router(rc.ClientCancel(RequestId(rid)))
+        self.to_router(rc.ClientCancel(RequestId(rid)))
 
     def hold(self, *kinds: str) -> None:
         """Hold back messages of these kinds (e.g. "abort", "write") until `release`."""
@@ -137,8 +139,8 @@ class InProcessCluster:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-        self._decode(dc.Tick(self.now))
-        self._prefill(pc.Tick(self.now))
+        self.to_decode(dc.Tick(self.now))
+        self.to_prefill(pc.Tick(self.now))
         self.run()
 
     def restart_prefill(self) -> None:
@@ -147,7 +149,7 @@ class InProcessCluster:
         self.prefill_epoch += 1
         self._writers.clear()
         self.queue = deque(m for m in self.queue if not m.kind.startswith("to_prefill"))
-        self._decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        self.to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
         self.run()
 
     def events(self, server: str | None = None) -> list[str]:
@@ -165,7 +167,19 @@ class InProcessCluster:
     def _reply(cmds: list[object]) -> Reply:
         return next((c for c in cmds if isinstance(c, Reply)), Reply(Status.OK))
 
-    def _router(self, event: rc.RouterEvent) -> Reply:
+    def submit_to_decode_only(
+        self, rid: str, tenant: str, prompt_len: int, max_tokens: int = 4, room: int = 1
+    ) -> None:
+        """A request that reaches decode but never prefill (an orphan grant follows)."""
+        self.tenants[RequestId(rid)] = Tenant(tenant)
+        self._decode_submit(
+            rc.ForwardToDecode(RequestId(rid), Tenant(tenant), Room(room), prompt_len, max_tokens)
+        )
+
+    # to_router / to_prefill / to_decode deliver one event to one core now and route the
+    # resulting commands; tests call them directly to inject duplicate, stale or forged messages.
+
+    def to_router(self, event: rc.RouterEvent) -> Reply:
         cmds = self.router.handle(event)
         for cmd in cmds:
             match cmd:
@@ -178,13 +192,13 @@ class InProcessCluster:
                 case rc.CancelAtPrefill():
                     self._send(
                         "to_prefill_cancel",
-                        partial(self._prefill, pc.CancelRequest(cmd.request_id, cmd.reason)),
+                        partial(self.to_prefill, pc.CancelRequest(cmd.request_id, cmd.reason)),
                     )
                 case rc.AbortAtDecode():
                     self._send(
                         "to_decode_cancel",
                         partial(
-                            self._decode, dc.CancelRequest(cmd.request_id, cmd.reason, self.now)
+                            self.to_decode, dc.CancelRequest(cmd.request_id, cmd.reason, self.now)
                         ),
                     )
                 case rc.AnswerClient():
@@ -196,24 +210,24 @@ class InProcessCluster:
         return reply
 
     def _prefill_submit(self, c: rc.ForwardToPrefill) -> None:
-        reply = self._prefill(
+        reply = self.to_prefill(
             pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now)
         )
         if reply.status is not Status.OK:
-            self._router(rc.PrefillFinished(c.request_id, reply.status, reply.message))
+            self.to_router(rc.PrefillFinished(c.request_id, reply.status, reply.message))
 
     def _decode_submit(self, c: rc.ForwardToDecode) -> None:
         self._tokens += 1
         token = self._tokens.to_bytes(16, "big")
-        reply = self._decode(
+        reply = self.to_decode(
             dc.SubmitRequest(
                 c.request_id, c.tenant, c.room, c.prompt_len, c.max_tokens, token, self.now
             )
         )
         if reply.status is not Status.OK:
-            self._router(rc.DecodeFinished(c.request_id, reply.status, reply.message))
+            self.to_router(rc.DecodeFinished(c.request_id, reply.status, reply.message))
 
-    def _prefill(self, event: pc.PrefillEvent) -> Reply:
+    def to_prefill(self, event: pc.PrefillEvent) -> Reply:
         cmds = self.prefill.handle(event)
         for cmd in cmds:
             match cmd:
@@ -226,7 +240,7 @@ class InProcessCluster:
                         self._send(
                             "to_prefill_writes_done",
                             partial(
-                                self._prefill,
+                                self.to_prefill,
                                 pc.WritesFinished(
                                     cmd.request_id, cmd.generation, Status.CANCELLED, "cancelled"
                                 ),
@@ -238,7 +252,7 @@ class InProcessCluster:
                     self._send(
                         "rejection",
                         partial(
-                            self._decode,
+                            self.to_decode,
                             dc.RejectionReceived(cmd.request_id, cmd.room, cmd.status, cmd.reason),
                         ),
                     )
@@ -246,7 +260,7 @@ class InProcessCluster:
                     self._send(
                         "abort_ack",
                         partial(
-                            self._decode,
+                            self.to_decode,
                             dc.AbortAckReceived(cmd.request_id, cmd.room, cmd.generation),
                         ),
                     )
@@ -254,13 +268,13 @@ class InProcessCluster:
                     self._send(
                         "to_router_prefill_result",
                         partial(
-                            self._router,
+                            self.to_router,
                             rc.PrefillFinished(cmd.request_id, cmd.status, cmd.message),
                         ),
                     )
         return self._reply(list(cmds))
 
-    def _decode(self, event: dc.DecodeEvent) -> Reply:
+    def to_decode(self, event: dc.DecodeEvent) -> Reply:
         cmds = self.decode.handle(event)
         for cmd in cmds:
             match cmd:
@@ -272,7 +286,7 @@ class InProcessCluster:
                     self._send(
                         "abort",
                         partial(
-                            self._prefill,
+                            self.to_prefill,
                             pc.AbortReceived(cmd.request_id, cmd.room, cmd.generation),
                         ),
                     )
@@ -286,30 +300,31 @@ class InProcessCluster:
                         (c[1] if c is not None else None)
                         for c in (self.content[p] for p in cmd.pages[:n])
                     ]
-                    self._decode(
+                    self.to_decode(
                         dc.GenerationFinished(cmd.request_id, cmd.generation, cmd.max_tokens)
                     )
                 case dc.AnswerRequest():
                     self._send(
                         "to_router_decode_result",
                         partial(
-                            self._router, rc.DecodeFinished(cmd.request_id, cmd.status, cmd.message)
+                            self.to_router,
+                            rc.DecodeFinished(cmd.request_id, cmd.status, cmd.message),
                         ),
                     )
         return self._reply(list(cmds))
 
     def _grant(self, c: dc.SendGrant) -> None:
-        reply = self._prefill(
+        reply = self.to_prefill(
             pc.GrantReceived(
                 c.request_id, c.room, c.generation, c.pages, c.token, c.prompt_len, self.now
             )
         )
         if reply.status is Status.OK:
-            self._decode(
+            self.to_decode(
                 dc.GrantDelivered(c.request_id, c.generation, self.prefill_epoch, self.now)
             )
         else:
-            self._decode(dc.GrantFailed(c.request_id, c.generation, reply.message, self.now))
+            self.to_decode(dc.GrantFailed(c.request_id, c.generation, reply.message, self.now))
 
     def _start_writes(self, cmd: pc.StartWrites) -> None:
         key = (cmd.request_id, int(cmd.generation))
@@ -323,7 +338,7 @@ class InProcessCluster:
             return  # cancelled
         if cmd.request_id in self.fail_writes:
             del self._writers[key]
-            self._prefill(
+            self.to_prefill(
                 pc.WritesFinished(
                     cmd.request_id, cmd.generation, Status.UNAVAILABLE, "injected failure"
                 )
@@ -331,11 +346,11 @@ class InProcessCluster:
             return
         if not pending:
             del self._writers[key]
-            self._prefill(pc.WritesFinished(cmd.request_id, cmd.generation, Status.OK))
+            self.to_prefill(pc.WritesFinished(cmd.request_id, cmd.generation, Status.OK))
             return
         index, page = pending.popleft()
         digest = _ghost_digest(cmd.request_id, cmd.generation, index)
-        self._prefill(pc.PageSent(cmd.request_id, cmd.generation, page, index, digest, index))
+        self.to_prefill(pc.PageSent(cmd.request_id, cmd.generation, page, index, digest, index))
         self._send("write", partial(self._land, cmd, page, index, digest))
 
     def _land(self, cmd: pc.StartWrites, page: PageId, index: int, digest: bytes) -> None:
@@ -353,7 +368,7 @@ class InProcessCluster:
         key = (cmd.request_id, int(cmd.generation))
         if reply.status is not Status.OK:
             if self._writers.pop(key, None) is not None:
-                self._prefill(
+                self.to_prefill(
                     pc.WritesFinished(cmd.request_id, cmd.generation, reply.status, reply.message)
                 )
             return
@@ -361,12 +376,12 @@ class InProcessCluster:
             self._send("write", partial(self._next_write, cmd))
 
     def _completion(self, c: pc.SendCompletion) -> None:
-        reply = self._decode(
+        reply = self.to_decode(
             dc.CompletionReceived(
                 c.request_id, c.room, c.generation, c.token, c.page_count, c.digest
             )
         )
-        self._prefill(
+        self.to_prefill(
             pc.CompletionAnswered(c.request_id, c.generation, reply.status, reply.message)
         )
 

@@ -312,7 +312,7 @@ def test_m16_router_returns_decodes_answer_despite_a_prefill_error() -> None:
 def test_m18_keeps_orphan_grants_forever_and_hands_them_to_a_later_request_of_the_room() -> None:
     for behaviour, kept in ((REF, False), (get_mode("m18_orphan_grant_accepted").behaviour, True)):
         n = net(behaviour, orphan_grant_timeout_s=5.0)
-        n._decode_submit(rc.ForwardToDecode(RequestId("orphan"), Tenant("A"), Room(42), 8, 2))
+        n.submit_to_decode_only("orphan", "A", 8, room=42)
         n.run()
         n.advance(100.0)
         assert (n.prefill.parked_grants == 1) is kept
