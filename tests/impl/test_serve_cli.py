@@ -214,3 +214,15 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> None:
+    import argparse
+
+    from kvhandoff_cli.cmd_serve import _read_prompt
+
+    f = tmp_path / "p.txt"
+    f.write_text("hé")
+    from_file = argparse.Namespace(prompt=None, prompt_file=f, prompt_tokens=None)
+    from_text = argparse.Namespace(prompt="hé", prompt_file=None, prompt_tokens=None)
+    assert _read_prompt(from_file) == _read_prompt(from_text) == [104, 195, 169]
