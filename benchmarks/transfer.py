@@ -4,7 +4,7 @@
 
 gRPC: a reference-mode cluster on loopback, prefill, decode and router each in its own process
 (``kvhandoff serve ROLE``), as deployed; each request's prompt fills ``--pages`` pages, and a
-handoff is timed inside decode from its first write message to the validated completion (page
+handoff is timed inside decode from the opening of its write stream to the validated completion (page
 writes, per-page digests on receipt, copies into the torch pool, completion check). Validation
 time is decode's CPU time (read from its /metrics) in digest and coverage checks (including the core's bookkeeping and event
 logging of each write, so it is an upper bound), plus prefill's digests, reported separately.
