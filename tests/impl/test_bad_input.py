@@ -303,3 +303,15 @@ def test_pool_shape_rejects_nonsense_sizes() -> None:
 
     with pytest.raises(ConfigError, match="page_size must be >= 1, got 0"):
         PoolShape(page_size=0)
+
+
+def test_a_client_that_goes_away_mid_request_is_withdrawn_from_both_sides(cluster: Cluster) -> None:
+    cluster.stall_prefill_writes("impatient")
+    with cluster.client() as c:
+        result = c.generate("t", PROMPT, 8, request_id="impatient", timeout=0.5)
+    assert result.code == "DEADLINE_EXCEEDED"
+    cluster.resume_prefill_writes("impatient")
+    assert cluster.wait_quiescent(10)
+    assert cluster.decode_pages()[1] == 0
+    with cluster.client() as c:
+        assert c.generate("t", encode("next"), 4).status == "ok"
