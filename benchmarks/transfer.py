@@ -10,8 +10,9 @@ time is decode's CPU time (read from its /metrics) in digest and coverage checks
 logging of each write, so it is an upper bound), plus prefill's digests, reported separately.
 
 Raw TCP: one thread sends the same page bytes with ``sendall`` in the same message sizes, the
-other receives them into a buffer and copies each message into a torch pool of the same shape:
-the same data movement with no protocol at all.
+other receives them page by page and copies each into a torch pool of the same shape: the same
+data movement with no protocol at all. gRPC handoffs and raw transfers alternate, so a change in
+machine conditions during the run affects both alike.
 """
 
 from __future__ import annotations
@@ -102,10 +103,62 @@ def _scrape(address: str) -> dict[str, float]:
     return out
 
 
-def grpc_handoffs(args: argparse.Namespace) -> dict[str, float]:
-    """Prefill, decode and router each in their own process, as deployed."""
+class RawTcp:
+    """The same bytes over a plain loopback TCP socket: the sender writes pre-built messages of
+    the same size; the receiver takes one page at a time and copies it into a torch pool of the
+    same shape (its best case: receiving and storing overlap)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.shape = PoolShape(args.layers, args.page_size, args.heads, args.head_dim)
+        self.device = resolve_device(args.device)
+        self.pool = PagePool(self.shape, args.pages, self.device)
+        self.pages = args.pages
+        page_bytes = self.shape.page_bytes
+        self.payload = os.urandom(args.pages * page_bytes)
+        step = args.pages_per_message * page_bytes
+        self.chunks = [self.payload[i : i + step] for i in range(0, len(self.payload), step)]
+
+    def once(self) -> float:
+        """Seconds from the first byte received to the last page stored."""
+        page_bytes = self.shape.page_bytes
+        done: list[float] = []
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            port = server.getsockname()[1]
+
+            def receive() -> None:
+                conn, _ = server.accept()
+                with conn:
+                    buf = bytearray(page_bytes)
+                    view = memoryview(buf)
+                    start = 0.0
+                    for page in range(self.pages):
+                        got = 0
+                        while got < page_bytes:
+                            n = conn.recv_into(view[got:])
+                            if not start:
+                                start = time.perf_counter()
+                            got += n
+                        self.pool.store([page], tensor_from_bytes(bytes(buf), 1, self.shape))
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    done.append(time.perf_counter() - start)
+
+            t = threading.Thread(target=receive)
+            t.start()
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                for chunk in self.chunks:
+                    sock.sendall(chunk)
+            t.join()
+        return done[0]
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """Prefill, decode and router each in their own process, as deployed; gRPC handoffs and raw
+    TCP transfers alternate so that both see the same machine conditions."""
+    raw = RawTcp(args)
     pp, dp = _free_port(), _free_port()
     procs: list[subprocess.Popen[str]] = []
+    raw_times: list[float] = []
     try:
         p, pinfo = _serve(
             "prefill", args, "--port", str(pp), "--decode", f"127.0.0.1:{dp}", "--metrics-port", "0"
@@ -123,9 +176,11 @@ def grpc_handoffs(args: argparse.Namespace) -> dict[str, float]:
         prompt = [65 + (i % 26) for i in range(tokens)]
         with Client(rinfo["router"], max_message_bytes=64 << 20) as client:
             client.generate_or_raise("warmup", prompt, 4)
+            raw.once()
             d0, p0 = _scrape(dinfo["metrics"]), _scrape(pinfo["metrics"])
             for _ in range(args.repeats):
                 client.generate_or_raise("bench", prompt, 4)
+                raw_times.append(raw.once())
             d1, p1 = _scrape(dinfo["metrics"]), _scrape(pinfo["metrics"])
     finally:
         for proc in procs:
@@ -138,7 +193,7 @@ def grpc_handoffs(args: argparse.Namespace) -> dict[str, float]:
 
     seconds = delta(d0, d1, "kvhandoff_handoff_seconds_total")
     handoffs = delta(d0, d1, "kvhandoff_handoffs_total")
-    return {
+    grpc_report = {
         "handoffs": handoffs,
         "mean_handoff_s": seconds / handoffs,
         "pages_per_s": delta(d0, d1, "kvhandoff_handoff_pages_total") / seconds,
@@ -146,59 +201,15 @@ def grpc_handoffs(args: argparse.Namespace) -> dict[str, float]:
         "validation_share": delta(d0, d1, "kvhandoff_validation_seconds_total") / seconds,
         "sender_digest_share": delta(p0, p1, "kvhandoff_sender_digest_seconds_total") / seconds,
     }
-
-
-def raw_socket(args: argparse.Namespace, page_bytes: int) -> dict[str, float]:
-    """The same bytes over a plain loopback TCP socket: the sender writes pre-built messages of
-    the same size; the receiver takes one page at a time and copies it into a torch pool (its
-    best case: receiving and storing overlap)."""
-    shape = PoolShape(args.layers, args.page_size, args.heads, args.head_dim)
-    device = resolve_device(args.device)
-    pool = PagePool(shape, args.pages, device)
-    payload = os.urandom(args.pages * page_bytes)
-    step = args.pages_per_message * page_bytes
-    chunks = [payload[i : i + step] for i in range(0, len(payload), step)]
-    times: list[float] = []
-    for _ in range(args.repeats + 1):
-        server = socket.create_server(("127.0.0.1", 0))
-        port = server.getsockname()[1]
-        done: list[float] = []
-
-        def receive(srv: socket.socket = server, done: list[float] = done) -> None:
-            conn, _ = srv.accept()
-            with conn:
-                buf = bytearray(page_bytes)
-                view = memoryview(buf)
-                start = 0.0
-                for page in range(args.pages):
-                    got = 0
-                    while got < page_bytes:
-                        n = conn.recv_into(view[got:])
-                        if not start:
-                            start = time.perf_counter()
-                        got += n
-                    pool.store([page], tensor_from_bytes(bytes(buf), 1, shape))
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                done.append(time.perf_counter() - start)
-
-        t = threading.Thread(target=receive)
-        t.start()
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            for chunk in chunks:
-                sock.sendall(chunk)
-        t.join()
-        server.close()
-        times.append(done[0])
-    times = times[1:]  # the first run warms up
-    total = sum(times)
-    return {
-        "handoffs": len(times),
-        "mean_handoff_s": total / len(times),
-        "median_handoff_s": statistics.median(times),
-        "pages_per_s": args.pages * len(times) / total,
-        "bytes_per_s": len(payload) * len(times) / total,
+    total = sum(raw_times)
+    raw_report = {
+        "handoffs": len(raw_times),
+        "mean_handoff_s": total / len(raw_times),
+        "median_handoff_s": statistics.median(raw_times),
+        "pages_per_s": args.pages * len(raw_times) / total,
+        "bytes_per_s": len(raw.payload) * len(raw_times) / total,
     }
+    return grpc_report, raw_report
 
 
 def main() -> int:
@@ -214,8 +225,7 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     shape = PoolShape(args.layers, args.page_size, args.heads, args.head_dim)
-    g = grpc_handoffs(args)
-    r = raw_socket(args, shape.page_bytes)
+    g, r = run(args)
     report = {
         "device": args.device,
         "page_bytes": shape.page_bytes,
