@@ -31,5 +31,9 @@ test: venv lint typecheck
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
 
+# Regenerate the committed gRPC code under impl/proto/gen (tests check it is up to date).
+proto: venv
+	$(BIN)/python -m impl.proto.build
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -21,6 +21,7 @@ EXIT_INCONCLUSIVE = 3
 COMMAND_MODULES = [
     "kvhandoff_cli.cmd_check",
     "kvhandoff_cli.cmd_check_config",
+    "kvhandoff_cli.cmd_serve",
 ]
 
 

@@ -1,0 +1,400 @@
+"""Start a prefill + decode + router cluster on loopback, in this process.
+
+    cluster = start_cluster(mode="incident", log_dir=tmp)
+    with cluster.client() as c:
+        c.generate("tenant-a", encode("hello"))
+    cluster.crash_prefill(); cluster.restart_prefill()
+    cluster.stop()
+
+All three servers share one asyncio loop on a background thread (`Runtime`). A "crash" stops a
+server with no grace (calls in flight are cut, nothing more is sent) and drops its state; a
+restart builds a fresh server on the same port (a new boot epoch; decode reads its persisted boot
+counter, so generations never repeat).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from impl.client import Client
+from impl.core.common import RequestId
+from impl.core.decode import GrantView
+from impl.errors import ConfigError, TransportError
+from impl.eventlog import EventLog
+from impl.modes import Mode, get_mode
+from impl.pool import PoolShape
+from impl.servers.base import CommonSettings, Runtime
+from impl.servers.decode import DecodeServer, DecodeSettings
+from impl.servers.prefill import PrefillServer, PrefillSettings
+from impl.servers.router import RouterServer, RouterSettings
+from impl.tls import TlsFiles
+
+
+@dataclass(frozen=True)
+class Limits:
+    context_window: int
+    prefill_max_prompt: int
+    decode_max_prompt: int
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "context_window": self.context_window,
+            "prefill_max_prompt": self.prefill_max_prompt,
+            "decode_max_prompt": self.decode_max_prompt,
+        }
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Sizes are in pages and tokens. ``None`` means the mode's default (see `defaults_for`)."""
+
+    mode: str = "reference"
+    device: str = "auto"
+    page_size: int = 4
+    layers: int = 2
+    heads: int = 2
+    head_dim: int = 16
+    decode_pages: int | None = None
+    prefill_pages: int | None = None
+    context_window: int | None = None
+    waiting_timeout_s: float = 30.0
+    abort_retry_s: float = 1.0
+    release_timeout_s: float = 5.0
+    heartbeat_interval_s: float = 0.2
+    prefill_dead_after_misses: int = 5
+    orphan_grant_timeout_s: float = 10.0
+    pages_per_message: int = 16
+    write_delay_s: float = 0.0
+    max_message_bytes: int = 8 << 20
+    rpc_timeout_s: float = 30.0
+    host: str = "127.0.0.1"
+    router_port: int = 0
+    prefill_port: int = 0
+    decode_port: int = 0
+    metrics: bool = False
+    log_dir: Path | None = None
+    state_dir: Path | None = None
+    tls: TlsFiles | None = None
+
+    def resolved(self) -> ClusterConfig:
+        d = defaults_for(get_mode(self.mode))
+        return replace(
+            self,
+            decode_pages=self.decode_pages or d["decode_pages"],
+            prefill_pages=self.prefill_pages or d["prefill_pages"],
+            context_window=self.context_window or d["context_window"],
+        )
+
+    def limits(self) -> Limits:
+        c = self.resolved()
+        assert c.decode_pages and c.prefill_pages and c.context_window
+        return Limits(
+            c.context_window,
+            min(c.context_window, c.prefill_pages * c.page_size),
+            min(c.context_window, c.decode_pages * c.page_size),
+        )
+
+
+def defaults_for(mode: Mode) -> dict[str, int]:
+    """Default pool sizes. The incident's shape: a context window (512 tokens) larger than the
+    prefill pool (32 pages x 4 = 128 tokens) and a decode pool that admits the whole window."""
+    if mode.behaviour.incident_shaped_limits:
+        return {"decode_pages": 128, "prefill_pages": 32, "context_window": 512}
+    return {"decode_pages": 64, "prefill_pages": 64, "context_window": 256}
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config.resolved()
+        self.mode = get_mode(self.config.mode)
+        self.limits = self.config.limits()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        state_dir = self.config.state_dir
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="kvhandoff-state-")
+            state_dir = Path(self._tmp.name)
+        self.state_dir = state_dir
+        self.runtime = Runtime()
+        self._logs: dict[str, EventLog] = {}
+        self.prefill_server: PrefillServer
+        self.decode_server: DecodeServer
+        self.router_server: RouterServer
+        try:
+            self.runtime.run(self._start_all())
+        except BaseException:
+            self.runtime.close()
+            raise
+
+    # ------------------------------------------------------------------ settings
+
+    def _common(self, port: int) -> CommonSettings:
+        c = self.config
+        return CommonSettings(
+            host=c.host,
+            port=port,
+            log_dir=c.log_dir,
+            metrics_port=0 if c.metrics else None,
+            tls=c.tls,
+            max_message_bytes=c.max_message_bytes,
+            rpc_timeout_s=c.rpc_timeout_s,
+        )
+
+    def _shape(self) -> PoolShape:
+        c = self.config
+        return PoolShape(c.layers, c.page_size, c.heads, c.head_dim)
+
+    def _decode_settings(self, port: int, prefill: str) -> DecodeSettings:
+        c = self.config
+        assert c.decode_pages is not None and c.context_window is not None
+        return DecodeSettings(
+            common=self._common(port),
+            prefill_address=prefill,
+            shape=self._shape(),
+            num_pages=c.decode_pages,
+            max_prompt_tokens=self.limits.decode_max_prompt,
+            context_window=c.context_window,
+            waiting_timeout_s=c.waiting_timeout_s,
+            abort_retry_s=c.abort_retry_s,
+            release_timeout_s=c.release_timeout_s,
+            heartbeat_interval_s=c.heartbeat_interval_s,
+            prefill_dead_after_misses=c.prefill_dead_after_misses,
+            device=c.device,
+            state_dir=self.state_dir,
+        )
+
+    def _prefill_settings(self, port: int, decode: str) -> PrefillSettings:
+        c = self.config
+        assert c.prefill_pages is not None and c.context_window is not None
+        return PrefillSettings(
+            common=self._common(port),
+            decode_address=decode,
+            shape=self._shape(),
+            num_pages=c.prefill_pages,
+            max_prompt_tokens=self.limits.prefill_max_prompt,
+            context_window=c.context_window,
+            pages_per_message=c.pages_per_message,
+            write_delay_s=c.write_delay_s,
+            orphan_grant_timeout_s=c.orphan_grant_timeout_s,
+            device=c.device,
+        )
+
+    def _log(self, role: str) -> EventLog | None:
+        # Logs outlive restarts so each server keeps one file with increasing seq numbers.
+        c = self.config
+        if c.log_dir is None:
+            return None
+        if role not in self._logs:
+            self._logs[role] = EventLog(
+                c.log_dir / f"{role}.jsonl",
+                role,
+                self.mode.name,
+                {
+                    "page_size": c.page_size,
+                    "layers": c.layers,
+                    "heads": c.heads,
+                    "head_dim": c.head_dim,
+                    "decode_pages": c.decode_pages,
+                    "prefill_pages": c.prefill_pages,
+                    **self.limits.as_json(),
+                },
+            )
+        return self._logs[role]
+
+    async def _start_all(self) -> None:
+        c = self.config
+        # Ports first (decode and prefill name each other), then the servers.
+        decode_port = c.decode_port or _free_port(c.host)
+        prefill_port = c.prefill_port or _free_port(c.host)
+        decode_addr = f"{c.host}:{decode_port}"
+        prefill_addr = f"{c.host}:{prefill_port}"
+        self.prefill_server = PrefillServer(
+            self._prefill_settings(prefill_port, decode_addr), self.mode, self._log("prefill")
+        )
+        await self.prefill_server.start()
+        self.decode_server = DecodeServer(
+            self._decode_settings(decode_port, prefill_addr), self.mode, self._log("decode")
+        )
+        await self.decode_server.start()
+        self.router_server = RouterServer(
+            RouterSettings(
+                self._common(c.router_port),
+                prefill_addr,
+                decode_addr,
+                context_window=self.limits.context_window,
+            ),
+            self.mode,
+            self._log("router"),
+        )
+        await self.router_server.start()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def router(self) -> str:
+        return self.router_server.address
+
+    @property
+    def prefill(self) -> str:
+        return self.prefill_server.address
+
+    @property
+    def decode(self) -> str:
+        return self.decode_server.address
+
+    def addresses(self) -> dict[str, Any]:
+        return {
+            "router": self.router,
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "limits": self.limits.as_json(),
+        }
+
+    def wait_healthy(self, timeout: float = 10.0) -> None:
+        """Block until the standard gRPC health service of all three servers says SERVING."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        for address in (self.prefill, self.decode, self.router):
+            channel = self._sync_channel(address)
+            try:
+                stub = health_pb2_grpc.HealthStub(channel)
+                while True:
+                    try:
+                        status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                    except grpc.RpcError:
+                        status = None
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TransportError(f"{address} is not SERVING after {timeout}s")
+                    time.sleep(0.05)
+            finally:
+                channel.close()
+
+    def _sync_channel(self, address: str) -> grpc.Channel:
+        if self.config.tls is not None:
+            return grpc.secure_channel(address, self.config.tls.channel_credentials())
+        return grpc.insecure_channel(address)
+
+    def client(self) -> Client:
+        return Client(
+            self.router, tls=self.config.tls, max_message_bytes=self.config.max_message_bytes
+        )
+
+    def crash_prefill(self) -> None:
+        self.runtime.run(self.prefill_server.stop(grace=0))
+
+    def restart_prefill(self) -> None:
+        old = self.prefill_server
+        server = PrefillServer(old.settings, self.mode, self._log("prefill"), restarted=True)
+        self.runtime.run(server.start())
+        self.prefill_server = server
+
+    def crash_decode(self) -> None:
+        self.runtime.run(self.decode_server.stop(grace=0))
+
+    def restart_decode(self) -> None:
+        old = self.decode_server
+        server = DecodeServer(old.settings, self.mode, self._log("decode"))
+        self.runtime.run(server.start())
+        self.decode_server = server
+
+    def stall_prefill_writes(self, request_id: str, after_messages: int = 1) -> None:
+        """Fault injection: prefill pauses the writes of ``request_id`` after that many messages."""
+        server = self.prefill_server
+        self.runtime.call(
+            lambda: server.stall_after.__setitem__(RequestId(request_id), after_messages)
+        )
+
+    def resume_prefill_writes(self, request_id: str) -> None:
+        server = self.prefill_server
+        self.runtime.call(lambda: server.stall_after.pop(RequestId(request_id), None))
+
+    def decode_grant(self, request_id: str) -> GrantView | None:
+        core = self.decode_server.core
+        return self.runtime.call(lambda: core.grant_of(RequestId(request_id)))
+
+    def wait_for_grant(
+        self, request_id: str, pages_written: int = 0, timeout: float = 10.0
+    ) -> GrantView:
+        """Block until decode holds a grant for ``request_id`` with at least that many pages written."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            view = self.decode_grant(request_id)
+            if view is not None and len(view.written) >= pages_written:
+                return view
+            time.sleep(0.01)
+        raise TimeoutError(
+            f"decode never held a grant for {request_id!r} with {pages_written} pages written"
+        )
+
+    def decode_pages(self) -> tuple[int, int]:
+        """(free, used) pages of decode's pool."""
+        core = self.decode_server.core
+        return self.runtime.call(lambda: (core.free_pages, core.used_pages))
+
+    def quiescent(self) -> bool:
+        def check() -> bool:
+            return (
+                not self.decode_server.core.active_requests()
+                and self.decode_server.core.used_pages == 0
+                and not self.prefill_server.core.active_requests()
+                and not self.router_server.core.active_requests()
+            )
+
+        return self.runtime.call(check)
+
+    def wait_quiescent(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.quiescent():
+                return True
+            time.sleep(0.05)
+        return self.quiescent()
+
+    def stop(self) -> None:
+        async def stop_all() -> None:
+            for server in (self.router_server, self.decode_server, self.prefill_server):
+                if not server._stopping:
+                    await server.stop(grace=0.5)
+
+        try:
+            self.runtime.run(stop_all(), timeout=30)
+        finally:
+            self.runtime.close()
+            for log in self._logs.values():
+                log.close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_cluster(mode: str = "reference", **settings: Any) -> Cluster:
+    """Start a cluster; ``settings`` are `ClusterConfig` fields (unknown names: ConfigError)."""
+    known = set(ClusterConfig.__dataclass_fields__)
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ConfigError(f"unknown cluster settings {unknown}; known: {sorted(known)}")
+    return Cluster(ClusterConfig(mode=mode, **settings))
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+__all__ = ["Cluster", "ClusterConfig", "Limits", "defaults_for", "start_cluster"]

@@ -1,0 +1,625 @@
+"""Prefill's protocol core: admits prompts, pairs them with decode's grants, drives the writes.
+
+The router sends each request to prefill and decode at the same time (SGLang's early policy), so
+a grant may arrive before or after prefill admits the request. Lifecycle (reference mode)::
+
+    SubmitRequest --admit--> ADMITTED --GrantReceived (matches)--> WRITING
+        |                        \\-- grant covers a different length --> rejected (nothing written)
+        | over the limit         WRITING --PageSent* .. WritesFinished(OK)--> COMPLETING
+        v                        COMPLETING --CompletionAnswered(OK)--> done, answered OK
+      rejected: RejectionNotice to decode, error to the router, nothing written
+
+Rules:
+
+* A rejection writes nothing and is told to decode and to the client.
+* Prefill writes exactly the granted pages, in grant order, tagged with (request, room,
+  generation, token); its completion carries the number of pages written and the digest of their
+  data, computed from what it actually sent (`PageSent`).
+* An abort from decode stops the writes; the ack goes out only once the write stream has closed
+  (drained), which is what makes decode's release fenced.
+* A grant for a request prefill has not (yet) admitted is parked, keyed by (request, room), until
+  a deadline; then it is dropped and decode told.
+* A prefill-side abort (router cancel, failed write stream) is told to decode.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from impl.core.common import (
+    Generation,
+    Log,
+    LogValue,
+    PageId,
+    Reply,
+    RequestId,
+    Room,
+    Status,
+    Tenant,
+    completion_digest,
+    pages_for,
+)
+from impl.errors import LocalProtocolError
+from impl.modes import Behaviour
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    page_size: int
+    max_prompt_tokens: int
+    orphan_grant_timeout_s: float = 10.0
+    max_parked_grants: int = 1024
+    max_tombstones: int = 4096
+    behaviour: Behaviour = field(default_factory=Behaviour)
+
+
+# ---------------------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    request_id: RequestId
+    tenant: Tenant
+    room: Room
+    prompt_len: int
+    now: float
+
+
+@dataclass(frozen=True)
+class GrantReceived:
+    request_id: RequestId
+    room: Room
+    generation: Generation
+    pages: tuple[PageId, ...]
+    token: bytes
+    prompt_len: int  # decode's view of the prompt length
+    now: float
+
+
+@dataclass(frozen=True)
+class PageSent:
+    """The edge put one page on the write stream (``index`` is its position in the grant)."""
+
+    request_id: RequestId
+    generation: Generation
+    page_id: PageId
+    index: int
+    digest: bytes
+    message_id: int
+
+
+@dataclass(frozen=True)
+class WritesFinished:
+    """The write stream closed: OK when decode accepted every page, else why not."""
+
+    request_id: RequestId
+    generation: Generation
+    status: Status
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class CompletionAnswered:
+    request_id: RequestId
+    generation: Generation
+    status: Status
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class AbortReceived:
+    """Decode asks prefill to stop writing ``generation`` and ack once drained."""
+
+    request_id: RequestId
+    room: Room
+    generation: Generation
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """The router withdraws the request."""
+
+    request_id: RequestId
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+PrefillEvent = (
+    SubmitRequest
+    | GrantReceived
+    | PageSent
+    | WritesFinished
+    | CompletionAnswered
+    | AbortReceived
+    | CancelRequest
+    | Tick
+)
+
+# -------------------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class StartWrites:
+    """Compute the KV of the prompt (``prompt_len`` tokens of prefill's own view, or the
+    placeholder) and stream it into ``pages`` (in order), tagged with the grant's identity."""
+
+    request_id: RequestId
+    room: Room
+    generation: Generation
+    token: bytes
+    pages: tuple[PageId, ...]
+    prompt_len: int
+    placeholder: bool
+
+
+@dataclass(frozen=True)
+class CancelWrites:
+    request_id: RequestId
+    generation: Generation
+
+
+@dataclass(frozen=True)
+class SendCompletion:
+    request_id: RequestId
+    room: Room
+    generation: Generation
+    token: bytes
+    page_count: int
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class SendRejection:
+    request_id: RequestId
+    room: Room
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True)
+class SendAbortAck:
+    request_id: RequestId
+    room: Room
+    generation: Generation
+
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    """Finish the router's submit call."""
+
+    request_id: RequestId
+    status: Status
+    message: str = ""
+
+
+PrefillCommand = (
+    Log
+    | Reply
+    | StartWrites
+    | CancelWrites
+    | SendCompletion
+    | SendRejection
+    | SendAbortAck
+    | AnswerRequest
+)
+
+
+class PrefillState(enum.Enum):
+    ADMITTED = "admitted"
+    WRITING = "writing"
+    COMPLETING = "completing"
+
+
+@dataclass(frozen=True)
+class _Grant:
+    request_id: RequestId
+    room: Room
+    generation: Generation
+    pages: tuple[PageId, ...]
+    token: bytes
+    prompt_len: int
+    deadline: float | None
+
+
+@dataclass
+class _Request:
+    request_id: RequestId
+    tenant: Tenant
+    room: Room
+    prompt_len: int  # prefill's own view (1 for a placeholder, the limit when truncated)
+    placeholder: bool
+    state: PrefillState = PrefillState.ADMITTED
+    grant: _Grant | None = None
+    sent: list[tuple[PageId, bytes]] = field(default_factory=list)
+    stop_reason: str = ""  # set when writes are being cancelled: "abort" or "cancel"
+
+
+class PrefillCore:
+    """Sans-I/O prefill worker."""
+
+    def __init__(self, config: PrefillConfig) -> None:
+        if config.page_size < 1:
+            raise LocalProtocolError("page size must be >= 1")
+        self.config = config
+        self._b = config.behaviour
+        self._requests: dict[RequestId, _Request] = {}
+        self._parked: dict[Room, _Grant] = {}
+        self._finished: OrderedDict[RequestId, str] = OrderedDict()
+
+    @property
+    def parked_grants(self) -> int:
+        return len(self._parked)
+
+    def active_requests(self) -> dict[RequestId, str]:
+        return {rid: r.state.value for rid, r in self._requests.items()}
+
+    def handle(self, event: PrefillEvent) -> list[PrefillCommand]:
+        match event:
+            case SubmitRequest():
+                return self._on_submit(event)
+            case GrantReceived():
+                return self._on_grant(event)
+            case PageSent():
+                return self._on_page_sent(event)
+            case WritesFinished():
+                return self._on_writes_finished(event)
+            case CompletionAnswered():
+                return self._on_completion_answered(event)
+            case AbortReceived():
+                return self._on_abort(event)
+            case CancelRequest():
+                return self._on_cancel(event)
+            case Tick():
+                return self._on_tick(event)
+        raise LocalProtocolError(f"prefill core cannot handle {event!r}")
+
+    # ------------------------------------------------------------------ admission
+
+    def _on_submit(self, ev: SubmitRequest) -> list[PrefillCommand]:
+        if ev.request_id in self._requests or ev.request_id in self._finished:
+            return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} already seen")]
+        base: dict[str, LogValue] = {
+            "request_id": ev.request_id,
+            "tenant": ev.tenant,
+            "room": ev.room,
+            "prompt_tokens": ev.prompt_len,
+        }
+        if ev.prompt_len < 1:
+            return [Reply(Status.INVALID_ARGUMENT, f"prompt length {ev.prompt_len} must be >= 1")]
+        limit = self.config.max_prompt_tokens
+        own_len, placeholder = ev.prompt_len, False
+        cmds: list[PrefillCommand] = []
+        if ev.prompt_len > limit:
+            reason = f"prompt of {ev.prompt_len} tokens exceeds prefill's limit of {limit} tokens"
+            if self._b.placeholder_rejection:
+                # M1: the verdict is recorded but the request carries on as a 1-token stub.
+                own_len, placeholder = 1, True
+                cmds.append(
+                    Log("prefill_reject_request", {**base, "reason": reason, "placeholder": True})
+                )
+            elif self._b.truncate_oversized:
+                own_len = limit  # M6: silently keep only what fits
+                cmds.append(Log("prefill_admit_request", {**base, "truncated_to": limit}))
+            else:
+                self._remember_finished(ev.request_id, "rejected")
+                self._parked.pop(ev.room, None)
+                return [
+                    Log("prefill_reject_request", {**base, "reason": reason, "placeholder": False}),
+                    SendRejection(ev.request_id, ev.room, Status.OUT_OF_RANGE, reason),
+                    AnswerRequest(ev.request_id, Status.OUT_OF_RANGE, reason),
+                ]
+        else:
+            cmds.append(Log("prefill_admit_request", base))
+        req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder)
+        self._requests[ev.request_id] = req
+        parked = self._parked.get(ev.room)
+        if parked is not None and (
+            parked.request_id == ev.request_id or self._b.accept_orphan_grants
+        ):
+            del self._parked[ev.room]
+            cmds += self._attach(req, parked)
+        return cmds
+
+    # ------------------------------------------------------------------ grants
+
+    def _grant_args(self, ev: GrantReceived) -> dict[str, LogValue]:
+        return {
+            "request_id": ev.request_id,
+            "room": ev.room,
+            "generation": ev.generation,
+            "pages": list(ev.pages),
+            "page_count": len(ev.pages),
+            "prompt_tokens": ev.prompt_len,
+        }
+
+    def _on_grant(self, ev: GrantReceived) -> list[PrefillCommand]:
+        args = self._grant_args(ev)
+        grant = _Grant(
+            ev.request_id,
+            ev.room,
+            ev.generation,
+            ev.pages,
+            ev.token,
+            ev.prompt_len,
+            None if self._b.accept_orphan_grants else ev.now + self.config.orphan_grant_timeout_s,
+        )
+        req = self._requests.get(ev.request_id)
+        if req is None:
+            finished = self._finished.get(ev.request_id)
+            if finished is not None:
+                return [
+                    Log(
+                        "prefill_receive_grant", {**args, "outcome": "refused", "reason": finished}
+                    ),
+                    Reply(Status.FAILED_PRECONDITION, f"request {ev.request_id!r} is {finished}"),
+                ]
+            if ev.room in self._parked:
+                return [
+                    Reply(Status.ALREADY_EXISTS, f"a grant for room {ev.room} is already parked")
+                ]
+            if (
+                len(self._parked) >= self.config.max_parked_grants
+                and not self._b.accept_orphan_grants
+            ):
+                return [
+                    Reply(
+                        Status.RESOURCE_EXHAUSTED,
+                        f"{len(self._parked)} grants already wait for their requests",
+                    )
+                ]
+            self._parked[ev.room] = grant
+            return [Log("prefill_receive_grant", {**args, "outcome": "parked"}), Reply(Status.OK)]
+        if ev.room != req.room:
+            return [
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"room {ev.room} is not the room {req.room} of request {ev.request_id!r}",
+                )
+            ]
+        if req.grant is not None:
+            if req.grant.generation == ev.generation:
+                return [Reply(Status.OK)]  # duplicate delivery
+            return [
+                Reply(
+                    Status.FAILED_PRECONDITION,
+                    f"request {ev.request_id!r} already holds generation {req.grant.generation}",
+                )
+            ]
+        return [*self._attach(req, grant), Reply(Status.OK)]
+
+    def _attach(self, req: _Request, grant: _Grant) -> list[PrefillCommand]:
+        req.grant = grant
+        cmds: list[PrefillCommand] = [
+            Log(
+                "prefill_receive_grant",
+                {
+                    "request_id": req.request_id,
+                    "room": grant.room,
+                    "generation": grant.generation,
+                    "pages": list(grant.pages),
+                    "page_count": len(grant.pages),
+                    "prompt_tokens": grant.prompt_len,
+                    "outcome": "matched",
+                },
+            )
+        ]
+        own_pages = pages_for(req.prompt_len, self.config.page_size)
+        if own_pages != len(grant.pages) or req.prompt_len != grant.prompt_len:
+            if not self._b.local_completion_count:
+                reason = (
+                    f"grant of {len(grant.pages)} pages for {grant.prompt_len} tokens does not "
+                    f"match prefill's {req.prompt_len} tokens ({own_pages} pages)"
+                )
+                cmds.append(
+                    Log(
+                        "prefill_reject_request",
+                        {
+                            "request_id": req.request_id,
+                            "room": req.room,
+                            "reason": reason,
+                            "placeholder": False,
+                        },
+                    )
+                )
+                cmds += self._fail(req, Status.FAILED_PRECONDITION, reason, tell_decode=True)
+                return cmds
+        # M2 writes (and will count) only its own pages; the reference writes the whole grant.
+        targets = grant.pages[: min(own_pages, len(grant.pages))]
+        req.state = PrefillState.WRITING
+        cmds.append(
+            StartWrites(
+                req.request_id,
+                grant.room,
+                grant.generation,
+                grant.token,
+                targets,
+                req.prompt_len,
+                req.placeholder,
+            )
+        )
+        return cmds
+
+    # ------------------------------------------------------------------ writes and completion
+
+    def _current(self, rid: RequestId, generation: Generation) -> _Request:
+        req = self._requests.get(rid)
+        if req is None or req.grant is None or req.grant.generation != generation:
+            raise LocalProtocolError(f"no writes of generation {generation} for request {rid!r}")
+        return req
+
+    def _on_page_sent(self, ev: PageSent) -> list[PrefillCommand]:
+        req = self._current(ev.request_id, ev.generation)
+        req.sent.append((ev.page_id, ev.digest))
+        return [
+            Log(
+                "prefill_write_page",
+                {
+                    "request_id": ev.request_id,
+                    "room": req.room,
+                    "generation": ev.generation,
+                    "page": ev.page_id,
+                    "index": ev.index,
+                    "message_id": ev.message_id,
+                    "digest": ev.digest.hex(),
+                },
+            )
+        ]
+
+    def _on_writes_finished(self, ev: WritesFinished) -> list[PrefillCommand]:
+        req = self._current(ev.request_id, ev.generation)
+        grant = req.grant
+        assert grant is not None
+        if req.stop_reason == "abort":
+            cmds: list[PrefillCommand] = [SendAbortAck(req.request_id, req.room, grant.generation)]
+            return cmds + self._fail(
+                req, Status.ABORTED, "decode aborted the handoff", tell_decode=False
+            )
+        if req.stop_reason == "cancel":
+            return self._fail(req, Status.CANCELLED, "cancelled by the router", tell_decode=True)
+        if ev.status is not Status.OK:
+            return self._fail(
+                req, ev.status, f"writing pages to decode failed: {ev.message}", tell_decode=True
+            )
+        pages = [p for p, _ in req.sent]
+        digest = completion_digest(grant.generation, pages, [d for _, d in req.sent])
+        req.state = PrefillState.COMPLETING
+        return [
+            Log(
+                "prefill_send_completion",
+                {
+                    "request_id": req.request_id,
+                    "room": req.room,
+                    "generation": grant.generation,
+                    "page_count": len(pages),
+                    "prompt_tokens": req.prompt_len,
+                    "digest": digest.hex(),
+                },
+            ),
+            SendCompletion(
+                req.request_id, req.room, grant.generation, grant.token, len(pages), digest
+            ),
+        ]
+
+    def _on_completion_answered(self, ev: CompletionAnswered) -> list[PrefillCommand]:
+        req = self._requests.get(ev.request_id)
+        if req is None or req.state is not PrefillState.COMPLETING:
+            return []
+        if ev.status is Status.OK:
+            self._forget(req, "finished")
+            return [
+                Log("prefill_finish_request", {"request_id": req.request_id, "status": "ok"}),
+                AnswerRequest(req.request_id, Status.OK),
+            ]
+        # Decode refused the completion and has already failed the request: no notice needed.
+        return self._fail(
+            req, ev.status, f"decode refused the completion: {ev.message}", tell_decode=False
+        )
+
+    # ------------------------------------------------------------------ aborts
+
+    def _on_abort(self, ev: AbortReceived) -> list[PrefillCommand]:
+        args: dict[str, LogValue] = {
+            "request_id": ev.request_id,
+            "room": ev.room,
+            "generation": ev.generation,
+        }
+        req = self._requests.get(ev.request_id)
+        parked = self._parked.get(ev.room)
+        if (
+            parked is not None
+            and parked.generation == ev.generation
+            and not self._b.accept_orphan_grants
+        ):
+            del self._parked[ev.room]  # M18 keeps the orphan's transfer state regardless
+        ack = SendAbortAck(ev.request_id, ev.room, ev.generation)
+        if req is None or req.grant is None or req.grant.generation != ev.generation:
+            cmds: list[PrefillCommand] = [
+                Log("prefill_receive_abort", {**args, "in_flight": False})
+            ]
+            if req is not None and req.grant is None:
+                cmds += self._fail(
+                    req, Status.ABORTED, "decode aborted the request", tell_decode=False
+                )
+            return [*cmds, ack, Reply(Status.OK)]
+        if req.state is PrefillState.WRITING:
+            if not req.stop_reason:
+                req.stop_reason = "abort"
+                return [
+                    Log("prefill_receive_abort", {**args, "in_flight": True}),
+                    CancelWrites(req.request_id, ev.generation),
+                    Reply(Status.OK),
+                ]
+            req.stop_reason = "abort"  # a router cancel is already stopping it; ack when drained
+            return [Log("prefill_receive_abort", {**args, "in_flight": True}), Reply(Status.OK)]
+        cmds = [Log("prefill_receive_abort", {**args, "in_flight": False})]
+        cmds += self._fail(req, Status.ABORTED, "decode aborted the handoff", tell_decode=False)
+        return [*cmds, ack, Reply(Status.OK)]
+
+    def _on_cancel(self, ev: CancelRequest) -> list[PrefillCommand]:
+        req = self._requests.get(ev.request_id)
+        if req is None:
+            return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
+        cmds: list[PrefillCommand] = [
+            Log("prefill_cancel_request", {"request_id": req.request_id, "reason": ev.reason})
+        ]
+        if req.state is PrefillState.WRITING:
+            if not req.stop_reason:
+                req.stop_reason = "cancel"
+                assert req.grant is not None
+                cmds.append(CancelWrites(req.request_id, req.grant.generation))
+            return [*cmds, Reply(Status.OK)]
+        cmds += self._fail(req, Status.CANCELLED, "cancelled by the router", tell_decode=True)
+        return [*cmds, Reply(Status.OK)]
+
+    def _on_tick(self, ev: Tick) -> list[PrefillCommand]:
+        cmds: list[PrefillCommand] = []
+        for room, grant in list(self._parked.items()):
+            if grant.deadline is None or ev.now < grant.deadline:
+                continue
+            del self._parked[room]
+            reason = f"no request {grant.request_id!r} was submitted to prefill for this grant"
+            cmds += [
+                Log(
+                    "prefill_drop_orphan_grant",
+                    {"request_id": grant.request_id, "room": room, "generation": grant.generation},
+                ),
+                SendRejection(grant.request_id, room, Status.FAILED_PRECONDITION, reason),
+            ]
+        return cmds
+
+    # ------------------------------------------------------------------ helpers
+
+    def _fail(
+        self, req: _Request, status: Status, reason: str, *, tell_decode: bool
+    ) -> list[PrefillCommand]:
+        self._forget(req, "failed")
+        cmds: list[PrefillCommand] = [
+            Log(
+                "prefill_finish_request",
+                {
+                    "request_id": req.request_id,
+                    "status": "error",
+                    "code": status.value,
+                    "reason": reason,
+                },
+            )
+        ]
+        if tell_decode and not self._b.silent_prefill_abort:
+            cmds.append(SendRejection(req.request_id, req.room, status, reason))
+        cmds.append(AnswerRequest(req.request_id, status, reason))
+        return cmds
+
+    def _forget(self, req: _Request, how: str) -> None:
+        self._requests.pop(req.request_id, None)
+        self._remember_finished(req.request_id, how)
+
+    def _remember_finished(self, rid: RequestId, how: str) -> None:
+        self._finished[rid] = how
+        while len(self._finished) > self.config.max_tombstones:
+            self._finished.popitem(last=False)

@@ -1,0 +1,249 @@
+"""Router's protocol core: fans each client request out to prefill and decode, answers the client.
+
+Like SGLang's router it sends the request to both workers at once (same room) and returns decode's
+answer. The reference router also honours prefill: it answers OK only when both sides finished OK;
+a prefill error cancels decode and is what the client sees; a decode error cancels prefill.
+A client cancel withdraws the request from both. `m16_router_ignores_prefill_error` answers with
+decode's result alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from impl.core.common import Log, LogValue, Reply, RequestId, Room, Status, Tenant
+from impl.errors import LocalProtocolError
+from impl.modes import Behaviour
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    context_window: int
+    max_new_tokens: int = 1024
+    behaviour: Behaviour = field(default_factory=Behaviour)
+
+
+@dataclass(frozen=True)
+class ClientSubmit:
+    request_id: RequestId
+    tenant: Tenant
+    room: Room  # chosen by the caller (random in the edge)
+    prompt_len: int
+    max_tokens: int
+    now: float
+
+
+@dataclass(frozen=True)
+class PrefillFinished:
+    request_id: RequestId
+    status: Status
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class DecodeFinished:
+    request_id: RequestId
+    status: Status
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ClientCancel:
+    request_id: RequestId
+    reason: str = "client cancelled"
+
+
+RouterEvent = ClientSubmit | PrefillFinished | DecodeFinished | ClientCancel
+
+
+@dataclass(frozen=True)
+class ForwardToPrefill:
+    request_id: RequestId
+    tenant: Tenant
+    room: Room
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class ForwardToDecode:
+    request_id: RequestId
+    tenant: Tenant
+    room: Room
+    prompt_len: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class CancelAtPrefill:
+    request_id: RequestId
+    reason: str
+
+
+@dataclass(frozen=True)
+class AbortAtDecode:
+    request_id: RequestId
+    reason: str
+
+
+@dataclass(frozen=True)
+class AnswerClient:
+    """Finish the client's generate call: OK carries decode's tokens (held by the edge)."""
+
+    request_id: RequestId
+    status: Status
+    message: str = ""
+
+
+RouterCommand = (
+    Log
+    | Reply
+    | ForwardToPrefill
+    | ForwardToDecode
+    | CancelAtPrefill
+    | AbortAtDecode
+    | AnswerClient
+)
+
+
+@dataclass
+class _Request:
+    request_id: RequestId
+    tenant: Tenant
+    room: Room
+    prefill: tuple[Status, str] | None = None
+    decode: tuple[Status, str] | None = None
+    answered: bool = False
+
+
+class RouterCore:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self._b = config.behaviour
+        self._requests: dict[RequestId, _Request] = {}
+
+    def active_requests(self) -> list[RequestId]:
+        return list(self._requests)
+
+    def handle(self, event: RouterEvent) -> list[RouterCommand]:
+        match event:
+            case ClientSubmit():
+                return self._on_submit(event)
+            case PrefillFinished():
+                return self._on_side(event.request_id, "prefill", event.status, event.message)
+            case DecodeFinished():
+                return self._on_side(event.request_id, "decode", event.status, event.message)
+            case ClientCancel():
+                return self._on_cancel(event)
+        raise LocalProtocolError(f"router core cannot handle {event!r}")
+
+    def _on_submit(self, ev: ClientSubmit) -> list[RouterCommand]:
+        if ev.request_id in self._requests:
+            return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} is already active")]
+        args: dict[str, LogValue] = {
+            "request_id": ev.request_id,
+            "tenant": ev.tenant,
+            "room": ev.room,
+            "prompt_tokens": ev.prompt_len,
+            "max_tokens": ev.max_tokens,
+        }
+        problem: tuple[Status, str] | None = None
+        if ev.prompt_len < 1:
+            problem = (Status.INVALID_ARGUMENT, f"prompt length {ev.prompt_len} must be >= 1")
+        elif ev.prompt_len > self.config.context_window:
+            problem = (
+                Status.OUT_OF_RANGE,
+                f"prompt of {ev.prompt_len} tokens exceeds the context window of "
+                f"{self.config.context_window} tokens",
+            )
+        elif not 1 <= ev.max_tokens <= self.config.max_new_tokens:
+            problem = (
+                Status.INVALID_ARGUMENT,
+                f"max_tokens {ev.max_tokens} must be in 1..{self.config.max_new_tokens}",
+            )
+        if problem is not None:
+            return [
+                Log(
+                    "router_reject_request",
+                    {**args, "code": problem[0].value, "reason": problem[1]},
+                ),
+                Reply(problem[0], problem[1]),
+            ]
+        self._requests[ev.request_id] = _Request(ev.request_id, ev.tenant, ev.room)
+        return [
+            Log("router_submit_request", args),
+            ForwardToPrefill(ev.request_id, ev.tenant, ev.room, ev.prompt_len),
+            ForwardToDecode(ev.request_id, ev.tenant, ev.room, ev.prompt_len, ev.max_tokens),
+        ]
+
+    def _on_side(
+        self, rid: RequestId, side: str, status: Status, message: str
+    ) -> list[RouterCommand]:
+        req = self._requests.get(rid)
+        if req is None:
+            return []
+        result = (status, message)
+        cmds: list[RouterCommand] = [
+            Log(
+                f"router_receive_{side}_result",
+                {
+                    "request_id": rid,
+                    "status": "ok" if status is Status.OK else "error",
+                    "code": status.value,
+                },
+            )
+        ]
+        if side == "prefill":
+            req.prefill = result
+        else:
+            req.decode = result
+        if not req.answered:
+            cmds += self._decide(req)
+        if req.answered and req.prefill is not None and req.decode is not None:
+            del self._requests[rid]
+        return cmds
+
+    def _decide(self, req: _Request) -> list[RouterCommand]:
+        p, d = req.prefill, req.decode
+        if self._b.router_ignores_prefill_error:
+            # M16: prefill's verdict is drained and ignored; decode's answer goes back as is.
+            return self._answer(req, *d) if d is not None else []
+        if p is not None and p[0] is not Status.OK:
+            cmds: list[RouterCommand] = []
+            if d is None:
+                cmds.append(AbortAtDecode(req.request_id, f"prefill failed: {p[1]}"))
+            return cmds + self._answer(req, p[0], f"prefill: {p[1]}")
+        if d is not None and d[0] is not Status.OK:
+            cmds = []
+            if p is None:
+                cmds.append(CancelAtPrefill(req.request_id, f"decode failed: {d[1]}"))
+            return cmds + self._answer(req, d[0], f"decode: {d[1]}")
+        if p is not None and d is not None:
+            return self._answer(req, Status.OK)
+        return []
+
+    def _on_cancel(self, ev: ClientCancel) -> list[RouterCommand]:
+        req = self._requests.get(ev.request_id)
+        if req is None or req.answered:
+            return [Reply(Status.NOT_FOUND, f"no active request {ev.request_id!r}")]
+        cmds: list[RouterCommand] = [
+            Log("client_cancel_request", {"request_id": req.request_id, "tenant": req.tenant})
+        ]
+        if req.decode is None:
+            cmds.append(AbortAtDecode(req.request_id, ev.reason))
+        if req.prefill is None:
+            cmds.append(CancelAtPrefill(req.request_id, ev.reason))
+        cmds += self._answer(req, Status.CANCELLED, f"request {req.request_id!r} cancelled")
+        if req.prefill is not None and req.decode is not None:
+            del self._requests[req.request_id]
+        return [*cmds, Reply(Status.OK)]
+
+    def _answer(self, req: _Request, status: Status, message: str = "") -> list[RouterCommand]:
+        req.answered = True
+        args: dict[str, LogValue] = {
+            "request_id": req.request_id,
+            "tenant": req.tenant,
+            "status": "ok" if status is Status.OK else "error",
+        }
+        if status is not Status.OK:
+            args["code"] = status.value
+        return [Log("router_answer_client", args), AnswerClient(req.request_id, status, message)]

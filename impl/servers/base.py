@@ -1,0 +1,234 @@
+"""What the three gRPC servers share: settings, status mapping, channels, health, logging, ticks,
+and the runtime thread that hosts their asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from impl.core.common import Log, Reply, Status
+from impl.errors import ConfigError
+from impl.eventlog import EventLog
+from impl.metrics import Metrics
+from impl.modes import Mode
+from impl.tls import TlsFiles
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CommonSettings:
+    host: str = "127.0.0.1"
+    port: int = 0
+    log_dir: Path | None = None
+    metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
+    tls: TlsFiles | None = None
+    max_message_bytes: int = 8 << 20
+    tick_interval_s: float = 0.05
+    rpc_timeout_s: float = 30.0
+
+
+def grpc_code(status: Status) -> grpc.StatusCode:
+    return grpc.StatusCode[status.value]
+
+
+def status_of(exc: grpc.RpcError) -> tuple[Status, str]:
+    """Translate a failed call (raised by grpc) into a core Status and a message."""
+    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError | grpc.Call) else None
+    name = code.name if code is not None else "UNKNOWN"
+    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError | grpc.Call) else str(exc)
+    try:
+        return Status[name], str(details or name)
+    except KeyError:
+        return Status.UNKNOWN, str(details or name)
+
+
+async def abort_with(context: grpc.aio.ServicerContext, reply: Reply) -> NoReturn:
+    """End the current call with the reply's status (raises, as grpc does)."""
+    await context.abort(grpc_code(reply.status), reply.message)
+    raise AssertionError("grpc's abort returned")  # it always raises
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # A restarted peer comes back on the same port: reconnect within ~100 ms rather than
+        # grpc's default backoff of seconds.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        # Page writes are MiB-sized: larger HTTP/2 frames and a deeper receive window cut the
+        # per-frame and flow-control round trips of a handoff.
+        ("grpc.http2.max_frame_size", 4 << 20),
+        ("grpc.http2.lookahead_bytes", 32 << 20),
+    ]
+
+
+class BaseServer:
+    """One gRPC server hosting one role. Subclasses add their servicer and command execution."""
+
+    role = "base"
+
+    def __init__(
+        self,
+        common: CommonSettings,
+        mode: Mode,
+        log_config: Mapping[str, Any],
+        event_log: EventLog | None = None,
+    ) -> None:
+        self.common = common
+        self.mode = mode
+        self.boot_epoch = secrets.randbits(48) | 1
+        path = common.log_dir / f"{self.role}.jsonl" if common.log_dir is not None else None
+        self.event_log = event_log or EventLog(path, self.role, mode.name, log_config)
+        self.metrics = Metrics(self.role)
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self.health = health_aio.HealthServicer()
+
+    @property
+    def address(self) -> str:
+        return f"{self.common.host}:{self.port}"
+
+    # -------------------------------------------------------------- lifecycle
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        raise NotImplementedError
+
+    async def _on_tick(self, now: float) -> None:
+        """Feed the core a Tick; subclasses override."""
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=channel_options(self.common.max_message_bytes))
+        self._register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        bind = f"{self.common.host}:{self.common.port}"
+        try:
+            if self.common.tls is not None:
+                self.port = server.add_secure_port(bind, self.common.tls.server_credentials())
+            else:
+                self.port = server.add_insecure_port(bind)
+        except RuntimeError as exc:  # grpc's way of saying the address is unusable
+            raise ConfigError(f"{self.role} cannot listen on {bind}: {exc}") from exc
+        await server.start()
+        self._server = server
+        if self.common.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.common.host, self.common.metrics_port)
+        self.spawn(self._ticker())
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(
+            f"kvhandoff.v1.{self.role.capitalize()}", health_pb2.HealthCheckResponse.SERVING
+        )
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving. ``grace=0`` models a crash: calls in flight are cut, nothing more is sent."""
+        self._stopping = True
+        if grace:
+            await self.health.enter_graceful_shutdown()  # peers see NOT_SERVING first
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.stop(grace)
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+        self.metrics.close()
+
+    async def _ticker(self) -> None:
+        while not self._stopping:
+            await self._on_tick(time.monotonic())
+            await asyncio.sleep(self.common.tick_interval_s)
+
+    # -------------------------------------------------------------- helpers
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            opts = channel_options(self.common.max_message_bytes)
+            if self.common.tls is not None:
+                ch = grpc.aio.secure_channel(
+                    address, self.common.tls.channel_credentials(), options=opts
+                )
+            else:
+                ch = grpc.aio.insecure_channel(address, options=opts)
+            self._channels[address] = ch
+        return ch
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def log(self, cmd: Log) -> None:
+        self.event_log.write(cmd.kind, cmd.args)
+        self.metrics.observe(cmd.kind, cmd.args)
+
+    def log_event(self, kind: str, **args: Any) -> None:
+        self.log(Log(kind, args))
+
+
+class Runtime:
+    """A thread running one asyncio loop that hosts any number of servers."""
+
+    def __init__(self, name: str = "kvhandoff-runtime") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60.0) -> T:
+        fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    def call(self, fn: Callable[[], T], timeout: float | None = 10.0) -> T:
+        async def wrapper() -> T:
+            return fn()
+
+        return self.run(wrapper(), timeout)
+
+    def close(self) -> None:
+        if not self.loop.is_running():
+            return
+
+        async def drain() -> None:
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        try:
+            self.run(drain(), timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.loop.close()
+
+
+async def call_quietly(aw: Awaitable[Any]) -> tuple[Status, str]:
+    """Await a unary call; translate a grpc failure into (Status, message) instead of raising."""
+    try:
+        await aw
+    except grpc.RpcError as exc:
+        return status_of(exc)
+    return Status.OK, ""

@@ -1,0 +1,443 @@
+"""Decode's gRPC edge: the KV page pool (torch), the model, and the decode core's commands."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from impl.core import decode as dc
+from impl.core.common import Generation, Log, Reply, RequestId, Room, Status, Tenant
+from impl.eventlog import EventLog
+from impl.model import CopyHeadModel
+from impl.modes import Mode
+from impl.pool import (
+    DTYPE_NAME,
+    PagePool,
+    PoolShape,
+    page_digest,
+    resolve_device,
+    tensor_from_bytes,
+)
+from impl.proto import rpc
+from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+
+MAX_REQUEST_ID = 128
+MAX_TENANT = 128
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    common: CommonSettings
+    prefill_address: str
+    shape: PoolShape = field(default_factory=PoolShape)
+    num_pages: int = 64
+    max_prompt_tokens: int = 256
+    context_window: int = 256
+    waiting_timeout_s: float = 30.0
+    abort_retry_s: float = 1.0
+    release_timeout_s: float = 5.0
+    heartbeat_interval_s: float = 0.2
+    prefill_dead_after_misses: int = 5
+    device: str = "auto"
+    state_dir: Path | None = None
+
+
+def next_boot(state_dir: Path | None) -> int:
+    """Persisted boot counter: each start of decode gets a number never handed out before, and
+    generations are ``boot << 32 | counter``, so they never repeat across restarts."""
+    if state_dir is None:
+        # No state to persist: fall back to a random boot number (repeat chance 2^-31 per start).
+        return secrets.randbits(31) | (1 << 31)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "decode_boot"
+    boot = int(path.read_text()) + 1 if path.exists() else 1
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        f.write(str(boot))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return boot
+
+
+class DecodeServer(BaseServer):
+    role = "decode"
+
+    def __init__(self, settings: DecodeSettings, mode: Mode, event_log: EventLog | None = None):
+        s = settings
+        self.settings = s
+        config = dc.DecodeConfig(
+            num_pages=s.num_pages,
+            page_size=s.shape.page_size,
+            max_prompt_tokens=s.max_prompt_tokens,
+            waiting_timeout_s=s.waiting_timeout_s,
+            abort_retry_s=s.abort_retry_s,
+            release_timeout_s=s.release_timeout_s,
+            prefill_dead_after_misses=s.prefill_dead_after_misses,
+            behaviour=mode.behaviour,
+        )
+        log_config = {
+            "num_pages": s.num_pages,
+            "page_size": s.shape.page_size,
+            "layers": s.shape.layers,
+            "heads": s.shape.heads,
+            "head_dim": s.shape.head_dim,
+            "max_prompt_tokens": s.max_prompt_tokens,
+            "context_window": s.context_window,
+            "waiting_timeout_s": s.waiting_timeout_s,
+        }
+        super().__init__(s.common, mode, log_config, event_log)
+        self.boot = next_boot(s.state_dir)
+        self.core = dc.DecodeCore(config, generation_base=self.boot << 32)
+        self.device = resolve_device(s.device)
+        self.pool = PagePool(s.shape, s.num_pages, self.device)
+        self.model = CopyHeadModel(s.shape, self.device)
+        self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
+        self._answers: dict[RequestId, list[int]] = {}
+        self.validation_seconds = 0.0  # digest + coverage checks, for the transfer benchmark
+        # Handoff timing for the benchmark: write stream opened -> validated completion.
+        # Samples are (pages, bytes, seconds).
+        self._handoff_started: dict[RequestId, float] = {}
+        self.handoff_samples: deque[tuple[int, int, float]] = deque(maxlen=1024)
+        self.metrics.gauge("kvhandoff_pages_free", lambda: float(self.core.free_pages))
+        self.metrics.gauge("kvhandoff_pages_used", lambda: float(self.core.used_pages))
+        self.metrics.gauge("kvhandoff_validation_seconds_total", lambda: self.validation_seconds)
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        rpc.add_decode(self, server)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.boot > 1:
+            self.log_event("decode_restart", boot=self.boot, boot_epoch=self.boot_epoch)
+        self.spawn(self._heartbeat())
+
+    # -------------------------------------------------------------- core driving
+
+    def feed(self, event: dc.DecodeEvent) -> list[dc.DecodeCommand]:
+        """Hand ``event`` to the core and run its commands; Reply and StorePage are returned to
+        the caller (they concern the call being handled)."""
+        keep: list[dc.DecodeCommand] = []
+        t0 = time.thread_time()
+        cmds = self.core.handle(event)
+        if isinstance(event, dc.WriteReceived | dc.CompletionReceived):
+            # The core's checks of writes and completions are the protocol's validation cost
+            # (CPU time of this thread: wall time would also count preemption by other work).
+            self.validation_seconds += time.thread_time() - t0
+        for cmd in cmds:
+            match cmd:
+                case Log():
+                    self.log(cmd)
+                case Reply() | dc.StorePage():
+                    keep.append(cmd)
+                case dc.SendGrant():
+                    self.spawn(self._send_grant(cmd))
+                case dc.SendAbort():
+                    self.spawn(self._send_abort(cmd))
+                case dc.ReleasePages():
+                    if cmd.scrub:
+                        self.pool.scrub(cmd.pages)
+                case dc.Generate():
+                    asyncio.get_running_loop().call_soon(self._generate, cmd)
+                case dc.AnswerRequest():
+                    fut = self._waiters.get(cmd.request_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result((cmd.status, cmd.message))
+        return keep
+
+    @staticmethod
+    def reply_of(cmds: Sequence[dc.DecodeCommand]) -> Reply:
+        for c in cmds:
+            if isinstance(c, Reply):
+                return c
+        return Reply(Status.OK)
+
+    async def _on_tick(self, now: float) -> None:
+        self.feed(dc.Tick(now))
+
+    def _stub(self) -> Any:
+        return rpc.prefill_stub(self.channel(self.settings.prefill_address))
+
+    async def _heartbeat(self) -> None:
+        while not self._stopping:
+            epoch: int | None
+            try:
+                info = await self._stub().Info(
+                    pb.InfoRequest(), timeout=max(self.settings.heartbeat_interval_s, 0.5)
+                )
+                epoch = int(info.boot_epoch)
+            except grpc.RpcError:
+                epoch = None
+            self.feed(dc.PrefillHeartbeat(epoch, time.monotonic()))
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    async def _send_grant(self, cmd: dc.SendGrant) -> None:
+        grant = pb.Grant(
+            request_id=cmd.request_id,
+            room=cmd.room,
+            generation=cmd.generation,
+            page_ids=list(cmd.pages),
+            token=cmd.token,
+            prompt_tokens=cmd.prompt_len,
+        )
+        try:
+            ack = await self._stub().ReceiveGrant(
+                grant, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as exc:
+            if not self._stopping:
+                _, message = status_of(exc)
+                self.feed(dc.GrantFailed(cmd.request_id, cmd.generation, message, time.monotonic()))
+            return
+        if not self._stopping:
+            self.feed(
+                dc.GrantDelivered(
+                    cmd.request_id, cmd.generation, int(ack.boot_epoch), time.monotonic()
+                )
+            )
+
+    async def _send_abort(self, cmd: dc.SendAbort) -> None:
+        # A lost abort is retried by the core (Tick), so failures need no handling here.
+        await call_quietly(
+            self._stub().ReceiveAbort(
+                pb.Abort(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
+        )
+
+    def _generate(self, cmd: dc.Generate) -> None:
+        if cmd.request_id not in self._waiters:
+            return
+        k, v = self.pool.gather(cmd.pages)
+        tokens = self.model.decode(k, v, cmd.prompt_len, cmd.max_tokens)
+        self._answers[cmd.request_id] = tokens
+        self.feed(dc.GenerationFinished(cmd.request_id, cmd.generation, len(tokens)))
+
+    # -------------------------------------------------------------- RPCs
+
+    async def Submit(
+        self, request: pb.DecodeSubmitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DecodeSubmitResponse:
+        rid = RequestId(request.request_id)
+        if not 0 < len(rid) <= MAX_REQUEST_ID:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"request id {rid!r} must be 1..{MAX_REQUEST_ID} characters",
+                ),
+            )
+        if not 0 < len(request.tenant) <= MAX_TENANT:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"tenant {request.tenant!r} must be 1..{MAX_TENANT} characters",
+                ),
+            )
+        if rid in self._waiters:
+            await abort_with(
+                context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
+            )
+        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        try:
+            reply = self.reply_of(
+                self.feed(
+                    dc.SubmitRequest(
+                        rid,
+                        Tenant(request.tenant),
+                        Room(request.room),
+                        int(request.prompt_tokens),
+                        int(request.max_tokens),
+                        secrets.token_bytes(16),
+                        time.monotonic(),
+                    )
+                )
+            )
+            if reply.status is not Status.OK:
+                await abort_with(context, reply)
+            try:
+                status, message = await fut
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    self.feed(
+                        dc.CancelRequest(rid, "the router's call went away", time.monotonic())
+                    )
+                raise
+        finally:
+            self._waiters.pop(rid, None)
+        tokens = self._answers.pop(rid, [])
+        if status is not Status.OK:
+            await abort_with(context, Reply(status, message))
+        return pb.DecodeSubmitResponse(request_id=rid, tokens=tokens)
+
+    def _shape_problem(self, msg: pb.PageWrite) -> str:
+        shape = self.settings.shape
+        n = len(msg.page_ids)
+        if tuple(msg.page_shape) != shape.page_shape:
+            return f"page shape {list(msg.page_shape)} is not the pool's {list(shape.page_shape)}"
+        if msg.dtype != DTYPE_NAME:
+            return f"dtype {msg.dtype!r} is not the pool's {DTYPE_NAME!r}"
+        if len(msg.data) != n * shape.page_bytes:
+            return f"data of {len(msg.data)} bytes is not {n} pages of {shape.page_bytes} bytes"
+        if len(msg.digests) != n:
+            return f"{len(msg.digests)} digests for {n} pages"
+        return ""
+
+    async def WritePages(
+        self, request_iterator: AsyncIterator[pb.PageWrite], context: grpc.aio.ServicerContext
+    ) -> pb.WriteSummary:
+        accepted = 0
+        page_bytes = self.settings.shape.page_bytes
+        # The handoff clock starts when the stream opens (headers in), before the first page has
+        # crossed the wire, so the transfer of every message counts.
+        opened = time.perf_counter()
+        async for msg in request_iterator:
+            if len(self._handoff_started) > 4096:
+                self._handoff_started.clear()  # only failed transfers leave entries behind
+            self._handoff_started.setdefault(RequestId(msg.request_id), opened)
+            if not msg.page_ids:
+                await abort_with(
+                    context,
+                    Reply(
+                        Status.INVALID_ARGUMENT, f"write message {msg.message_id} carries no pages"
+                    ),
+                )
+            problem = self._shape_problem(msg)
+            data = memoryview(msg.data)
+            t0 = time.thread_time()
+            digests = [
+                page_digest(data[i * page_bytes : (i + 1) * page_bytes]) if not problem else b""
+                for i in range(len(msg.page_ids))
+            ]
+            self.validation_seconds += time.thread_time() - t0
+            stores: list[tuple[int, int]] = []
+            for i, page in enumerate(msg.page_ids):
+                cmds = self.feed(
+                    dc.WriteReceived(
+                        RequestId(msg.request_id),
+                        Room(msg.room),
+                        Generation(msg.generation),
+                        msg.token,
+                        int(page),
+                        int(msg.message_id),
+                        digests[i],
+                        msg.digests[i] if i < len(msg.digests) else b"",
+                        problem,
+                    )
+                )
+                reply = self.reply_of(cmds)
+                if reply.status is not Status.OK:
+                    if stores:
+                        self._store(msg, stores)
+                    await abort_with(context, reply)
+                if any(isinstance(c, dc.StorePage) for c in cmds):
+                    stores.append((i, int(page)))
+            if stores:
+                self._store(msg, stores)
+                accepted += len(stores)
+        return pb.WriteSummary(pages_accepted=accepted)
+
+    def _store(self, msg: pb.PageWrite, stores: list[tuple[int, int]]) -> None:
+        view = tensor_from_bytes(msg.data, len(msg.page_ids), self.settings.shape)
+        idx = [i for i, _ in stores]
+        data = view if len(idx) == len(msg.page_ids) else view[idx]
+        self.pool.store([p for _, p in stores], data)
+
+    async def Complete(
+        self, request: pb.Completion, context: grpc.aio.ServicerContext
+    ) -> pb.CompletionVerdict:
+        cmds = self.feed(
+            dc.CompletionReceived(
+                RequestId(request.request_id),
+                Room(request.room),
+                Generation(request.generation),
+                request.token,
+                int(request.page_count),
+                request.digest,
+            )
+        )
+        done = time.perf_counter()
+        started = self._handoff_started.pop(RequestId(request.request_id), None)
+        reply = self.reply_of(cmds)
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        if started is not None:
+            pages = int(request.page_count)
+            nbytes = pages * self.settings.shape.page_bytes
+            self.handoff_samples.append((pages, nbytes, done - started))
+            self.metrics.inc("kvhandoff_handoffs_total")
+            self.metrics.inc("kvhandoff_handoff_seconds_total", done - started)
+            self.metrics.inc("kvhandoff_handoff_pages_total", pages)
+            self.metrics.inc("kvhandoff_handoff_bytes_total", nbytes)
+        return pb.CompletionVerdict(validated=True)
+
+    async def Reject(
+        self, request: pb.Rejection, context: grpc.aio.ServicerContext
+    ) -> pb.RejectionAck:
+        try:
+            status = Status[request.code]
+        except KeyError:
+            await abort_with(
+                context, Reply(Status.INVALID_ARGUMENT, f"unknown status code {request.code!r}")
+            )
+        reply = self.reply_of(
+            self.feed(
+                dc.RejectionReceived(
+                    RequestId(request.request_id), Room(request.room), status, request.reason
+                )
+            )
+        )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        return pb.RejectionAck()
+
+    async def ReceiveAbortAck(
+        self, request: pb.AbortAck, context: grpc.aio.ServicerContext
+    ) -> pb.AbortAckResponse:
+        self.feed(
+            dc.AbortAckReceived(
+                RequestId(request.request_id), Room(request.room), Generation(request.generation)
+            )
+        )
+        return pb.AbortAckResponse()
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        reply = self.reply_of(
+            self.feed(
+                dc.CancelRequest(
+                    RequestId(request.request_id), request.reason or "cancelled", time.monotonic()
+                )
+            )
+        )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        return pb.CancelResponse()
+
+    async def Info(
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfo:
+        return pb.ServerInfo(
+            role=self.role,
+            mode=self.mode.name,
+            boot_epoch=self.boot_epoch,
+            max_prompt_tokens=self.settings.max_prompt_tokens,
+            context_window=self.settings.context_window,
+            page_size=self.settings.shape.page_size,
+            num_pages=self.settings.num_pages,
+        )

@@ -1,0 +1,377 @@
+"""Prefill's gRPC edge: computes K/V with the model and streams pages to decode for the core."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+import torch
+
+from impl.core import prefill as pc
+from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.eventlog import EventLog
+from impl.model import CopyHeadModel
+from impl.modes import Mode
+from impl.pool import DTYPE_NAME, PoolShape, page_digest, resolve_device, tensor_bytes, wire_pages
+from impl.proto import rpc
+from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
+
+MAX_GRANT_PAGES = 1 << 20
+WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One serialised write message and the pages it carries."""
+
+    message_id: int
+    start: int  # index of its first page in the grant
+    pages: Sequence[PageId]
+    digests: list[bytes]
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class PrefillSettings:
+    common: CommonSettings
+    decode_address: str
+    shape: PoolShape = field(default_factory=PoolShape)
+    num_pages: int = 64
+    max_prompt_tokens: int = 256
+    context_window: int = 256
+    pages_per_message: int = 16
+    write_delay_s: float = 0.0  # pause between write messages (tests use it to open a window)
+    orphan_grant_timeout_s: float = 10.0
+    device: str = "auto"
+
+
+class PrefillServer(BaseServer):
+    role = "prefill"
+
+    def __init__(
+        self,
+        settings: PrefillSettings,
+        mode: Mode,
+        event_log: EventLog | None = None,
+        restarted: bool = False,
+    ):
+        s = settings
+        self.settings = s
+        self.restarted = restarted
+        log_config = {
+            "num_pages": s.num_pages,
+            "page_size": s.shape.page_size,
+            "layers": s.shape.layers,
+            "heads": s.shape.heads,
+            "head_dim": s.shape.head_dim,
+            "max_prompt_tokens": s.max_prompt_tokens,
+            "context_window": s.context_window,
+            "pages_per_message": s.pages_per_message,
+        }
+        super().__init__(s.common, mode, log_config, event_log)
+        self.core = pc.PrefillCore(
+            pc.PrefillConfig(
+                page_size=s.shape.page_size,
+                max_prompt_tokens=s.max_prompt_tokens,
+                orphan_grant_timeout_s=s.orphan_grant_timeout_s,
+                behaviour=mode.behaviour,
+            )
+        )
+        self.device = resolve_device(s.device)
+        self.model = CopyHeadModel(s.shape, self.device)
+        self._prompts: dict[RequestId, list[int]] = {}
+        self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
+        self._writers: dict[tuple[RequestId, int], asyncio.Task[None]] = {}
+        # Fault injection for tests: request id -> number of write messages after which its
+        # writes pause until the entry is removed (opens a reliable "mid-transfer" window).
+        self.stall_after: dict[RequestId, int] = {}
+        self.digest_seconds = 0.0  # sender-side digests, for the transfer benchmark
+        self.metrics.gauge("kvhandoff_parked_grants", lambda: float(self.core.parked_grants))
+        self.metrics.gauge("kvhandoff_sender_digest_seconds_total", lambda: self.digest_seconds)
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        rpc.add_prefill(self, server)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.restarted or self.event_log.resumed:
+            self.log_event("prefill_restart", boot_epoch=self.boot_epoch)
+
+    # -------------------------------------------------------------- core driving
+
+    def feed(self, event: pc.PrefillEvent) -> Reply:
+        reply = Reply(Status.OK)
+        for cmd in self.core.handle(event):
+            match cmd:
+                case Log():
+                    self.log(cmd)
+                case Reply():
+                    reply = cmd
+                case pc.StartWrites():
+                    key = (cmd.request_id, int(cmd.generation))
+                    self._writers[key] = self.spawn(self._write(cmd))
+                case pc.CancelWrites():
+                    task = self._writers.get((cmd.request_id, int(cmd.generation)))
+                    if task is not None:
+                        task.cancel()
+                case pc.SendCompletion():
+                    self.spawn(self._send_completion(cmd))
+                case pc.SendRejection():
+                    self.spawn(self._send_rejection(cmd))
+                case pc.SendAbortAck():
+                    self.spawn(self._send_abort_ack(cmd))
+                case pc.AnswerRequest():
+                    fut = self._waiters.get(cmd.request_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result((cmd.status, cmd.message))
+                    self._prompts.pop(cmd.request_id, None)
+        return reply
+
+    async def _on_tick(self, now: float) -> None:
+        self.feed(pc.Tick(now))
+
+    def _stub(self) -> Any:
+        return rpc.decode_stub(self.channel(self.settings.decode_address))
+
+    async def _write(self, cmd: pc.StartWrites) -> None:
+        rid, gen = cmd.request_id, cmd.generation
+        status, message = Status.OK, ""
+        try:
+            prompt = self._prompts.get(rid, [])
+            tokens = [PLACEHOLDER_TOKEN] if cmd.placeholder else prompt[: cmd.prompt_len]
+            k, v = self.model.prefill(tokens)
+            batches = self._encode(cmd, wire_pages(k, v, self.settings.shape))
+            write_pages = self.channel(self.settings.decode_address).stream_unary(
+                WRITE_PAGES,
+                request_serializer=None,
+                response_deserializer=pb.WriteSummary.FromString,
+            )
+            await write_pages(
+                self._stream(cmd, batches), timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            )
+        except asyncio.CancelledError:
+            if self._stopping:
+                raise  # a crash: nothing more leaves this process
+            status, message = Status.CANCELLED, "writes cancelled"
+        except grpc.RpcError as exc:
+            status, message = status_of(exc)
+        finally:
+            self._writers.pop((rid, int(gen)), None)
+        if not self._stopping:
+            self.feed(pc.WritesFinished(rid, gen, status, message))
+
+    def _encode(self, cmd: pc.StartWrites, wire: torch.Tensor) -> list[_Batch]:
+        """Serialise every write message up front, as part of producing the KV: the stream then
+        only moves ready buffers (like an RDMA write from registered memory)."""
+        shape = self.settings.shape
+        step = max(1, self.settings.pages_per_message)
+        page_bytes = shape.page_bytes
+        batches: list[_Batch] = []
+        for message_id, start in enumerate(range(0, len(cmd.pages), step)):
+            pages = cmd.pages[start : start + step]
+            data = tensor_bytes(wire[start : start + len(pages)])
+            t0 = time.thread_time()
+            view = memoryview(data)
+            digests = [
+                page_digest(view[i * page_bytes : (i + 1) * page_bytes]) for i in range(len(pages))
+            ]
+            self.digest_seconds += time.thread_time() - t0
+            msg = pb.PageWrite(
+                request_id=cmd.request_id,
+                room=cmd.room,
+                generation=cmd.generation,
+                token=cmd.token,
+                message_id=message_id,
+                page_ids=list(pages),
+                digests=digests,
+                page_shape=list(shape.page_shape),
+                dtype=DTYPE_NAME,
+                data=data,
+            )
+            batches.append(_Batch(message_id, start, pages, digests, msg.SerializeToString()))
+        return batches
+
+    async def _stream(self, cmd: pc.StartWrites, batches: list[_Batch]) -> AsyncIterator[bytes]:
+        for batch in batches:
+            if batch.message_id and self.settings.write_delay_s:
+                await asyncio.sleep(self.settings.write_delay_s)
+            while self.stall_after.get(cmd.request_id, len(batches) + 1) <= batch.message_id:
+                await asyncio.sleep(0.01)
+            for i, page in enumerate(batch.pages):
+                self.feed(
+                    pc.PageSent(
+                        cmd.request_id,
+                        cmd.generation,
+                        page,
+                        batch.start + i,
+                        batch.digests[i],
+                        batch.message_id,
+                    )
+                )
+            yield batch.payload
+
+    async def _send_completion(self, cmd: pc.SendCompletion) -> None:
+        status, message = await call_quietly(
+            self._stub().Complete(
+                pb.Completion(
+                    request_id=cmd.request_id,
+                    room=cmd.room,
+                    generation=cmd.generation,
+                    token=cmd.token,
+                    page_count=cmd.page_count,
+                    digest=cmd.digest,
+                ),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
+        )
+        if not self._stopping:
+            self.feed(pc.CompletionAnswered(cmd.request_id, cmd.generation, status, message))
+
+    async def _send_rejection(self, cmd: pc.SendRejection) -> None:
+        status, message = await call_quietly(
+            self._stub().Reject(
+                pb.Rejection(
+                    request_id=cmd.request_id,
+                    room=cmd.room,
+                    code=cmd.status.value,
+                    reason=cmd.reason,
+                ),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
+        )
+        if status is not Status.OK:
+            self.log_event(
+                "prefill_notice_failed", request_id=cmd.request_id, code=status.value, error=message
+            )
+
+    async def _send_abort_ack(self, cmd: pc.SendAbortAck) -> None:
+        await call_quietly(
+            self._stub().ReceiveAbortAck(
+                pb.AbortAck(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
+        )
+
+    # -------------------------------------------------------------- RPCs
+
+    async def Submit(
+        self, request: pb.PrefillSubmitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PrefillSubmitResponse:
+        rid = RequestId(request.request_id)
+        if not rid or not request.tenant:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"request id {rid!r} and tenant {request.tenant!r} must be non-empty",
+                ),
+            )
+        bad = next((t for t in request.prompt_tokens if t >= VOCAB_SIZE), None)
+        if bad is not None:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"token id {bad} is outside the vocabulary (0..{VOCAB_SIZE - 1})",
+                ),
+            )
+        if rid in self._waiters:
+            await abort_with(
+                context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
+            )
+        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        self._prompts[rid] = list(request.prompt_tokens)
+        try:
+            reply = self.feed(
+                pc.SubmitRequest(
+                    rid,
+                    Tenant(request.tenant),
+                    Room(request.room),
+                    len(request.prompt_tokens),
+                    time.monotonic(),
+                )
+            )
+            if reply.status is not Status.OK:
+                self._prompts.pop(rid, None)
+                await abort_with(context, reply)
+            try:
+                status, message = await fut
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    self.feed(pc.CancelRequest(rid, "the router's call went away"))
+                raise
+        finally:
+            self._waiters.pop(rid, None)
+        if status is not Status.OK:
+            await abort_with(context, Reply(status, message))
+        return pb.PrefillSubmitResponse(request_id=rid)
+
+    async def ReceiveGrant(
+        self, request: pb.Grant, context: grpc.aio.ServicerContext
+    ) -> pb.GrantAck:
+        if not request.page_ids or len(request.page_ids) > MAX_GRANT_PAGES:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"grant of {len(request.page_ids)} pages must have 1..{MAX_GRANT_PAGES}",
+                ),
+            )
+        reply = self.feed(
+            pc.GrantReceived(
+                RequestId(request.request_id),
+                Room(request.room),
+                Generation(request.generation),
+                tuple(PageId(p) for p in request.page_ids),
+                request.token,
+                int(request.prompt_tokens),
+                time.monotonic(),
+            )
+        )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        return pb.GrantAck(boot_epoch=self.boot_epoch)
+
+    async def ReceiveAbort(
+        self, request: pb.Abort, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        self.feed(
+            pc.AbortReceived(
+                RequestId(request.request_id), Room(request.room), Generation(request.generation)
+            )
+        )
+        return pb.AbortResponse()
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        reply = self.feed(
+            pc.CancelRequest(RequestId(request.request_id), request.reason or "cancelled")
+        )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        return pb.CancelResponse()
+
+    async def Info(
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfo:
+        return pb.ServerInfo(
+            role=self.role,
+            mode=self.mode.name,
+            boot_epoch=self.boot_epoch,
+            max_prompt_tokens=self.settings.max_prompt_tokens,
+            context_window=self.settings.context_window,
+            page_size=self.settings.shape.page_size,
+            num_pages=self.settings.num_pages,
+        )

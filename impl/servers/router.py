@@ -1,0 +1,226 @@
+"""Router's gRPC edge: the client API; forwards to prefill and decode for the router core."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from impl.core import router as rc
+from impl.core.common import Log, Reply, RequestId, Room, Status, Tenant
+from impl.eventlog import EventLog
+from impl.modes import Mode
+from impl.proto import rpc
+from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.tokenizer import VOCAB_SIZE
+
+MAX_TENANT = 128
+MAX_REQUEST_ID = 128
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    common: CommonSettings
+    prefill_address: str
+    decode_address: str
+    context_window: int = 256
+    max_new_tokens: int = 1024
+
+
+class RouterServer(BaseServer):
+    role = "router"
+
+    def __init__(self, settings: RouterSettings, mode: Mode, event_log: EventLog | None = None):
+        self.settings = settings
+        super().__init__(
+            settings.common,
+            mode,
+            {"context_window": settings.context_window, "max_new_tokens": settings.max_new_tokens},
+            event_log,
+        )
+        self.core = rc.RouterCore(
+            rc.RouterConfig(settings.context_window, settings.max_new_tokens, mode.behaviour)
+        )
+        self._prompts: dict[RequestId, list[int]] = {}
+        self._answers: dict[RequestId, list[int]] = {}
+        self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        rpc.add_router(self, server)
+
+    def feed(self, event: rc.RouterEvent) -> Reply:
+        reply = Reply(Status.OK)
+        for cmd in self.core.handle(event):
+            match cmd:
+                case Log():
+                    self.log(cmd)
+                case Reply():
+                    reply = cmd
+                case rc.ForwardToPrefill():
+                    self.spawn(self._to_prefill(cmd))
+                case rc.ForwardToDecode():
+                    self.spawn(self._to_decode(cmd))
+                case rc.CancelAtPrefill():
+                    self.spawn(
+                        call_quietly(
+                            self._prefill().Cancel(
+                                pb.CancelRequest(request_id=cmd.request_id, reason=cmd.reason),
+                                timeout=self.common.rpc_timeout_s,
+                                wait_for_ready=True,
+                            )
+                        )
+                    )
+                case rc.AbortAtDecode():
+                    self.spawn(
+                        call_quietly(
+                            self._decode().Cancel(
+                                pb.CancelRequest(request_id=cmd.request_id, reason=cmd.reason),
+                                timeout=self.common.rpc_timeout_s,
+                                wait_for_ready=True,
+                            )
+                        )
+                    )
+                case rc.AnswerClient():
+                    fut = self._waiters.get(cmd.request_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result((cmd.status, cmd.message))
+        return reply
+
+    def _prefill(self) -> Any:
+        return rpc.prefill_stub(self.channel(self.settings.prefill_address))
+
+    def _decode(self) -> Any:
+        return rpc.decode_stub(self.channel(self.settings.decode_address))
+
+    async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
+        prompt = self._prompts.get(cmd.request_id, [])
+        try:
+            await self._prefill().Submit(
+                pb.PrefillSubmitRequest(
+                    request_id=cmd.request_id,
+                    tenant=cmd.tenant,
+                    room=cmd.room,
+                    prompt_tokens=prompt,
+                ),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
+            status, message = Status.OK, ""
+        except grpc.RpcError as exc:
+            status, message = status_of(exc)
+        if not self._stopping:
+            self.feed(rc.PrefillFinished(cmd.request_id, status, message))
+
+    async def _to_decode(self, cmd: rc.ForwardToDecode) -> None:
+        try:
+            resp = await self._decode().Submit(
+                pb.DecodeSubmitRequest(
+                    request_id=cmd.request_id,
+                    tenant=cmd.tenant,
+                    room=cmd.room,
+                    prompt_tokens=cmd.prompt_len,
+                    max_tokens=cmd.max_tokens,
+                ),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
+            if cmd.request_id in self._waiters:
+                self._answers[cmd.request_id] = list(resp.tokens)
+            status, message = Status.OK, ""
+        except grpc.RpcError as exc:
+            status, message = status_of(exc)
+        if not self._stopping:
+            self.feed(rc.DecodeFinished(cmd.request_id, status, message))
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GenerateResponse:
+        if not 0 < len(request.tenant) <= MAX_TENANT:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"tenant {request.tenant!r} must be 1..{MAX_TENANT} characters",
+                ),
+            )
+        if len(request.request_id) > MAX_REQUEST_ID:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"request id of {len(request.request_id)} characters is over {MAX_REQUEST_ID}",
+                ),
+            )
+        bad = next((t for t in request.prompt_tokens if t >= VOCAB_SIZE), None)
+        if bad is not None:
+            await abort_with(
+                context,
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"token id {bad} is outside the vocabulary (0..{VOCAB_SIZE - 1})",
+                ),
+            )
+        rid = RequestId(request.request_id or uuid.uuid4().hex)
+        if rid in self._waiters:
+            await abort_with(
+                context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
+            )
+        max_tokens = request.max_tokens or DEFAULT_MAX_TOKENS
+        fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        self._prompts[rid] = list(request.prompt_tokens)
+        try:
+            reply = self.feed(
+                rc.ClientSubmit(
+                    rid,
+                    Tenant(request.tenant),
+                    Room(secrets.randbits(63)),
+                    len(request.prompt_tokens),
+                    max_tokens,
+                    time.monotonic(),
+                )
+            )
+            if reply.status is not Status.OK:
+                await abort_with(context, reply)
+            try:
+                status, message = await fut
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    self.feed(rc.ClientCancel(rid, "the client's call went away"))
+                raise
+        finally:
+            self._waiters.pop(rid, None)
+            self._prompts.pop(rid, None)
+        tokens = self._answers.pop(rid, [])
+        if status is not Status.OK:
+            await abort_with(context, Reply(status, message))
+        return pb.GenerateResponse(request_id=rid, tokens=tokens)
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        reply = self.feed(
+            rc.ClientCancel(RequestId(request.request_id), request.reason or "client cancelled")
+        )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        return pb.CancelResponse()
+
+    async def Info(
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfo:
+        return pb.ServerInfo(
+            role=self.role,
+            mode=self.mode.name,
+            boot_epoch=self.boot_epoch,
+            max_prompt_tokens=self.settings.context_window,
+            context_window=self.settings.context_window,
+        )

@@ -1,0 +1,301 @@
+"""`kvhandoff serve` (run prefill, decode, router or all three) and `kvhandoff generate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from kvhandoff_cli.main import EXIT_OK, UsageError
+
+ROLES = ("prefill", "decode", "router", "all")
+
+
+def register(subparsers: Any) -> None:
+    from impl.modes import MODES
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the prefill, decode or router gRPC server, or all three on loopback",
+        description=(
+            "Run kvhandoff servers. Modes: " + ", ".join(MODES) + ". Ctrl-C or SIGTERM stops "
+            "them cleanly."
+        ),
+    )
+    serve.add_argument("role", choices=ROLES)
+    serve.add_argument(
+        "--mode", default="reference", help="implementation mode (see impl/modes.py)"
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="port of a single role, or of the router with `all` (0 = any)",
+    )
+    serve.add_argument("--prefill", help="prefill address HOST:PORT (decode, router)")
+    serve.add_argument("--decode", help="decode address HOST:PORT (prefill, router)")
+    serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    serve.add_argument(
+        "--log-dir", type=Path, help="write one JSON Lines event log per server here"
+    )
+    serve.add_argument("--state-dir", type=Path, help="decode's persisted state (boot counter)")
+    serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics (0 = any port)")
+    serve.add_argument("--page-size", type=int, default=4, help="tokens per page")
+    serve.add_argument("--decode-pages", type=int, help="decode pool size in pages")
+    serve.add_argument("--prefill-pages", type=int, help="prefill pool size in pages")
+    serve.add_argument("--context-window", type=int, help="advertised context window in tokens")
+    serve.add_argument("--layers", type=int, default=2)
+    serve.add_argument("--heads", type=int, default=2)
+    serve.add_argument("--head-dim", type=int, default=16)
+    serve.add_argument("--pages-per-message", type=int, default=16, help="pages per write message")
+    serve.add_argument(
+        "--max-message-bytes", type=int, default=8 << 20, help="gRPC message size limit"
+    )
+    serve.add_argument(
+        "--waiting-timeout",
+        type=float,
+        default=30.0,
+        help="decode waits this long for a completion (s)",
+    )
+    serve.add_argument("--tls-cert", type=Path)
+    serve.add_argument("--tls-key", type=Path)
+    serve.add_argument("--tls-ca", type=Path)
+    serve.add_argument(
+        "--json",
+        action="store_true",
+        help="print the addresses and limits as one JSON line once healthy",
+    )
+    serve.set_defaults(func=run_serve)
+
+    gen = subparsers.add_parser("generate", help="send one prompt to a router and print the answer")
+    gen.add_argument("--router", required=True, help="router address HOST:PORT")
+    gen.add_argument("--tenant", required=True)
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (one token per UTF-8 byte)")
+    src.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
+    src.add_argument("--prompt-tokens", type=Path, help="file of whitespace-separated token ids")
+    gen.add_argument("--max-tokens", type=int, default=16)
+    gen.add_argument("--request-id", default="")
+    gen.add_argument("--timeout", type=float, default=60.0)
+    gen.add_argument("--tls-cert", type=Path)
+    gen.add_argument("--tls-key", type=Path)
+    gen.add_argument("--tls-ca", type=Path)
+    gen.add_argument("--json", action="store_true")
+    gen.set_defaults(func=run_generate)
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    from impl.tls import TlsFiles
+
+    given = [args.tls_cert, args.tls_key, args.tls_ca]
+    if not any(given):
+        return None
+    if not all(given):
+        raise UsageError("--tls-cert, --tls-key and --tls-ca go together")
+    for p in given:
+        if not p.is_file():
+            raise UsageError(f"TLS file {str(p)!r} does not exist")
+    return TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
+
+
+def _cluster_config(args: argparse.Namespace) -> Any:
+    from impl.cluster import ClusterConfig
+    from impl.errors import ConfigError
+    from impl.modes import get_mode
+
+    try:
+        get_mode(args.mode)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    for name in (
+        "page_size",
+        "decode_pages",
+        "prefill_pages",
+        "context_window",
+        "layers",
+        "heads",
+        "head_dim",
+    ):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    return ClusterConfig(
+        mode=args.mode,
+        device=args.device,
+        page_size=args.page_size,
+        layers=args.layers,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        decode_pages=args.decode_pages,
+        prefill_pages=args.prefill_pages,
+        context_window=args.context_window,
+        waiting_timeout_s=args.waiting_timeout,
+        router_port=args.port if args.role == "all" else 0,
+        pages_per_message=args.pages_per_message,
+        max_message_bytes=args.max_message_bytes,
+        host=args.host,
+        metrics=args.metrics_port is not None,
+        log_dir=args.log_dir,
+        state_dir=args.state_dir,
+        tls=_tls(args),
+    ).resolved()
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from impl.cluster import Cluster
+    from impl.errors import KvhandoffError
+
+    config = _cluster_config(args)
+    try:
+        if args.role == "all":
+            cluster = Cluster(config)
+            try:
+                cluster.wait_healthy()
+                if args.json:
+                    print(json.dumps(cluster.addresses()), flush=True)
+                else:
+                    print(
+                        f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
+                        f"prefill {cluster.prefill}, decode {cluster.decode}",
+                        flush=True,
+                    )
+                _wait_for_signal()
+            finally:
+                cluster.stop()
+            return EXIT_OK
+        return _serve_one(args, config)
+    except KvhandoffError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _serve_one(args: argparse.Namespace, config: Any) -> int:
+    from impl.modes import get_mode
+    from impl.pool import PoolShape
+    from impl.servers.base import BaseServer, CommonSettings, Runtime
+    from impl.servers.decode import DecodeServer, DecodeSettings
+    from impl.servers.prefill import PrefillServer, PrefillSettings
+    from impl.servers.router import RouterServer, RouterSettings
+
+    need = {"prefill": ["decode"], "decode": ["prefill"], "router": ["prefill", "decode"]}[
+        args.role
+    ]
+    for peer in need:
+        if not getattr(args, peer):
+            raise UsageError(f"serve {args.role} needs --{peer} HOST:PORT")
+    limits = config.limits()
+    mode = get_mode(config.mode)
+    common = CommonSettings(
+        host=args.host,
+        port=args.port,
+        log_dir=args.log_dir,
+        metrics_port=args.metrics_port,
+        tls=config.tls,
+        max_message_bytes=config.max_message_bytes,
+    )
+    shape = PoolShape(config.layers, config.page_size, config.heads, config.head_dim)
+    server: BaseServer
+    if args.role == "prefill":
+        server = PrefillServer(
+            PrefillSettings(
+                common,
+                args.decode,
+                shape,
+                config.prefill_pages,
+                limits.prefill_max_prompt,
+                limits.context_window,
+                pages_per_message=config.pages_per_message,
+                device=config.device,
+            ),
+            mode,
+        )
+    elif args.role == "decode":
+        server = DecodeServer(
+            DecodeSettings(
+                common,
+                args.prefill,
+                shape,
+                config.decode_pages,
+                limits.decode_max_prompt,
+                limits.context_window,
+                waiting_timeout_s=config.waiting_timeout_s,
+                device=config.device,
+                state_dir=config.state_dir,
+            ),
+            mode,
+        )
+    else:
+        server = RouterServer(
+            RouterSettings(common, args.prefill, args.decode, limits.context_window), mode
+        )
+    runtime = Runtime()
+    try:
+        runtime.run(server.start())
+        line: dict[str, Any] = {args.role: server.address, "limits": limits.as_json()}
+        if server.metrics_port is not None:
+            line["metrics"] = f"{args.host}:{server.metrics_port}"
+        print(
+            json.dumps(line) if args.json else f"kvhandoff serve {args.role}: {server.address}",
+            flush=True,
+        )
+        _wait_for_signal()
+        runtime.run(server.stop(grace=1.0))
+    finally:
+        runtime.close()
+        server.event_log.close()
+    return EXIT_OK
+
+
+def _read_prompt(args: argparse.Namespace) -> list[int]:
+    from impl.tokenizer import VOCAB_SIZE, encode
+
+    if args.prompt is not None:
+        return encode(args.prompt)
+    path: Path = args.prompt_file or args.prompt_tokens
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {str(path)!r}: {exc.strerror}") from exc
+    if args.prompt_file is not None:
+        return encode(text)
+    tokens: list[int] = []
+    for word in text.split():
+        try:
+            value = int(word)
+        except ValueError:
+            raise UsageError(f"{str(path)!r}: token {word!r} is not an integer") from None
+        if not 0 <= value < VOCAB_SIZE:
+            raise UsageError(f"{str(path)!r}: token id {value} is outside 0..{VOCAB_SIZE - 1}")
+        tokens.append(value)
+    return tokens
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from impl.client import Client
+
+    tokens = _read_prompt(args)
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    with Client(args.router, tls=_tls(args)) as client:
+        result = client.generate(
+            args.tenant, tokens, args.max_tokens, args.request_id, args.timeout
+        )
+    if args.json:
+        print(json.dumps(result.as_json()))
+    elif result.status == "ok":
+        print(result.text)
+    else:
+        print(f"error {result.code}: {result.error}", file=sys.stderr)
+    return EXIT_OK if result.status == "ok" else 1

@@ -1,0 +1,317 @@
+"""Every kind of bad input gets a gRPC status whose message names the offending value, and the
+servers keep serving: a request in flight at the time still completes, and pages come back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from impl.client import GenerateResult
+from impl.cluster import Cluster
+from impl.core.decode import GrantView
+from impl.pool import DTYPE_NAME, PoolShape, page_digest
+from impl.proto import rpc
+from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.tokenizer import encode
+
+PROMPT = encode("HELD-REQUEST-" * 4)  # 52 tokens = 13 pages
+
+
+@dataclass
+class Held:
+    """A request whose prefill writes are paused after the first message: a live grant."""
+
+    cluster: Cluster
+    request_id: str
+    grant: GrantView
+    _thread: threading.Thread
+    _box: list[GenerateResult]
+
+    def finish(self) -> GenerateResult:
+        self.cluster.resume_prefill_writes(self.request_id)
+        self._thread.join(30)
+        return self._box[0]
+
+
+@pytest.fixture
+def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
+    return make_cluster("reference", pages_per_message=2, waiting_timeout_s=20.0)
+
+
+@pytest.fixture
+def held(cluster: Cluster) -> Iterator[Held]:
+    rid = "held-1"
+    cluster.stall_prefill_writes(rid)
+    box: list[GenerateResult] = []
+
+    def run() -> None:
+        with cluster.client() as c:
+            box.append(c.generate("tenant-h", PROMPT, 16, request_id=rid, timeout=30))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    grant = cluster.wait_for_grant(rid, pages_written=2)
+    h = Held(cluster, rid, grant, thread, box)
+    yield h
+    # Nothing lost: the held request still completes with its own tokens, pages all come back.
+    result = h.finish()
+    assert result.status == "ok", result
+    assert result.tokens == PROMPT[:16]
+    assert cluster.wait_quiescent(10)
+
+
+def decode_stub(cluster: Cluster) -> object:
+    return rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+
+
+def page_write(cluster: Cluster, g: GrantView, **overrides: object) -> pb.PageWrite:
+    shape = cluster.decode_server.settings.shape
+    data = bytes(shape.page_bytes)
+    fields: dict[str, object] = dict(
+        request_id="held-1",
+        room=g.room,
+        generation=g.generation,
+        token=g.token,
+        message_id=99,
+        page_ids=[g.pages[0]],
+        digests=[page_digest(data)],
+        page_shape=list(shape.page_shape),
+        dtype=DTYPE_NAME,
+        data=data,
+    )
+    fields.update(overrides)
+    return pb.PageWrite(**fields)  # type: ignore[arg-type]
+
+
+def refused(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+def write(cluster: Cluster, msg: pb.PageWrite) -> grpc.RpcError:
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    return refused(lambda: stub.WritePages(iter([msg]), timeout=10))
+
+
+def test_a_write_for_an_unknown_request_is_refused_naming_the_request(
+    cluster: Cluster, held: Held
+) -> None:
+    err = write(cluster, page_write(cluster, held.grant, request_id="no-such-request"))
+    assert err.code() is grpc.StatusCode.NOT_FOUND
+    assert "no-such-request" in err.details()
+
+
+def test_a_write_for_the_wrong_room_is_refused_naming_the_room(
+    cluster: Cluster, held: Held
+) -> None:
+    err = write(cluster, page_write(cluster, held.grant, room=held.grant.room + 1))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert str(held.grant.room + 1) in err.details()
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_a_write_for_an_old_or_unknown_generation_is_refused(
+    cluster: Cluster, held: Held, delta: int
+) -> None:
+    gen = held.grant.generation + delta
+    err = write(cluster, page_write(cluster, held.grant, generation=gen))
+    assert err.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert str(gen) in err.details()
+
+
+def test_a_write_with_the_wrong_capability_token_is_refused(cluster: Cluster, held: Held) -> None:
+    err = write(cluster, page_write(cluster, held.grant, token=b"x" * 16))
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "capability token" in err.details() and "held-1" in err.details()
+    assert (
+        cluster.decode_server.metrics.get("kvhandoff_refused_writes_total", reason="bad_token") == 1
+    )
+
+
+def test_a_write_to_a_page_outside_the_pool_is_refused_naming_the_page(
+    cluster: Cluster, held: Held
+) -> None:
+    err = write(cluster, page_write(cluster, held.grant, page_ids=[10_000]))
+    assert err.code() is grpc.StatusCode.OUT_OF_RANGE
+    assert "10000" in err.details()
+
+
+def test_a_write_to_a_page_not_granted_is_refused_naming_the_page(
+    cluster: Cluster, held: Held
+) -> None:
+    other = max(held.grant.pages) + 1
+    err = write(cluster, page_write(cluster, held.grant, page_ids=[other]))
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert f"page {other}" in err.details()
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"page_shape": [2, 2, 4, 2, 8]}, "[2, 2, 4, 2, 8]"),
+        ({"dtype": "float16"}, "float16"),
+        ({"data": b"\x00" * 10, "digests": [page_digest(b"\x00" * 10)]}, "10 bytes"),
+        ({"digests": []}, "0 digests"),
+    ],
+)
+def test_page_data_of_the_wrong_shape_dtype_or_size_is_refused(
+    cluster: Cluster, held: Held, override: dict[str, object], named: str
+) -> None:
+    err = write(cluster, page_write(cluster, held.grant, **override))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert named in err.details()
+
+
+def test_page_data_that_does_not_match_its_digest_is_refused(cluster: Cluster, held: Held) -> None:
+    err = write(cluster, page_write(cluster, held.grant, digests=[b"\x00\x00\x00\x01"]))
+    assert err.code() is grpc.StatusCode.DATA_LOSS
+    assert "00000001" in err.details()
+
+
+def test_a_completion_for_an_unknown_request_is_refused(cluster: Cluster, held: Held) -> None:
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    err = refused(
+        lambda: stub.Complete(pb.Completion(request_id="ghost", room=1, generation=1), timeout=10)
+    )
+    assert err.code() is grpc.StatusCode.NOT_FOUND and "ghost" in err.details()
+
+
+def test_a_completion_with_a_wrong_token_does_not_touch_the_request(
+    cluster: Cluster, held: Held
+) -> None:
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    g = held.grant
+    msg = pb.Completion(
+        request_id="held-1", room=g.room, generation=g.generation, token=b"bad", page_count=2**31
+    )
+    err = refused(lambda: stub.Complete(msg, timeout=10))
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_huge_page_count_in_a_completion_fails_validation_naming_the_count(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster("reference", pages_per_message=2)
+    cluster.stall_prefill_writes("victim")
+    box: list[GenerateResult] = []
+    t = threading.Thread(
+        target=lambda: box.append(cluster.client().generate("t", PROMPT, 8, request_id="victim"))
+    )
+    t.start()
+    g = cluster.wait_for_grant("victim", pages_written=2)
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    msg = pb.Completion(
+        request_id="victim", room=g.room, generation=g.generation, token=g.token, page_count=2**31
+    )
+    err = refused(lambda: stub.Complete(msg, timeout=10))
+    assert err.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert str(2**31) in err.details()
+    cluster.resume_prefill_writes("victim")
+    t.join(30)
+    assert box[0].status == "error" and box[0].code == "DATA_LOSS"  # fail closed, no answer
+    assert cluster.wait_quiescent(10)
+
+
+def test_huge_lengths_are_refused_naming_the_value(cluster: Cluster, held: Held) -> None:
+    with cluster.client() as c:
+        r = c.generate("t", encode("hi"), max_tokens=1_000_000)
+    assert r.code == "INVALID_ARGUMENT" and "1000000" in r.error
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    sub = pb.DecodeSubmitRequest(
+        request_id="huge", tenant="t", room=1, prompt_tokens=2**40, max_tokens=4
+    )
+    err = refused(lambda: stub.Submit(sub, timeout=10))
+    assert err.code() is grpc.StatusCode.OUT_OF_RANGE and str(2**40) in err.details()
+
+
+def test_a_prompt_over_every_limit_is_refused_naming_its_length(
+    cluster: Cluster, held: Held
+) -> None:
+    with cluster.client() as c:
+        r = c.generate("t", [65] * 10_000)
+    assert r.code == "OUT_OF_RANGE" and "10000 tokens" in r.error and "256" in r.error
+
+
+def test_a_token_outside_the_vocabulary_is_refused_naming_it(cluster: Cluster, held: Held) -> None:
+    with cluster.client() as c:
+        r = c.generate("t", [65, 300, 66])
+    assert r.code == "INVALID_ARGUMENT" and "300" in r.error
+
+
+def test_a_duplicate_request_id_is_refused_naming_it(cluster: Cluster, held: Held) -> None:
+    with cluster.client() as c:
+        r = c.generate("t", encode("again"), request_id="held-1")
+    assert r.code == "ALREADY_EXISTS" and "held-1" in r.error
+
+
+def test_cancel_of_an_unknown_request_names_it(cluster: Cluster, held: Held) -> None:
+    from impl.errors import RequestFailed
+
+    with cluster.client() as c, pytest.raises(RequestFailed, match="nobody"):
+        c.cancel("nobody")
+
+
+def test_a_grant_without_pages_is_refused(cluster: Cluster, held: Held) -> None:
+    stub = rpc.prefill_stub(grpc.insecure_channel(cluster.prefill))
+    err = refused(
+        lambda: stub.ReceiveGrant(pb.Grant(request_id="g", room=5, generation=1), timeout=10)
+    )
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "0 pages" in err.details()
+
+
+def test_a_message_over_the_size_limit_is_refused_and_decode_keeps_serving(
+    cluster: Cluster, held: Held
+) -> None:
+    limit = cluster.config.max_message_bytes
+    big = page_write(cluster, held.grant, data=bytes(limit + 1))
+    err = write(cluster, big)
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(limit) in err.details()
+    with cluster.client() as c:
+        assert c.generate("t", encode("still serving"), 4).status == "ok"
+
+
+def test_a_peer_that_disconnects_mid_stream_leaves_decode_serving(
+    cluster: Cluster, held: Held
+) -> None:
+    stop = threading.Event()
+    # A page prefill has not written yet: its own write lands later and the handoff validates.
+    first = page_write(cluster, held.grant, page_ids=[held.grant.pages[-1]])
+
+    def stream() -> Iterator[pb.PageWrite]:
+        yield first
+        stop.wait(10)  # hold the stream open, then the call is cancelled under it
+
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    future = stub.WritePages.future(stream(), timeout=10)
+    time.sleep(0.3)
+    future.cancel()
+    stop.set()
+    assert future.cancelled()
+    with cluster.client() as c:
+        assert c.generate("t", encode("after disconnect"), 4).status == "ok"
+
+
+def test_pool_shape_rejects_nonsense_sizes() -> None:
+    from impl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="page_size must be >= 1, got 0"):
+        PoolShape(page_size=0)
+
+
+def test_a_client_that_goes_away_mid_request_is_withdrawn_from_both_sides(cluster: Cluster) -> None:
+    cluster.stall_prefill_writes("impatient")
+    with cluster.client() as c:
+        result = c.generate("t", PROMPT, 8, request_id="impatient", timeout=0.5)
+    assert result.code == "DEADLINE_EXCEEDED"
+    cluster.resume_prefill_writes("impatient")
+    assert cluster.wait_quiescent(10)
+    assert cluster.decode_pages()[1] == 0
+    with cluster.client() as c:
+        assert c.generate("t", encode("next"), 4).status == "ok"

@@ -1,0 +1,228 @@
+"""`kvhandoff serve` and `kvhandoff generate` from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvhandoff_cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvhandoff(*args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from kvhandoff_cli.main import main; sys.exit(main())",
+        *args,
+    ]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
+    proc = subprocess.Popen(
+        kvhandoff(
+            "serve",
+            "all",
+            "--mode",
+            "incident",
+            "--device",
+            "cpu",
+            "--json",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else "no output"
+    yield proc, json.loads(line)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_serve_all_prints_addresses_and_incident_shaped_limits_then_stops_on_sigterm(
+    served: tuple[subprocess.Popen[str], dict[str, object]], tmp_path: Path
+) -> None:
+    proc, info = served
+    assert set(info) == {"router", "prefill", "decode", "limits"}
+    limits = info["limits"]
+    assert isinstance(limits, dict)
+    assert limits["context_window"] > limits["prefill_max_prompt"]
+    assert limits["decode_max_prompt"] > limits["prefill_max_prompt"]
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(" ".join(["65"] * 10))
+    out = subprocess.run(
+        kvhandoff(
+            "generate",
+            "--router",
+            str(info["router"]),
+            "--tenant",
+            "A",
+            "--prompt-tokens",
+            str(tokens),
+            "--max-tokens",
+            "6",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["status"] == "ok" and answer["tokens"] == [65] * 6 and answer["text"] == "AAAAAA"
+    assert set(answer) >= {"request_id", "tenant", "status", "error", "tokens", "text"}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert (tmp_path / "logs" / "decode.jsonl").exists()
+
+
+def test_generate_reports_a_clear_error_with_exit_1(
+    served: tuple[subprocess.Popen[str], dict[str, object]],
+) -> None:
+    _, info = served
+    out = subprocess.run(
+        kvhandoff(
+            "generate",
+            "--router",
+            str(info["router"]),
+            "--tenant",
+            "A",
+            "--prompt",
+            "x" * 5000,
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    answer = json.loads(out.stdout)
+    assert answer["status"] == "error" and "5000" in answer["error"]
+
+
+def test_an_unknown_mode_is_exit_2_listing_the_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "all", "--mode", "m99"]) == 2
+    err = capsys.readouterr().err
+    assert "m99" in err and "reference" in err and "m20_unscrubbed_pages" in err
+
+
+def test_bad_prompt_tokens_are_exit_2_naming_the_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "t.txt"
+    f.write_text("1 2 banana")
+    assert (
+        main(["generate", "--router", "127.0.0.1:1", "--tenant", "t", "--prompt-tokens", str(f)])
+        == 2
+    )
+    assert "banana" in capsys.readouterr().err
+    f.write_text("1 999")
+    assert (
+        main(["generate", "--router", "127.0.0.1:1", "--tenant", "t", "--prompt-tokens", str(f)])
+        == 2
+    )
+    assert "999" in capsys.readouterr().err
+
+
+def test_a_single_role_needs_its_peers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "decode"]) == 2
+    assert "--prefill" in capsys.readouterr().err
+
+
+def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    from impl.client import Client
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    pp, dp = free_port(), free_port()
+    roles = [
+        ("prefill", "--port", str(pp), "--decode", f"127.0.0.1:{dp}"),
+        (
+            "decode",
+            "--port",
+            str(dp),
+            "--prefill",
+            f"127.0.0.1:{pp}",
+            "--metrics-port",
+            "0",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ),
+        ("router", "--prefill", f"127.0.0.1:{pp}", "--decode", f"127.0.0.1:{dp}"),
+    ]
+    procs: list[subprocess.Popen[str]] = []
+    infos: dict[str, dict[str, object]] = {}
+    try:
+        for role, *flags in roles:
+            proc = subprocess.Popen(
+                kvhandoff("serve", role, "--device", "cpu", "--json", *flags),
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env(),
+                cwd=ROOT,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            infos[role] = json.loads(proc.stdout.readline())
+        with Client(str(infos["router"]["router"])) as c:
+            result = c.generate("t", [72, 105, 33], 3)
+        assert result.status == "ok" and result.text == "Hi!"
+        metrics = (
+            urllib.request.urlopen(f"http://{infos['decode']['metrics']}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+        assert 'kvhandoff_pages_used{server="decode"} 0' in metrics
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(20) for proc in procs] == [0, 0, 0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> None:
+    import argparse
+
+    from kvhandoff_cli.cmd_serve import _read_prompt
+
+    f = tmp_path / "p.txt"
+    f.write_text("hé")
+    from_file = argparse.Namespace(prompt=None, prompt_file=f, prompt_tokens=None)
+    from_text = argparse.Namespace(prompt="hé", prompt_file=None, prompt_tokens=None)
+    assert _read_prompt(from_file) == _read_prompt(from_text) == [104, 195, 169]
