@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/kvhandoff demo
+	$(BIN)/kvhandoff check --variant reference; test $$? -eq 0
+	$(BIN)/kvhandoff check --variant incident; test $$? -eq 1
 
 lint: venv
 	$(BIN)/ruff check .
