@@ -215,7 +215,10 @@ def replay_on_real_servers(
                     length = lim.prefill_max_prompt * 3 // 4
                 text = (canary[req.tenant] * (length // len(canary[req.tenant]) + 1))[:length]
                 t0 = time.perf_counter()
-                r = client.generate(req.tenant, encode(text), max_tokens=32, timeout=30)
+                rid = f"demo-{mode}-{len(answers) + 1}"
+                r = client.generate(
+                    req.tenant, encode(text), max_tokens=32, request_id=rid, timeout=30
+                )
                 seconds = time.perf_counter() - t0
                 others = set().union(*(alphabet[t] for t in tenants if t != req.tenant))
                 leaked = [i for i, tok in enumerate(r.tokens) if tok in others]
@@ -475,7 +478,9 @@ def _answer_line(a: RealAnswer) -> str:
     if a.oversized:
         who += " (over prefill's limit)"
     if a.status != "ok":
-        return f"{who}: error {a.code}: {a.error}"
+        # The error is prefill's, relayed by the router or by decode (whichever answers first):
+        # its last clause is the same either way.
+        return f"{who}: error {a.code}: {a.error.rsplit(': ', 1)[-1]}"
     if a.leaked:
         return f'{who}: answer "{a.text}": LEAK, {len(a.leaked)} tokens of another tenant\'s canary'
     return f'{who}: answer "{a.text}": own data only'
