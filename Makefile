@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow lint typecheck proto clean
+.PHONY: venv demo test test-slow test-render lint typecheck proto clean
 
 venv: $(STAMP)
 
@@ -16,8 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/kvhandoff check --variant reference; test $$? -eq 0
-	$(BIN)/kvhandoff check --variant incident; test $$? -eq 1
+	$(BIN)/kvhandoff demo
 
 lint: venv
 	$(BIN)/ruff check .
@@ -32,9 +31,14 @@ test: venv lint typecheck
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
 
+# Render the demo report's Mermaid charts with the mermaid npm package in headless Chromium (the
+# test installs both if missing: npm into .render-cache/, apt-get install chromium); keeps a screenshot.
+test-render: venv
+	$(BIN)/python -m pytest -q -m slow tests/render
+
 # Regenerate the committed gRPC code under impl/proto/gen (tests check it is up to date).
 proto: venv
 	$(BIN)/python -m impl.proto.build
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache

@@ -204,7 +204,7 @@ def replay_on_real_servers(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*NumPy.*")
         cluster = start_cluster(mode, **settings)
-    answers = []
+    answers: list[RealAnswer] = []
     with cluster:
         lim = cluster.limits
         with cluster.client() as client:
@@ -251,9 +251,9 @@ def run_conformance_campaign(out_dir: Path) -> dict[str, Any] | None:
     Runs only when a `conform` subcommand is registered in `kvhandoff_cli.main.COMMAND_MODULES`
     (the CLI contract: `conform --target inproc --traces N --steps N --seed S --junit F --json`).
     """
-    from kvhandoff_cli.main import build_parser, main
+    from kvhandoff_cli import main as cli
 
-    parser = build_parser()
+    parser = cli.build_parser(cli.COMMAND_MODULES)
     commands: set[str] = set()
     for action in parser._subparsers._group_actions if parser._subparsers else []:
         commands |= set(getattr(action, "choices", {}) or {})
@@ -263,7 +263,7 @@ def run_conformance_campaign(out_dir: Path) -> dict[str, Any] | None:
     buffer = io.StringIO()
     started = time.perf_counter()
     with contextlib.redirect_stdout(buffer):
-        code = main(["conform", *CONFORM_ARGS, "--junit", str(junit)])
+        code = cli.main(["conform", *CONFORM_ARGS, "--junit", str(junit)], cli.COMMAND_MODULES)
     output = buffer.getvalue()
     try:
         parsed: Any = json.loads(output)

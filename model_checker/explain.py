@@ -443,7 +443,10 @@ def _step_mermaid(story: Story, s: Step, active: set[int]) -> list[str]:
     zeroed: list[int] = []
     for i, (x_page, y_page) in enumerate(zip(s.before.pages, s.after.pages, strict=True)):
         if x_page.owner != y_page.owner and x_page.owner is not None and i in active:
-            note = "released, zeroed" if y_page.content is None else "released, NOT zeroed"
+            if y_page.content is None:
+                note = "released, empty"
+            else:
+                note = f"released, NOT zeroed: still {tag_text(y_page.content)}"
             freed.setdefault(note, []).append(i)
         if x_page.owner != y_page.owner and y_page.owner is not None:
             r, g = y_page.owner
