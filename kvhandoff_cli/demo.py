@@ -329,11 +329,18 @@ def _row(result: CheckResult) -> MatrixRow:
 
 
 def kill_matrix(
-    config: Config, known: Sequence[CheckResult] = (), workers: int | None = None
+    config: Config,
+    known: Sequence[CheckResult] = (),
+    workers: int | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[MatrixRow]:
-    """Every catalogue variant through the explorer (in parallel processes); `known` are reused."""
+    """Catalogue variants (all, or `names`) through the explorer, in parallel processes.
+
+    Results in `known` (explicit search on the same config) are reused rather than run again.
+    """
+    wanted = [v.name for v in VARIANTS if names is None or v.name in names]
     done = {r.variant: _row(r) for r in known if r.engine == "explore" and r.config == config}
-    todo = [v.name for v in VARIANTS if v.name not in done]
+    todo = [name for name in wanted if name not in done]
     workers = workers or min(len(todo), max(1, os.cpu_count() or 1))
     if todo and workers > 1:
         context = multiprocessing.get_context("spawn")
@@ -343,7 +350,7 @@ def kill_matrix(
     else:
         for name in todo:
             done[name] = _matrix_row(name, config.to_json())
-    return [done[v.name] for v in VARIANTS]
+    return [done[name] for name in wanted]
 
 
 # --- Running it all -----------------------------------------------------------------------------

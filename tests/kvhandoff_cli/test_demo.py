@@ -18,6 +18,7 @@ import pytest
 from kvhandoff_cli import main as cli
 from kvhandoff_cli.demo import (
     NOT_AVAILABLE,
+    kill_matrix,
     prove_reference,
     run_conformance_campaign,
     scenario_from_trace,
@@ -46,41 +47,43 @@ def run_cli(*argv: str) -> tuple[int, str]:
     return code, buffer.getvalue()
 
 
+QUICK = "prove,counterexample,replay,conformance"
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
+    """Every stage but the kill matrix (which the slow test below and `make demo` run)."""
     out = tmp_path_factory.mktemp("demo") / "kvhandoff-report"
     started = time.perf_counter()
-    code, output = run_cli("demo", "--out", str(out))
+    code, output = run_cli("demo", "--stages", QUICK, "--out", str(out))
     yield DemoRun(code, output, time.perf_counter() - started, out)
 
 
-def test_the_demo_tells_the_whole_story_in_under_two_minutes(demo: DemoRun) -> None:
+def test_the_demo_proves_finds_and_replays_the_leak(demo: DemoRun) -> None:
     assert demo.code == 0, demo.output
-    assert demo.seconds < 120
     out = demo.output
-    for stage in ("[1/5] prove", "[2/5] find", "[3/5] replay", "[4/5] run a short conformance",
-                  "[5/5] kill matrix"):  # fmt: skip
+    for stage in ("[1/4] prove", "[2/4] find", "[3/4] replay", "[4/4] run a short conformance"):
         assert stage in out
     assert "SAFE: exhaustive search of the default configuration, 48,020 states" in out
+    assert "(the Z3 prove engine is not available in this build)" in out
     assert "shortest run breaking no_cross_tenant_read with no fault: 24 steps" in out
     assert "LEAK, " in out and "tokens of another tenant's canary" in out
     assert "reference tenant b, 320 tokens (over prefill's limit): error OUT_OF_RANGE" in out
-    assert "19/19 variants as expected" in out
+    assert "conformance          not available in this build" in out
     assert out.rstrip().endswith(f"report: {demo.out / 'report.md'}")
     assert "verdict: the story holds" in out
 
 
-def test_the_report_holds_the_chart_obligations_matrix_figures_and_traces(demo: DemoRun) -> None:
+def test_the_report_holds_the_chart_obligations_figures_and_traces(demo: DemoRun) -> None:
     md = (demo.out / "report.md").read_text()
     for heading in ("## The incident as a counterexample", "### Sequence chart",
                     "## Replayed on the real servers", "## Conformance",
-                    "## Proof obligations: the reference protocol", "## Kill matrix",
+                    "## Proof obligations: the reference protocol",
                     "## Figures measured", "## The counterexample trace (JSON Lines)"):  # fmt: skip
         assert heading in md
     assert md.count("```mermaid\nsequenceDiagram\n") == 1
     assert (demo.out / "charts" / "incident.mmd").read_text().startswith("sequenceDiagram\n")
     assert "| `no_cross_tenant_read` | nothing a request's answer" in md
-    assert "| `m7_release_before_drain` | M7 |" in md
     trace = demo.out / "traces" / "incident-no_cross_tenant_read.jsonl"
     assert load_trace(trace.read_text()).header["property"] == "no_cross_tenant_read"
     figures = json.loads((demo.out / "report.json").read_text())
@@ -88,8 +91,29 @@ def test_the_report_holds_the_chart_obligations_matrix_figures_and_traces(demo: 
     assert figures["proof"]["engine"] in engines.ENGINES
     real = {r["mode"]: r for r in figures["real_servers"]}
     assert real["incident"]["leak"] and not real["reference"]["leak"]
-    assert all(row["as_expected"] for row in figures["matrix"])
     assert (demo.out / "logs" / "incident" / "decode.jsonl").is_file()
+
+
+def test_the_kill_matrix_catches_each_bug_and_clears_each_safe_design() -> None:
+    names = ["incident", "m1_placeholder_rejection", "m16_router_ignores_prefill_error"]
+    rows = kill_matrix(default_config(), workers=1, names=names)
+    assert [r.variant for r in rows] == names
+    assert all(r.caught for r in rows)
+    assert "no_cross_tenant_read" in rows[0].violated
+
+
+@pytest.mark.slow
+def test_the_whole_demo_runs_in_under_two_minutes(tmp_path: Path) -> None:
+    """What `make demo` runs, every stage (about 45 s on two idle cores)."""
+    started = time.perf_counter()
+    code, out = run_cli("demo", "--out", str(tmp_path / "report"))
+    assert time.perf_counter() - started < 120
+    assert code == 0, out
+    assert "[5/5] kill matrix" in out and "19/19 variants as expected" in out
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Kill matrix" in md and "| `m7_release_before_drain` | M7 |" in md
+    figures = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert all(row["as_expected"] for row in figures["matrix"])
 
 
 def test_the_scenario_comes_from_the_counterexample(demo: DemoRun) -> None:
