@@ -59,8 +59,9 @@ CANARIES = ("QZXJALPHAKVW", "qzxjbetakvw", "0123456789")
 @dataclass
 class Proof:
     result: CheckResult
-    method: str  # one line: how it was shown
+    method: str  # how it was shown, in a few words
     any_size: bool
+    note: str = ""  # e.g. why not the Z3 proof
 
 
 def prove_reference(config: Config) -> Proof:
@@ -70,11 +71,8 @@ def prove_reference(config: Config) -> Proof:
         result = prove(REFERENCE, config, EngineOptions())
         return Proof(result, "proved for any pool size and any number of requests (Z3 prove)", True)
     result = explore(REFERENCE, config)
-    method = (
-        f"exhaustive search of the default configuration, {result.states:,} states "
-        f"(the Z3 prove engine is {NOT_AVAILABLE})"
-    )
-    return Proof(result, method, False)
+    method = f"exhaustive search of the default configuration, {result.states:,} states"
+    return Proof(result, method, False, note=f"the Z3 prove engine is {NOT_AVAILABLE}")
 
 
 # --- Stage 2: the incident counterexample -------------------------------------------------------
@@ -409,7 +407,10 @@ def run_demo(out_dir: Path, stages: Sequence[str], stream: TextIO) -> DemoRun:
         progress.stage("prove the reference protocol safe")
         run.proof = _timed(run, "prove", lambda: prove_reference(run.config))
         result = run.proof.result
-        progress.detail(f"{result.verdict.upper()}: {run.proof.method}, {result.seconds:.1f} s")
+        note = f" ({run.proof.note})" if run.proof.note else ""
+        progress.detail(
+            f"{result.verdict.upper()}: {run.proof.method}{note}, {result.seconds:.1f} s"
+        )
         if result.verdict != "safe":
             run.problems.append(f"the reference protocol is {result.verdict}, not safe")
     if "counterexample" in run.stages or "replay" in run.stages:
@@ -508,9 +509,9 @@ def _check_replays(run: DemoRun) -> None:
 def summary_lines(run: DemoRun) -> list[str]:
     out = ["summary:"]
     if run.proof:
-        out.append(
-            f"  reference protocol   {run.proof.result.verdict.upper()} ({run.proof.method})"
-        )
+        out.append(f"  reference protocol   {run.proof.result.verdict.upper()}: {run.proof.method}")
+        if run.proof.note:
+            out.append(f"                       ({run.proof.note})")
     if run.counterexample and "counterexample" in run.stages:
         n = len(run.counterexample.story.steps)
         out.append(f"  incident variant     VIOLATED {LEAK_PROPERTY} ({n}-step counterexample)")
@@ -551,7 +552,8 @@ def _obligations(run: DemoRun) -> list[str]:
     assert run.proof is not None
     result = run.proof.result
     listed = result.extra.get("obligations")
-    lines = [f"Method: {run.proof.method}.", ""]
+    note = f" ({run.proof.note})" if run.proof.note else ""
+    lines = [f"Method: {run.proof.method}{note}.", ""]
     if isinstance(listed, list) and listed and all(isinstance(o, dict) for o in listed):
         keys = list(dict.fromkeys(k for o in listed for k in o))
         lines += _table(keys, [[o.get(k, "") for k in keys] for o in listed])
@@ -699,6 +701,7 @@ def write_report(run: DemoRun) -> Path:
         md.append("")
         figures["proof"] = {
             "method": run.proof.method,
+            "note": run.proof.note,
             "engine": run.proof.result.engine,
             "any_size": run.proof.any_size,
             "verdict": run.proof.result.verdict,
