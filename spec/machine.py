@@ -29,7 +29,6 @@ messages sent before any grant, which are matched by the request id every messag
 from __future__ import annotations
 
 import bisect
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from spec.actions import (
@@ -80,6 +79,7 @@ from spec.state import (
     State,
     Tag,
     Write,
+    evolve,
     initial_state,
 )
 from spec.variants import REFERENCE, Design, Variant
@@ -100,7 +100,7 @@ def init(config: Config) -> State:
 
 def _set_req(state: State, r: int, req: ReqState) -> State:
     reqs = state.requests
-    return replace(state, requests=(*reqs[:r], req, *reqs[r + 1 :]))
+    return evolve(state, requests=(*reqs[:r], req, *reqs[r + 1 :]))
 
 
 def _send(network: tuple[Message, ...], message: Message) -> tuple[Message, ...]:
@@ -142,7 +142,7 @@ def _prefill_target_pages(design: Design, req: ReqState) -> int:
 def _answer_error(req: ReqState, reason: str) -> ReqState:
     if req.answer is not None:
         return req
-    return replace(req, answer=Answer(ok=False, reason=reason))
+    return evolve(req, answer=Answer(ok=False, reason=reason))
 
 
 def _decode_fail(
@@ -161,8 +161,8 @@ def _decode_fail(
         generation = req.d_gen if req.d == "reserved" else 0
         network = _send(network, Message("abort", room, generation, r))
         awaiting = req.d == "reserved" and design.release_fence in ("drain_ack", "ack_or_timeout")
-    req = replace(_answer_error(req, reason), d="failed", d_awaiting_ack=awaiting)
-    return replace(_set_req(state, r, req), network=network)
+    req = evolve(_answer_error(req, reason), d="failed", d_awaiting_ack=awaiting)
+    return evolve(_set_req(state, r, req), network=network)
 
 
 def _decode_target(design: Design, config: Config, state: State, message: Message) -> int | None:
@@ -343,15 +343,15 @@ def checked_step(variant: Variant, config: Config, state: State, action: Action)
 
 def _router_submit(d: Design, c: Config, s: State, a: RouterSubmitRequest) -> State:
     r = a.request
-    req = replace(s.requests[r], submitted=True)
+    req = evolve(s.requests[r], submitted=True)
     if c.requests[r].pages > c.context_window:
         # The advertised window is the router's only limit; prompts over it never reach a worker.
-        req = replace(req, answer=Answer(False, reason="prompt over the context window"))
-        req = replace(req, not_as_is=True)
+        req = evolve(req, answer=Answer(False, reason="prompt over the context window"))
+        req = evolve(req, not_as_is=True)
     else:
         # The router learned both workers' boot epochs from their health checks; the request
         # carries them, so a worker can later tell which requests a peer's restart affected.
-        req = replace(
+        req = evolve(
             req, p="received", d="received", p_epoch=s.decode_epoch, d_epoch=s.prefill_epoch
         )
     return _set_req(s, r, req)
@@ -361,41 +361,41 @@ def _prefill_admit(d: Design, c: Config, s: State, a: PrefillAdmitRequest) -> St
     r = a.request
     req = s.requests[r]
     phase: PrefillPhase = "granted" if req.p_gen else "admitted"
-    return _set_req(s, r, replace(req, p=phase, p_len=c.requests[r].pages))
+    return _set_req(s, r, evolve(req, p=phase, p_len=c.requests[r].pages))
 
 
 def _prefill_reject(d: Design, c: Config, s: State, a: PrefillRejectRequest) -> State:
     r = a.request
-    req = replace(s.requests[r], not_as_is=True)
+    req = evolve(s.requests[r], not_as_is=True)
     if d.oversize == "reject":
         # Fail closed: write nothing, tell decode (so it frees its reservation) and the client.
-        req = replace(req, p="rejected")
+        req = evolve(req, p="rejected")
         if d.router_honours_prefill_error:
             req = _answer_error(req, "rejected by prefill: prompt over its limit")
         network = _send(s.network, Message("failure", c.requests[r].room, 0, r, reason="rejected"))
-        return replace(_set_req(s, r, req), network=network)
+        return evolve(_set_req(s, r, req), network=network)
     if d.oversize == "placeholder":
         # The request keeps its room and bootstraps normally, now one page long.
-        req = replace(req, p="granted" if req.p_gen else "admitted", p_len=1)
+        req = evolve(req, p="granted" if req.p_gen else "admitted", p_len=1)
         if d.placeholder_reports_error and d.router_honours_prefill_error:
             req = _answer_error(req, "aborted by prefill: prompt over its limit")
         return _set_req(s, r, req)
     # Truncate: prefill keeps only as much of the prompt as fits.
     phase: PrefillPhase = "granted" if req.p_gen else "admitted"
-    return _set_req(s, r, replace(req, p=phase, p_len=max(1, c.prefill_max_prompt)))
+    return _set_req(s, r, evolve(req, p=phase, p_len=max(1, c.prefill_max_prompt)))
 
 
 def _decode_admit(d: Design, c: Config, s: State, a: DecodeAdmitRequest) -> State:
-    return _set_req(s, a.request, replace(s.requests[a.request], d="admitted"))
+    return _set_req(s, a.request, evolve(s.requests[a.request], d="admitted"))
 
 
 def _decode_reject(d: Design, c: Config, s: State, a: DecodeRejectRequest) -> State:
     r = a.request
     req = _answer_error(s.requests[r], "rejected by decode: prompt over its limit")
-    req = replace(req, d="rejected", not_as_is=True)
+    req = evolve(req, d="rejected", not_as_is=True)
     # Prefill may have admitted it and be waiting for a grant that will never come.
     network = _send(s.network, Message("abort", c.requests[r].room, 0, r))
-    return replace(_set_req(s, r, req), network=network)
+    return evolve(_set_req(s, r, req), network=network)
 
 
 def _decode_reserve(d: Design, c: Config, s: State, a: DecodeReservePages) -> State:
@@ -408,13 +408,13 @@ def _decode_reserve(d: Design, c: Config, s: State, a: DecodeReservePages) -> St
     for i in chosen:
         old = pages[i]
         if old.last_tenant is not None:
-            ghost = replace(ghost, page_reuse=True)
+            ghost = evolve(ghost, page_reuse=True)
             if old.last_tenant != tenant:
-                ghost = replace(ghost, cross_tenant_reuse=True)
-        pages[i] = replace(old, owner=(r, generation), last_tenant=tenant)
-    req = replace(s.requests[r], d="reserved", d_gen=generation, d_pages=chosen)
+                ghost = evolve(ghost, cross_tenant_reuse=True)
+        pages[i] = evolve(old, owner=(r, generation), last_tenant=tenant)
+    req = evolve(s.requests[r], d="reserved", d_gen=generation, d_pages=chosen)
     grant = Message("grant", c.requests[r].room, generation, r, pages=chosen, epoch=s.decode_epoch)
-    return replace(
+    return evolve(
         _set_req(s, r, req),
         pages=tuple(pages),
         next_generation=generation + 1,
@@ -425,13 +425,13 @@ def _decode_reserve(d: Design, c: Config, s: State, a: DecodeReservePages) -> St
 
 def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGrant) -> State:
     m = a.message
-    s = replace(s, network=_remove_one(s.network, m))
+    s = evolve(s, network=_remove_one(s.network, m))
     req = s.requests[m.request]
     if req.p in ("received", "admitted") and req.p_gen == 0:
         # The grant can overtake the router's hand-over to prefill's scheduler: keep it, and
         # start writing as soon as the request is admitted.
         granted = req.p == "admitted"
-        req = replace(
+        req = evolve(
             req,
             p="granted" if granted else req.p,
             p_gen=m.generation,
@@ -442,7 +442,7 @@ def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGran
     if d.prefill_adopts_unknown_grant and req.p not in PREFILL_LIVE:
         key = (m.room, m.generation)
         if key not in s.orphans:
-            return replace(s, orphans=tuple(sorted((*s.orphans, key))))
+            return evolve(s, orphans=tuple(sorted((*s.orphans, key))))
     return s  # stale or duplicate: dropped
 
 
@@ -451,8 +451,8 @@ def _prefill_write(d: Design, c: Config, s: State, a: PrefillWritePage) -> State
     req = s.requests[r]
     page = req.p_pages[req.p_wrote]
     write = Write(c.requests[r].room, req.p_gen, page, _tag(c, r, req.p_gen), req.p_epoch)
-    s = replace(s, writes=_add_write(s.writes, write))
-    return _set_req(s, r, replace(req, p_wrote=req.p_wrote + 1))
+    s = evolve(s, writes=_add_write(s.writes, write))
+    return _set_req(s, r, evolve(req, p_wrote=req.p_wrote + 1))
 
 
 def _owner_matches(c: Config, page: PageState, write: Write) -> bool:
@@ -464,7 +464,7 @@ def _owner_matches(c: Config, page: PageState, write: Write) -> bool:
 
 def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite) -> State:
     w = a.write
-    s = replace(s, writes=_remove_one(s.writes, w))
+    s = evolve(s, writes=_remove_one(s.writes, w))
     writer = (w.data.request, w.data.generation)
     data = w.data
     if d.transfer == "pull" and s.requests[w.data.request].p_lease_expired:
@@ -474,17 +474,17 @@ def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite)
     matches = _owner_matches(c, page, w)
     if d.write_path == "receiver_checked":
         if not matches:
-            return replace(s, ghost=replace(s.ghost, refused_write=True))
+            return evolve(s, ghost=evolve(s.ghost, refused_write=True))
     elif d.release_fence != "none" and w.epoch != s.decode_epoch:
         # A restarted decode registered its pool again: the remote key this write was issued
         # with is revoked, so the NIC refuses it. Fencing designs rely on this after a crash.
-        return replace(s, ghost=replace(s.ghost, refused_write=True))
+        return evolve(s, ghost=evolve(s.ghost, refused_write=True))
     pages = list(s.pages)
-    pages[w.page] = replace(page, content=data)
-    s = replace(s, pages=tuple(pages))
+    pages[w.page] = evolve(page, content=data)
+    s = evolve(s, pages=tuple(pages))
     # Ghost: did the transfer land in a page owned by someone else (or by no one)?
     if page.owner != writer:
-        s = replace(s, ghost=replace(s.ghost, late_landing=True))
+        s = evolve(s, ghost=evolve(s.ghost, late_landing=True))
     return s
 
 
@@ -495,12 +495,12 @@ def _prefill_send_completion(d: Design, c: Config, s: State, a: PrefillSendCompl
     count = len(req.p_pages) if d.completion == "local" else req.p_wrote
     digest = tuple((p, r, req.p_gen) for p in written) if d.prefill_sends_digest else None
     msg = Message("completion", c.requests[r].room, req.p_gen, r, count=count, digest=digest)
-    return replace(_set_req(s, r, replace(req, p="completed")), network=_send(s.network, msg))
+    return evolve(_set_req(s, r, evolve(req, p="completed")), network=_send(s.network, msg))
 
 
 def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveCompletion) -> State:
     m = a.message
-    s = replace(s, network=_remove_one(s.network, m))
+    s = evolve(s, network=_remove_one(s.network, m))
     r = _decode_target(d, c, s, m)
     if r is None:
         return s
@@ -520,12 +520,12 @@ def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveC
         return _decode_fail(d, c, s, r, "completion failed validation", abort=False)
     own = _tag(c, r, req.d_gen)
     full = all(s.pages[p].content == own for p in req.d_pages)
-    return _set_req(s, r, replace(req, d="validated", accepted_full=full))
+    return _set_req(s, r, evolve(req, d="validated", accepted_full=full))
 
 
 def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFailure) -> State:
     m = a.message
-    s = replace(s, network=_remove_one(s.network, m))
+    s = evolve(s, network=_remove_one(s.network, m))
     req = s.requests[m.request]
     if req.d not in ("received", "admitted", "reserved"):
         return s
@@ -539,7 +539,7 @@ def _decode_generate(d: Design, c: Config, s: State, a: DecodeGenerate) -> State
     r = a.request
     req = s.requests[r]
     read = tuple(s.pages[p].content for p in req.d_pages)
-    return _set_req(s, r, replace(req, d="generated", read=read))
+    return _set_req(s, r, evolve(req, d="generated", read=read))
 
 
 def _decode_answer(d: Design, c: Config, s: State, a: DecodeAnswer) -> State:
@@ -547,12 +547,12 @@ def _decode_answer(d: Design, c: Config, s: State, a: DecodeAnswer) -> State:
     req = s.requests[r]
     ghost = s.ghost
     if req.answer is None:
-        req = replace(req, answer=Answer(ok=True, tags=req.read or ()))
+        req = evolve(req, answer=Answer(ok=True, tags=req.read or ()))
         if s.faults.crashes:
-            ghost = replace(ghost, ok_after_crash=True)
+            ghost = evolve(ghost, ok_after_crash=True)
         if s.faults.drops:
-            ghost = replace(ghost, ok_after_loss=True)
-    return replace(_set_req(s, r, replace(req, d="answered")), ghost=ghost)
+            ghost = evolve(ghost, ok_after_loss=True)
+    return evolve(_set_req(s, r, evolve(req, d="answered")), ghost=ghost)
 
 
 def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> State:
@@ -564,24 +564,24 @@ def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> St
         page = pages[p]
         if d.scrub:
             if page.content is not None:
-                ghost = replace(ghost, scrubbed_written_page=True)
-            pages[p] = replace(page, owner=None, content=None)
+                ghost = evolve(ghost, scrubbed_written_page=True)
+            pages[p] = evolve(page, owner=None, content=None)
         else:
-            pages[p] = replace(page, owner=None)
-    req = replace(req, d="released", d_pages=(), d_awaiting_ack=False)
-    return replace(_set_req(s, r, req), pages=tuple(pages), ghost=ghost)
+            pages[p] = evolve(page, owner=None)
+    req = evolve(req, d="released", d_pages=(), d_awaiting_ack=False)
+    return evolve(_set_req(s, r, req), pages=tuple(pages), ghost=ghost)
 
 
 def _prefill_receive_abort(d: Design, c: Config, s: State, a: PrefillReceiveAbort) -> State:
     m = a.message
-    s = replace(s, network=_remove_one(s.network, m))
+    s = evolve(s, network=_remove_one(s.network, m))
     req = s.requests[m.request]
     if req.p in ("received", "admitted") or (req.p == "granted" and req.p_gen == m.generation):
-        s = _set_req(s, m.request, replace(req, p="aborted"))
+        s = _set_req(s, m.request, evolve(req, p="aborted"))
     if m.generation and d.release_fence in ("drain_ack", "ack_or_timeout"):
         key = (m.room, m.generation, m.request)
         if key not in s.pending_acks:
-            s = replace(s, pending_acks=tuple(sorted((*s.pending_acks, key))))
+            s = evolve(s, pending_acks=tuple(sorted((*s.pending_acks, key))))
     return s
 
 
@@ -594,45 +594,45 @@ def _prefill_send_abort_ack(d: Design, c: Config, s: State, a: PrefillSendAbortA
             network = _send(network, Message("abort_ack", room, generation, r))
         else:
             keep.append(key)
-    return replace(s, pending_acks=tuple(keep), network=network)
+    return evolve(s, pending_acks=tuple(keep), network=network)
 
 
 def _decode_receive_abort_ack(d: Design, c: Config, s: State, a: DecodeReceiveAbortAck) -> State:
     m = a.message
-    s = replace(s, network=_remove_one(s.network, m))
+    s = evolve(s, network=_remove_one(s.network, m))
     for r, req in enumerate(s.requests):
         if req.d_awaiting_ack and c.requests[r].room == m.room and req.d_gen == m.generation:
-            s = replace(s, ghost=replace(s.ghost, drain_acked=True))
-            return _set_req(s, r, replace(req, d_awaiting_ack=False))
+            s = evolve(s, ghost=evolve(s.ghost, drain_acked=True))
+            return _set_req(s, r, evolve(req, d_awaiting_ack=False))
     return s
 
 
 def _decode_detect_prefill_restart(
     d: Design, c: Config, s: State, a: DecodeDetectPrefillRestart
 ) -> State:
-    s = replace(s, decode_sees_prefill_epoch=s.prefill_epoch)
+    s = evolve(s, decode_sees_prefill_epoch=s.prefill_epoch)
     for r, req in enumerate(s.requests):
         if req.d in ("received", "admitted", "reserved") and req.d_epoch != s.prefill_epoch:
             s = _decode_fail(d, c, s, r, "prefill restarted", abort=True)
         elif req.d_awaiting_ack:
             # The restarted prefill forgot the abort; ask again so it acks once drained.
             abort = Message("abort", c.requests[r].room, req.d_gen, r)
-            s = replace(s, network=_send(s.network, abort))
+            s = evolve(s, network=_send(s.network, abort))
     return s
 
 
 def _prefill_detect_decode_restart(
     d: Design, c: Config, s: State, a: PrefillDetectDecodeRestart
 ) -> State:
-    s = replace(s, prefill_sees_decode_epoch=s.decode_epoch)
+    s = evolve(s, prefill_sees_decode_epoch=s.decode_epoch)
     for r, req in enumerate(s.requests):
         if req.p in ("received", *PREFILL_LIVE) and req.p_epoch != s.decode_epoch:
-            s = _set_req(s, r, replace(req, p="aborted"))
+            s = _set_req(s, r, evolve(req, p="aborted"))
     return s
 
 
 def _retransmit(d: Design, c: Config, s: State, a: RetransmitMessage) -> State:
-    return replace(s, lost=_remove_one(s.lost, a.message), network=_send(s.network, a.message))
+    return evolve(s, lost=_remove_one(s.lost, a.message), network=_send(s.network, a.message))
 
 
 # Faults.
@@ -641,9 +641,9 @@ def _retransmit(d: Design, c: Config, s: State, a: RetransmitMessage) -> State:
 def _client_cancel(d: Design, c: Config, s: State, a: ClientCancelRequest) -> State:
     r = a.request
     req = s.requests[r]
-    s = replace(s, faults=replace(s.faults, cancels=s.faults.cancels + 1))
+    s = evolve(s, faults=evolve(s.faults, cancels=s.faults.cancels + 1))
     if req.p == "granted" and req.p_wrote > 0:
-        s = replace(s, ghost=replace(s.ghost, cancelled_mid_transfer=True))
+        s = evolve(s, ghost=evolve(s.ghost, cancelled_mid_transfer=True))
     if req.d in ("received", "admitted", "reserved", "validated", "generated"):
         abort = req.d in ("received", "admitted", "reserved")
         return _decode_fail(d, c, s, r, "cancelled by the client", abort=abort)
@@ -651,37 +651,37 @@ def _client_cancel(d: Design, c: Config, s: State, a: ClientCancelRequest) -> St
 
 
 def _decode_waiting_timeout(d: Design, c: Config, s: State, a: DecodeWaitingTimeout) -> State:
-    s = replace(s, faults=replace(s.faults, timeouts=s.faults.timeouts + 1))
+    s = evolve(s, faults=evolve(s.faults, timeouts=s.faults.timeouts + 1))
     return _decode_fail(d, c, s, a.request, "timed out waiting for prefill", abort=True)
 
 
 def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> State:
     r = a.request
     req = s.requests[r]
-    s = replace(s, faults=replace(s.faults, prefill_aborts=s.faults.prefill_aborts + 1))
-    new = replace(req, p="aborted")
+    s = evolve(s, faults=evolve(s.faults, prefill_aborts=s.faults.prefill_aborts + 1))
+    new = evolve(req, p="aborted")
     if d.router_honours_prefill_error:
         new = _answer_error(new, "aborted by prefill")
     s = _set_req(s, r, new)
     if d.prefill_abort_notifies_decode:
         notice = Message("failure", c.requests[r].room, req.p_gen, r, reason="aborted")
-        s = replace(s, network=_send(s.network, notice))
+        s = evolve(s, network=_send(s.network, notice))
     return s
 
 
 def _decode_release_timeout(d: Design, c: Config, s: State, a: DecodeReleaseTimeout) -> State:
-    return _set_req(s, a.request, replace(s.requests[a.request], d_awaiting_ack=False))
+    return _set_req(s, a.request, evolve(s.requests[a.request], d_awaiting_ack=False))
 
 
 def _prefill_restart(d: Design, c: Config, s: State, a: PrefillRestart) -> State:
-    reqs = tuple(q if q.p in PREFILL_TERMINAL else replace(q, p="lost") for q in s.requests)
-    return replace(
+    reqs = tuple(q if q.p in PREFILL_TERMINAL else evolve(q, p="lost") for q in s.requests)
+    return evolve(
         s,
         requests=reqs,
         prefill_epoch=s.prefill_epoch + 1,
         pending_acks=(),
         orphans=(),
-        faults=replace(s.faults, crashes=s.faults.crashes + 1),
+        faults=evolve(s.faults, crashes=s.faults.crashes + 1),
     )
 
 
@@ -693,38 +693,38 @@ def _decode_restart(d: Design, c: Config, s: State, a: DecodeRestart) -> State:
             continue
         # The router sees decode's stream break: an unanswered client gets an error.
         q = _answer_error(q, "decode restarted")
-        reqs.append(replace(q, d="lost", d_pages=(), d_awaiting_ack=False))
+        reqs.append(evolve(q, d="lost", d_pages=(), d_awaiting_ack=False))
     if d.scrub:
-        pages = tuple(replace(p, owner=None, content=None) for p in s.pages)
+        pages = tuple(evolve(p, owner=None, content=None) for p in s.pages)
     else:
-        pages = tuple(replace(p, owner=None) for p in s.pages)
-    return replace(
+        pages = tuple(evolve(p, owner=None) for p in s.pages)
+    return evolve(
         s,
         requests=tuple(reqs),
         pages=pages,
         decode_epoch=s.decode_epoch + 1,
         next_generation=s.next_generation if d.generations_persist else 1,
-        faults=replace(s.faults, crashes=s.faults.crashes + 1),
+        faults=evolve(s.faults, crashes=s.faults.crashes + 1),
     )
 
 
 def _prefill_lease_expire(d: Design, c: Config, s: State, a: PrefillLeaseExpire) -> State:
     r = a.request
     req = s.requests[r]
-    s = replace(s, faults=replace(s.faults, timeouts=s.faults.timeouts + 1))
-    s = _set_req(s, r, replace(req, p_lease_expired=True))
+    s = evolve(s, faults=evolve(s.faults, timeouts=s.faults.timeouts + 1))
+    s = _set_req(s, r, evolve(req, p_lease_expired=True))
     if d.lease_expiry_notifies_decode:
         notice = Message("failure", c.requests[r].room, req.p_gen, r, reason="lease expired")
-        s = replace(s, network=_send(s.network, notice))
+        s = evolve(s, network=_send(s.network, notice))
     return s
 
 
 def _fail_transfer(d: Design, c: Config, s: State, a: NetworkFailTransfer) -> State:
     w = a.write
-    s = replace(
+    s = evolve(
         s,
         writes=_remove_one(s.writes, w),
-        faults=replace(s.faults, drops=s.faults.drops + 1),
+        faults=evolve(s.faults, drops=s.faults.drops + 1),
     )
     if not d.transfer_failure_reported:
         return s  # decode counts the page as received
@@ -737,19 +737,19 @@ def _fail_transfer(d: Design, c: Config, s: State, a: NetworkFailTransfer) -> St
 
 def _drop(d: Design, c: Config, s: State, a: NetworkDropMessage) -> State:
     # The sender's RPC fails, so the sender knows and will retransmit.
-    return replace(
+    return evolve(
         s,
         network=_remove_one(s.network, a.message),
         lost=_send(s.lost, a.message),
-        faults=replace(s.faults, drops=s.faults.drops + 1),
+        faults=evolve(s.faults, drops=s.faults.drops + 1),
     )
 
 
 def _duplicate(d: Design, c: Config, s: State, a: NetworkDuplicateMessage) -> State:
-    return replace(
+    return evolve(
         s,
         network=_send(s.network, a.message),
-        faults=replace(s.faults, duplicates=s.faults.duplicates + 1),
+        faults=evolve(s.faults, duplicates=s.faults.duplicates + 1),
     )
 
 

@@ -1,0 +1,86 @@
+"""Explicit-state search speed and memory for growing configurations.
+
+Each configuration is explored in a fresh subprocess so that its peak resident memory (ru_maxrss)
+is its own. States per second are states / CPU seconds of that process (wall time is printed too:
+on a shared machine CPU time is the steadier figure).
+
+    python benchmarks/explore.py            # the default ladder
+    python benchmarks/explore.py --quick    # the first three rungs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+LADDER: list[tuple[str, str, list[str]]] = [
+    (
+        "1 request, 1 page, no faults",
+        "reference",
+        ["requests=a:1:1", "decode_pages=1", "max_faults=0"],
+    ),
+    (
+        "2 requests, 2 pages",
+        "reference",
+        [
+            "requests=a:1:1,b:2:2",
+            "decode_pages=2",
+            "prefill_max_prompt=1",
+            "decode_max_prompt=2",
+            "context_window=2",
+        ],
+    ),
+    ("default scenario, no faults", "reference", ["max_faults=0"]),
+    ("default scenario (incident variant)", "incident", []),
+    ("default scenario", "reference", []),
+    ("default scenario, 4 pages", "reference", ["decode_pages=4"]),
+    ("default scenario, 2 in flight", "reference", ["max_active=2"]),
+]
+
+CHILD = r"""
+import json, resource, sys, time
+from model_checker.explore import explore
+from spec import Config, get_variant, parse_set
+variant, sets = sys.argv[1], sys.argv[2:]
+config = parse_set(Config(), sets)
+wall, cpu = time.perf_counter(), time.process_time()
+result = explore(get_variant(variant), config)
+cpu = time.process_time() - cpu
+wall = time.perf_counter() - wall
+print(json.dumps({
+    "states": result.states, "transitions": result.extra["transitions"],
+    "cpu": cpu, "wall": wall, "verdict": result.verdict,
+    "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+}))
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only the first three rungs")
+    args = parser.parse_args()
+    ladder = LADDER[:3] if args.quick else LADDER
+    print(
+        f"{'configuration':40s} {'variant':9s} {'states':>9s} {'trans.':>9s} "
+        f"{'cpu s':>7s} {'wall s':>7s} {'states/s':>9s} {'peak MiB':>9s}  verdict"
+    )
+    for label, variant, sets in ladder:
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, variant, *sets],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(out.stdout)
+        rate = r["states"] / r["cpu"] if r["cpu"] > 0 else float("nan")
+        print(
+            f"{label:40s} {variant:9s} {r['states']:9,d} {r['transitions']:9,d} "
+            f"{r['cpu']:7.2f} {r['wall']:7.2f} {rate:9,.0f} {r['peak_mib']:9.0f}  {r['verdict']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
