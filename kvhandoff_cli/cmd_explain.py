@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from kvhandoff_cli.main import EXIT_OK, UsageError
-from model_checker.explain import FORMATS, Story, build_story, render
+from model_checker.explain import FORMATS, Story, build_story, render, same_requests_under
 from model_checker.variant_loader import VariantLoadError, load_variant
-from spec.trace import TraceError, load_trace
+from spec.trace import Trace, TraceError, load_trace
 
 
 def register(sub: Any) -> None:
@@ -34,6 +34,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--variant",
         help="replay under this variant (catalogue name or .py file) instead of the header's",
+    )
+    p.add_argument(
+        "--against",
+        metavar="VARIANT",
+        help=(
+            "instead, explain the shortest fault-free run of VARIANT that sends the trace's "
+            "requests in the same order and ends them all (e.g. --against reference: the fix)"
+        ),
     )
     p.set_defaults(func=run_explain)
 
@@ -80,5 +88,15 @@ def load_story(path: str, variant_name: str | None = None) -> Story:
 
 def run_explain(args: argparse.Namespace) -> int:
     story = load_story(args.trace, args.variant)
+    if args.against:
+        try:
+            other = load_variant(args.against)
+        except VariantLoadError as exc:
+            raise UsageError(f"--against: {exc}") from exc
+        trace = Trace(story.config, tuple(s.action for s in story.steps))
+        try:
+            story = build_story(other, same_requests_under(other, trace))
+        except ValueError as exc:
+            raise UsageError(f"--against {args.against}: {exc}") from exc
     print(render(story, args.format), end="")
     return EXIT_OK

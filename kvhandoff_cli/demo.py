@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from model_checker.engines import ENGINES, EngineOptions
-from model_checker.explain import Story, build_story, to_markdown, to_mermaid
+from model_checker.explain import (
+    Story,
+    build_story,
+    same_requests_under,
+    to_markdown,
+    to_mermaid,
+)
 from model_checker.explore import explore
 from model_checker.result import CheckResult
 from spec.actions import RouterSubmitRequest, action_name
@@ -84,6 +90,7 @@ class Counterexample:
     trace_text: str  # the fault-free counterexample for no_cross_tenant_read
     story: Story
     fault_free_result: CheckResult
+    fix: Story  # the same requests under the reference protocol
 
 
 def find_incident_counterexample(config: Config) -> Counterexample:
@@ -95,8 +102,10 @@ def find_incident_counterexample(config: Config) -> Counterexample:
     if prop.trace is None:
         raise RuntimeError("the incident variant no longer breaks no_cross_tenant_read")
     text = fault_free.trace_text(prop)
-    story = build_story(incident, load_trace(text))
-    return Counterexample(default_result, text, story, fault_free)
+    trace = load_trace(text)
+    story = build_story(incident, trace)
+    fix = build_story(REFERENCE, same_requests_under(REFERENCE, trace))
+    return Counterexample(default_result, text, story, fault_free, fix)
 
 
 # --- Stage 3: replay on the real servers --------------------------------------------------------
@@ -627,6 +636,23 @@ def write_report(run: DemoRun) -> Path:
             "",
         ]
         md.append(to_markdown(cx.story, title="Counterexample", level=3))
+        md += [
+            "### The fix: the same requests under the reference protocol",
+            "",
+            "The shortest fault-free run of the reference protocol that sends the same requests "
+            "in the same order and ends them all: prefill rejects tenant b's prompt and says so, "
+            "decode frees what it held, the client gets an error, and released pages are zeroed.",
+            "",
+        ]
+        md.append(to_markdown(cx.fix, title="Reference protocol, same requests", level=4))
+        (out / "traces" / "reference-same-requests.jsonl").write_text(
+            dump_trace(
+                cx.fix.config,
+                [s.action for s in cx.fix.steps],
+                kind="scenario",
+                variant="reference",
+            )
+        )
         md += ["### The incident variant on the default configuration (faults allowed)", ""]
         rows: list[list[Any]] = [
             [

@@ -106,6 +106,39 @@ def build_story(variant: Variant, trace: Trace) -> Story:
     )
 
 
+def same_requests_under(variant: Variant, trace: Trace) -> Trace:
+    """The shortest fault-free run of `variant` in which the requests `trace` submits are sent,
+    in the same order, and each ends (answered or refused, its pages returned).
+
+    This is how the same clients fare under another protocol, e.g. the incident's requests
+    under the reference protocol.
+    """
+    from dataclasses import replace
+
+    from model_checker.explore import build_graph
+    from spec.state import request_done
+
+    submitted = [a.request for a in trace.actions if isinstance(a, RouterSubmitRequest)]
+    config = replace(trace.config, max_faults=0)
+    graph, _, _ = build_graph(variant, config)
+    for i, state in enumerate(graph.states):
+        sent = [r for r, q in enumerate(state.requests) if q.submitted]
+        if sorted(sent) == sorted(submitted) and all(
+            request_done(config, state, r) for r in submitted
+        ):
+            actions = graph.path_to(i)
+            order = [a.request for a in actions if isinstance(a, RouterSubmitRequest)]
+            if order == submitted:
+                header = {
+                    "kvhandoff_trace": 1,
+                    "kind": "scenario",
+                    "variant": variant.name,
+                    "engine": "explore",
+                }
+                return Trace(config, actions, header)
+    raise ValueError(f"variant {variant.name} has no fault-free run that ends requests {submitted}")
+
+
 # --- Words --------------------------------------------------------------------------------------
 
 

@@ -81,7 +81,7 @@ def test_the_report_holds_the_chart_obligations_figures_and_traces(demo: DemoRun
                     "## Proof obligations: the reference protocol",
                     "## Figures measured", "## The counterexample trace (JSON Lines)"):  # fmt: skip
         assert heading in md
-    assert md.count("```mermaid\nsequenceDiagram\n") == 1
+    assert md.count("```mermaid\nsequenceDiagram\n") == 2  # the leak, and the fix
     assert (demo.out / "charts" / "incident.mmd").read_text().startswith("sequenceDiagram\n")
     assert "| `no_cross_tenant_read` | nothing a request's answer" in md
     trace = demo.out / "traces" / "incident-no_cross_tenant_read.jsonl"

@@ -139,3 +139,18 @@ def test_a_user_variant_is_named_with_variant(tmp_path: Path, incident_trace: st
     assert code == 2 and "pass --variant PATH.py" in out
     code, out = run("explain", str(path), "--variant", "incident")
     assert code == 0 and "verdict: no_cross_tenant_read VIOLATED at step 24" in out
+
+
+def test_against_explains_the_same_requests_under_another_variant(
+    tmp_path: Path, incident_trace: str
+) -> None:
+    trace = tmp_path / "incident.jsonl"
+    trace.write_text(incident_trace)
+    code, out = run("explain", str(trace), "--against", "reference")
+    assert code == 0, out
+    assert out.startswith("trace: scenario of variant reference, 17 steps")
+    assert "req 1: prefill received -> rejected" in out
+    assert "page 1: freed (zeroed)" in out
+    assert out.endswith("verdict: no property violated in 17 steps\n")
+    code, out = run("explain", str(trace), "--against", "nope")
+    assert code == 2 and "--against: unknown variant 'nope'" in out
