@@ -477,7 +477,7 @@ def _step_mermaid(story: Story, s: Step, active: set[int]) -> list[str]:
     for i, (x_page, y_page) in enumerate(zip(s.before.pages, s.after.pages, strict=True)):
         if x_page.owner != y_page.owner and x_page.owner is not None and i in active:
             if y_page.content is None:
-                note = "released, empty"
+                note = "released, zeroed" if x_page.content is not None else "released, empty"
             else:
                 note = f"released, NOT zeroed: still {tag_text(y_page.content)}"
             freed.setdefault(note, []).append(i)

@@ -120,6 +120,7 @@ class RenderResult:
     results: list[str]  # "OK" or "ERROR <mermaid's message>", one per chart
     screenshot: Path
     page: Path
+    dom: str  # the rendered page, as Chromium dumped it
 
     @property
     def errors(self) -> list[str]:
@@ -151,7 +152,7 @@ def render(charts: list[str], out_dir: Path, name: str = "charts") -> RenderResu
         found = status.group(1) if status else dom.stdout[-500:] + dom.stderr[-1500:]
         raise AssertionError(f"the page did not finish rendering: {found}")
     results: list[str] = json.loads(html.unescape(match.group(1)))
-    return RenderResult(results, screenshot, page)
+    return RenderResult(results, screenshot, page, dom.stdout)
 
 
 if __name__ == "__main__":
