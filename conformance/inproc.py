@@ -245,13 +245,15 @@ class InProcTarget(Target):
             # Writes already on the wire may still land; the stream itself is gone.
             self.pending = [p for p in self.pending if not (p.kind == "stream_close" and (p.rid, p.generation) == key)]
         held = [p for p in self.pending if p.kind == "prefill_submit"]
-        self.pending = [p for p in self.pending if p.kind not in ("prefill_submit",)]
-        # The router's calls to the old prefill break.
-        for p in held:
-            self._to_router(rc.PrefillFinished(p.rid, Status.UNAVAILABLE, "prefill restarted"))
-        for rid in self.router.active_requests():
-            if rid not in {p.rid for p in held}:
-                self._to_router(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted"))
+        self.pending = [p for p in self.pending if p.kind != "prefill_submit"]
+        # Decode's health probe sees the new epoch first (the spec's decode detects the restart
+        # before anyone answers), then the router's calls to the old prefill break.
+        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        broken = [p.rid for p in held] + [
+            rid for rid in self.router.active_requests() if rid not in {p.rid for p in held}
+        ]
+        for rid in broken:
+            self._to_router(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted"))
 
     def restart_decode(self) -> None:
         self.decode_boot += 1
@@ -262,9 +264,10 @@ class InProcTarget(Target):
         )
         if self.behaviour.scrub_on_release:
             self.content = {p: None for p in self.content}
-        self.pending = [p for p in self.pending if p.kind not in ("generate",)]
+        held = [p.rid for p in self.pending if p.kind == "decode_submit"]
+        self.pending = [p for p in self.pending if p.kind not in ("generate", "decode_submit")]
         self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
-        for rid in active:
+        for rid in [*active, *held]:
             self._to_router(rc.DecodeFinished(rid, Status.UNAVAILABLE, "decode restarted"))
 
     # ------------------------------------------------------------------ settle

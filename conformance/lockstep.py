@@ -180,6 +180,7 @@ class Session:
         performed = drive(self.target, action)
         before = len(self.events)
         self._absorb()
+
         self.steps.append(StepRecord(action, performed, len(self.events) - before))
         return performed
 

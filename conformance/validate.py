@@ -535,6 +535,15 @@ class Validator:
                         out[t] = (*hist, a)
         return out
 
+    def take_silent(self, action: Action) -> None:
+        """Step every frontier state where `action` (an unlogged spec step) is enabled."""
+        new = {}
+        for st, hist in self.frontier.items():
+            if action in self._enabled(st):
+                new[step(self.variant, self.config, st, action)] = (*hist, action)
+        if new:
+            self.frontier = new
+
     def feed(self, ev: Event) -> bool:
         if self.failed is not None:
             return False

@@ -546,6 +546,9 @@ class PrefillCore:
                 cmds += self._fail(
                     req, Status.ABORTED, "decode aborted the request", tell_decode=False
                 )
+            elif req is None and ev.request_id not in self._finished:
+                # The abort overtook the router's submit: refuse the request when it arrives.
+                self._remember_finished(ev.request_id, "aborted")
             return [*cmds, ack, Reply(Status.OK)]
         if req.state is PrefillState.WRITING:
             if not req.stop_reason:
