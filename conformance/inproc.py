@@ -254,6 +254,10 @@ class InProcTarget(Target):
         ]
         for rid in broken:
             self._to_router(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted"))
+        # The router withdraws them from decode at once (as for a client cancel).
+        for p in [p for p in self.pending if p.kind == "cancel_decode" and p.rid in broken]:
+            self.pending.remove(p)
+            self._deliver(p)
 
     def restart_decode(self) -> None:
         self.decode_boot += 1
@@ -279,9 +283,6 @@ class InProcTarget(Target):
                 self.pending.remove(ready[0])
                 self._deliver(ready[0])
                 continue
-            if self.pending:
-                self._deliver(self.pending.pop(0))
-                continue
             if self.lost:
                 p = self.lost.pop(0)
                 self.pending.append(p)
@@ -293,8 +294,12 @@ class InProcTarget(Target):
                     self._write_send(rid)
                     sent = True
                     break
-            if not sent:
-                return
+            if sent:
+                continue
+            if self.pending:
+                self._deliver(self.pending.pop(0))
+                continue
+            return
         raise RuntimeError("the in-process target did not settle")
 
     def _can_deliver(self, p: _Pending) -> bool:
@@ -311,6 +316,13 @@ class InProcTarget(Target):
             and self.decode.used_pages == 0
             and not self.prefill.active_requests()
             and not self.router.active_requests()
+        )
+
+    def describe(self) -> str:
+        return (
+            f"decode {self.decode.active_requests()} ({self.decode.used_pages} pages used), "
+            f"prefill {self.prefill.active_requests()}, router {self.router.active_requests()}, "
+            f"pending {[(p.kind, p.rid) for p in self.pending]}"
         )
 
     def answers(self) -> dict[int, TargetAnswer]:

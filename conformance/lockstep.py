@@ -206,7 +206,8 @@ class Session:
             raise Divergence(
                 "not_quiescent",
                 "every_request_terminates",
-                "the target settled with requests in progress or decode pages held",
+                "the target settled with requests in progress or decode pages held: "
+                + self.target.describe(),
             )
         for r, ans in answers.items():
             if not ans.ok:

@@ -123,6 +123,10 @@ class Target(abc.ABC):
     def request_id(self, r: int) -> str:
         return f"r{r}"
 
+    def describe(self) -> str:
+        """What is still in progress (for reports)."""
+        return ""
+
     def close(self) -> None:
         """Stop whatever `start` started."""
 

@@ -199,6 +199,9 @@ class Matchers:
                 continue
             if outcome == "matched":
                 out.append(Match((PrefillReceiveGrant(m),), _granted(r, g)))
+            elif outcome == "parked" and req.p in PREFILL_TERMINAL:
+                # Parked for a request prefill will never see: dropped later (a stutter then).
+                out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
             elif outcome == "parked":
                 out.append(Match((PrefillReceiveGrant(m),), _parked(r, g)))
             else:
@@ -259,12 +262,10 @@ class Matchers:
         if r is None:
             return []
         code = ev["args"].get("code")
-        out = []
-        if code == "OUT_OF_RANGE":
-            out.append(Match((DecodeRejectRequest(r),)))
-        if not _decode_waiting(s, r) and s.requests[r].answer is not None:
-            out.append(Match(()))
-        return out
+        over = [Match((DecodeRejectRequest(r),))] if code == "OUT_OF_RANGE" else []
+        # Refused because prefill's notice or the router's withdrawal came first: as for
+        # decode_abort_request (a stutter if decode already failed it, else that notice).
+        return over + self.m_decode_abort_request(ev, s, r)
 
     def m_decode_reserve_pages(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
@@ -288,7 +289,14 @@ class Matchers:
                 continue
             owner = s.pages[page].owner
             spec_accepts = owner is not None and owner == (r, g)
-            if spec_accepts == accepted:
+            # Decode refusing a write for a request it already failed (not_waiting) is stricter
+            # than the spec, which lets it land in a page nobody will read before the scrub.
+            stricter = (
+                not accepted
+                and args.get("reason") == "not_waiting"
+                and s.requests[r].d == "failed"
+            )
+            if spec_accepts == accepted or stricter:
                 out.append(Match((DecodeReceiveWrite(w),)))
         return out
 
@@ -395,7 +403,10 @@ class Matchers:
         ]
 
     def m_retransmit_message(self, ev: Event, s: State, r: int | None) -> list[Match]:
-        return [Match((RetransmitMessage(m),)) for m in self._harness_messages(ev, s, r, True)]
+        out = [Match((RetransmitMessage(m),)) for m in self._harness_messages(ev, s, r, True)]
+        # The spec already received that content by another path (the router relays prefill's
+        # failure and decode's abort too): the resent copy is a duplicate, a stutter here.
+        return out or [Match(())]
 
 
 def _granted(r: int, g: int) -> Callable[[State, State], bool]:

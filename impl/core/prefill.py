@@ -359,7 +359,14 @@ class PrefillCore:
                     ),
                     Reply(Status.FAILED_PRECONDITION, f"request {ev.request_id!r} is {finished}"),
                 ]
-            if ev.room in self._parked:
+            parked = self._parked.get(ev.room)
+            if (
+                parked is not None
+                and parked.request_id == ev.request_id
+                and parked.generation == ev.generation
+            ):
+                return [Reply(Status.OK)]  # duplicate delivery of the parked grant
+            if parked is not None:
                 return [
                     Reply(Status.ALREADY_EXISTS, f"a grant for room {ev.room} is already parked")
                 ]
@@ -567,6 +574,9 @@ class PrefillCore:
     def _on_cancel(self, ev: CancelRequest) -> list[PrefillCommand]:
         req = self._requests.get(ev.request_id)
         if req is None:
+            if ev.request_id not in self._finished:
+                # The cancel overtook the router's submit: refuse the request when it arrives.
+                self._remember_finished(ev.request_id, "cancelled")
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[PrefillCommand] = [
             Log("prefill_cancel_request", {"request_id": req.request_id, "reason": ev.reason})
