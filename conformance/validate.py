@@ -362,12 +362,18 @@ class Matchers:
         pages = tuple(int(p) for p in ev["args"].get("pages", ()))
         if s.requests[r].d_pages != pages:
             return []
+        if _cancelled_while_validated(s, r):
+            # The client cancelled after validation: the impl's generation was already under
+            # way; its output is discarded (the client got the cancel error).
+            return [Match(())]
         return [Match((DecodeGenerate(r),))]
 
     def m_decode_answer(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
         if ev["args"].get("status") == "ok":
+            if _cancelled_while_validated(s, r):
+                return [Match(())]
             return [Match((DecodeAnswer(r),), lambda a, b: _answered(b, r, True))]
         return [Match(())] if s.requests[r].answer is not None else []
 
@@ -407,6 +413,17 @@ class Matchers:
         # The spec already received that content by another path (the router relays prefill's
         # failure and decode's abort too): the resent copy is a duplicate, a stutter here.
         return out or [Match(())]
+
+
+def _cancelled_while_validated(s: State, r: int) -> bool:
+    req = s.requests[r]
+    return (
+        req.d == "failed"
+        and req.read is None
+        and req.answer is not None
+        and req.answer.reason == "cancelled by the client"
+        and req.accepted_full is not None
+    )
 
 
 def _granted(r: int, g: int) -> Callable[[State, State], bool]:
