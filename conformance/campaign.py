@@ -4,7 +4,7 @@
     report.verdict            # "conforms" | "diverges"
     report.failures[0].trace_file   # the shrunk program, as a trace file (kind "failure")
 
-Each example is one program: up to `steps` spec actions, each drawn with `st.sampled_from` from
+Each example is one program: 1..`steps` spec actions (the length is drawn first), each drawn with `st.sampled_from` from
 what the spec enables in the state explaining the target so far (protocol steps first, faults last,
 so failures shrink towards short, fault-free programs). The first failure stops the campaign;
 Hypothesis shrinks it and the shrunk program is written as a trace file that `kvhandoff replay`
@@ -136,8 +136,10 @@ def run(
             counters["steps"] += 1
             return action
 
+        # The length is drawn first so that a failure shrinks to a short program.
+        length = data.draw(st.integers(min_value=1, max_value=steps))
         try:
-            run_program(target, cfg, mode, choose, steps)
+            run_program(target, cfg, mode, choose, length)
         finally:
             target.close()
 

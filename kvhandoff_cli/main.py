@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "kvhandoff_cli.cmd_check",
     "kvhandoff_cli.cmd_check_config",
     "kvhandoff_cli.cmd_serve",
+    "kvhandoff_cli.cmd_conform",
 ]
 
 
