@@ -81,6 +81,7 @@ class InProcTarget(Target):
         self.answered: dict[int, TargetAnswer] = {}
         self.tokens = 0
         self.submitted: set[int] = set()
+        self.prefill_done: set[RequestId] = set()
         # The decode health probe: decode learns prefill's epoch from it.
         self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
 
@@ -249,13 +250,18 @@ class InProcTarget(Target):
         # Decode's health probe sees the new epoch first (the spec's decode detects the restart
         # before anyone answers), then the router's calls to the old prefill break.
         self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        # Only calls still open: a request whose prefill call already returned is not affected.
         broken = [p.rid for p in held] + [
-            rid for rid in self.router.active_requests() if rid not in {p.rid for p in held}
+            rid
+            for rid in self.router.active_requests()
+            if rid not in {p.rid for p in held} and rid not in self.prefill_done
         ]
         for rid in broken:
             self._to_router(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted"))
         # The router withdraws them from decode at once (as for a client cancel).
-        for p in [p for p in self.pending if p.kind == "cancel_decode" and p.rid in broken]:
+        # (With them, any withdrawal the router already had on the way to decode: the spec's
+        # decode fails every request of the old prefill epoch when it detects the restart.)
+        for p in [p for p in self.pending if p.kind == "cancel_decode"]:
             self.pending.remove(p)
             self._deliver(p)
 
@@ -340,6 +346,7 @@ class InProcTarget(Target):
             c: Any = p.payload
             reply = self._to_prefill(pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now))
             if reply.status is not Status.OK:
+                self.prefill_done.add(c.request_id)
                 self._to_router(rc.PrefillFinished(c.request_id, reply.status, reply.message))
         elif k == "decode_submit":
             c = p.payload
@@ -505,6 +512,7 @@ class InProcTarget(Target):
                 case pc.SendAbortAck():
                     self._push("abort_ack", cmd.request_id, int(cmd.generation), cmd)
                 case pc.AnswerRequest():
+                    self.prefill_done.add(cmd.request_id)
                     self._to_router(rc.PrefillFinished(cmd.request_id, cmd.status, cmd.message))
                 case Reply():
                     reply = cmd

@@ -130,9 +130,10 @@ def _answered(s: State, r: int, ok: bool) -> bool:
 class Matchers:
     """One method per event kind; each returns the candidate explanations in a spec state."""
 
-    def __init__(self, config: Config, ids: Ids) -> None:
+    def __init__(self, config: Config, ids: Ids, scrub: bool = True) -> None:
         self.config = config
         self.ids = ids
+        self.scrub = scrub
 
     def __call__(self, ev: Event, s: State) -> list[Match]:
         method = getattr(self, "m_" + str(ev.get("event")), None)
@@ -383,6 +384,8 @@ class Matchers:
         pages = tuple(int(p) for p in ev["args"].get("pages", ()))
         if s.requests[r].d_pages != pages:
             return []
+        if bool(ev["args"].get("scrubbed", True)) != self.scrub:
+            return []  # field mapping: `scrubbed` is the design's scrub-on-release
         return [Match((DecodeReleasePages(r),))]
 
     # harness-injected faults
@@ -503,7 +506,7 @@ class Validator:
         self.variant = variant
         self.silent = tuple(silent)
         self.check_properties = check_properties
-        self.matchers = Matchers(config, ids)
+        self.matchers = Matchers(config, ids, variant.design.scrub)
         init = initial_state(config)
         # frontier: state -> one action history reaching it (for reports)
         self.frontier: dict[State, tuple[Action, ...]] = {init: ()}
