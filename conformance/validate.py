@@ -663,8 +663,11 @@ def read_log(path: Path) -> tuple[dict[str, Any], list[Event]]:
     return lines[0], lines[1:]
 
 
-def _facts(ev: Event) -> tuple[list[list[tuple[Any, ...]]], list[tuple[Any, ...]]]:
-    """(requirements as any-of groups, facts produced) of one event, for the causal merge."""
+def _facts(
+    ev: Event, sent: dict[tuple[Any, Any], list[Any]] | None = None
+) -> tuple[list[list[tuple[Any, ...]]], list[tuple[Any, ...]]]:
+    """(requirements as any-of groups, facts produced) of one event, for the causal merge.
+    `sent`: pages prefill put on each write stream so far (a completion follows their landing)."""
     a = ev.get("args", {})
     k = ev.get("event")
     rid = a.get("request_id")
@@ -689,8 +692,10 @@ def _facts(ev: Event) -> tuple[list[list[tuple[Any, ...]]], list[tuple[Any, ...]
         prod.append(("sent", rid, gen, a.get("page")))
     elif k == "decode_receive_write":
         req.append([("sent", rid, gen, a.get("page"))])
-        prod.append(("landed", rid, gen))
+        prod.append(("landed", rid, gen, a.get("page")))
     elif k == "prefill_send_completion":
+        for page in (sent or {}).get((rid, gen), []):
+            req.append([("landed", rid, gen, page)])
         prod.append(("completion", rid, gen))
     elif k == "decode_receive_completion":
         req.append([("completion", rid, gen)])
@@ -736,6 +741,7 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
     )
     pos = [0] * len(queues)
     known: set[tuple[Any, ...]] = set()
+    sent: dict[tuple[Any, Any], list[Any]] = {}
     out: list[Event] = []
     total = sum(len(q) for q in queues)
     while len(out) < total:
@@ -743,7 +749,7 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
         for i, q in enumerate(queues):
             if pos[i] >= len(q):
                 continue
-            reqs, _ = _facts(q[pos[i]])
+            reqs, _ = _facts(q[pos[i]], sent)
             if all(any(f in known for f in group) for group in reqs):
                 chosen = i
                 break
@@ -752,7 +758,10 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
         ev = queues[chosen][pos[chosen]]
         pos[chosen] += 1
         out.append(ev)
-        known.update(_facts(ev)[1])
+        known.update(_facts(ev, sent)[1])
+        if ev.get("event") == "prefill_write_page":
+            a = ev.get("args", {})
+            sent.setdefault((a.get("request_id"), a.get("generation")), []).append(a.get("page"))
     return out
 
 
