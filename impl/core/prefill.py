@@ -577,6 +577,13 @@ class PrefillCore:
             if ev.request_id not in self._finished:
                 # The cancel overtook the router's submit: refuse the request when it arrives.
                 self._remember_finished(ev.request_id, "cancelled")
+                return [
+                    Log(
+                        "prefill_cancel_request",
+                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                    ),
+                    Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
+                ]
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[PrefillCommand] = [
             Log("prefill_cancel_request", {"request_id": req.request_id, "reason": ev.reason})
