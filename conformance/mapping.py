@@ -54,14 +54,23 @@ MAPPING: tuple[Row, ...] = (
         "-",
         "router bookkeeping; no spec counterpart",
     ),
-    Row("client_cancel_request", "router", "client_cancel_request", "request_id->request"),
+    Row(
+        "client_cancel_request",
+        "router",
+        "client_cancel_request | stutter",
+        "request_id->request",
+        "a stutter once decode has answered (the router was still waiting for prefill's result)",
+    ),
     Row(
         "router_answer_client",
         "router",
         "stutter (checks the answer)",
         "status ok/error == spec answer.ok",
         "accepted only once the spec has answered the request the same way: no answer where the "
-        "spec says error, and no answer before the spec's decode_answer",
+        "spec says error, and no answer before the spec's decode_answer. Two granularity "
+        "allowances: a CANCELLED answer after a client cancel that came once decode had answered "
+        "(the router still waited for prefill; fail closed), and an error from a broken call to "
+        "a crashed prefill = decode_detect_prefill_restart observed by the router first",
     ),
     Row("prefill_restart", "prefill", "prefill_restart", "boot_epoch -> prefill_epoch"),
     Row(

@@ -76,6 +76,7 @@ class Ids:
     page_size: int
     requests: dict[str, int] = field(default_factory=dict)
     generations: dict[int, int] = field(default_factory=dict)
+    cancelled: set[int] = field(default_factory=set)
 
     def req(self, ev: Event) -> int | None:
         rid = ev["args"].get("request_id")
@@ -161,13 +162,28 @@ class Matchers:
     m_prefill_notice_failed = m_router_receive_prefill_result
 
     def m_client_cancel_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
-        return [] if r is None else [Match((ClientCancelRequest(r),))]
+        if r is None:
+            return []
+        self.ids.cancelled.add(r)
+        if s.requests[r].answer is not None:
+            # Decode already answered; the router was still waiting for prefill's result.
+            return [Match(())]
+        return [Match((ClientCancelRequest(r),))]
 
     def m_router_answer_client(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
         ok = ev["args"].get("status") == "ok"
-        return [Match((), lambda a, b: _answered(b, r, ok))] if _answered(s, r, ok) else []
+        if _answered(s, r, ok):
+            return [Match(())]
+        if not ok and ev["args"].get("code") == "CANCELLED" and r in self.ids.cancelled:
+            # The client cancelled after decode's answer: it gets the cancel (fail closed).
+            return [Match(())] if s.requests[r].answer is not None else []
+        if not ok and s.decode_sees_prefill_epoch != s.prefill_epoch:
+            # The router's call to a crashed prefill broke before decode's health check saw the
+            # restart: the restart's detection, observed by the router first.
+            return [Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False))]
+        return []
 
     # prefill
     def m_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -116,7 +117,9 @@ class PrefillServer(BaseServer):
                     reply = cmd
                 case pc.StartWrites():
                     key = (cmd.request_id, int(cmd.generation))
-                    self._writers[key] = self.spawn(self._write(cmd))
+                    task = self.spawn(self._write(cmd))
+                    self._writers[key] = task
+                    task.add_done_callback(partial(self._writer_done, cmd))
                 case pc.CancelWrites():
                     task = self._writers.get((cmd.request_id, int(cmd.generation)))
                     if task is not None:
@@ -133,6 +136,14 @@ class PrefillServer(BaseServer):
                         fut.set_result((cmd.status, cmd.message))
                     self._prompts.pop(cmd.request_id, None)
         return reply
+
+    def _writer_done(self, cmd: pc.StartWrites, task: asyncio.Task[Any]) -> None:
+        # A writer cancelled before its first step never runs `_write`'s own reporting: the
+        # stream is closed all the same, so say so (otherwise the abort is never acked).
+        key = (cmd.request_id, int(cmd.generation))
+        if self._writers.get(key) is task and task.cancelled() and not self._stopping:
+            del self._writers[key]
+            self.feed(pc.WritesFinished(cmd.request_id, cmd.generation, Status.CANCELLED, "writes cancelled"))
 
     async def _on_tick(self, now: float) -> None:
         self.feed(pc.Tick(now))
