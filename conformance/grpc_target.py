@@ -84,6 +84,7 @@ class GrpcTarget(Target):
         self.mode = mode
         self.results: dict[int, Any] = {}
         self.threads: list[threading.Thread] = []
+        self._restarted = False
         self._mark()
 
     def _files(self) -> dict[str, Path]:
@@ -127,6 +128,20 @@ class GrpcTarget(Target):
         self.cluster.crash_prefill()
         self.cluster.restart_prefill()
         self.cluster.wait_healthy()
+        self._restarted = True
+
+    def _decode_saw_prefill(self, timeout: float = 5.0) -> bool:
+        """Wait until decode's health check has seen the current prefill boot (so a later trace
+        does not inherit this one's restart detection)."""
+        cluster = self.cluster
+        epoch = cluster.prefill_server.boot_epoch
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = cluster.runtime.call(lambda: cluster.decode_server.core._prefill_epoch)
+            if seen == epoch:
+                return True
+            time.sleep(0.01)
+        return False
 
     def restart_decode(self) -> None:
         self.cluster.crash_decode()
@@ -137,6 +152,8 @@ class GrpcTarget(Target):
         for th in self.threads:
             th.join(timeout=30)
         self.cluster.wait_quiescent(timeout=10)
+        if self._restarted:
+            self._decode_saw_prefill()
 
     def quiescent(self) -> bool:
         return bool(self.cluster.quiescent())

@@ -179,6 +179,10 @@ class Matchers:
         if not ok and ev["args"].get("code") == "CANCELLED" and r in self.ids.cancelled:
             # The client cancelled after decode's answer: it gets the cancel (fail closed).
             return [Match(())] if s.requests[r].answer is not None else []
+        if not ok and s.requests[r].answer is not None and s.requests[r].d_epoch != s.prefill_epoch:
+            # The prefill that served the request crashed before the router heard its result:
+            # the router answers an error although decode answered (fail closed).
+            return [Match(())]
         if not ok and s.decode_sees_prefill_epoch != s.prefill_epoch:
             # The router's call to a crashed prefill broke before decode's health check saw the
             # restart: the restart's detection, observed by the router first.
@@ -706,6 +710,10 @@ def _facts(
         req.append([("submitted", rid)])
         if k == "prefill_reject_request":
             prod.append(("prefill_ended", rid))
+    elif k == "prefill_restart":
+        prod.append(("prefill_epoch", a.get("boot_epoch")))
+    elif k == "decode_detect_prefill_restart" and a.get("new_epoch") is not None:
+        req.append([("prefill_epoch", a.get("new_epoch"))])
     elif k == "decode_reserve_pages":
         prod.append(("granted", rid, gen))
     elif k == "prefill_receive_grant":
@@ -744,6 +752,7 @@ def _facts(
     elif k == "decode_waiting_timeout":
         prod.append(("abort", rid, gen))
     elif k == "prefill_receive_abort":
+        req.append([("abort", rid, gen), ("decode_ended", rid)])
         prod.append(("abort_received", rid, gen))
     elif k == "decode_receive_abort_ack":
         req.append([("abort_received", rid, gen)])
