@@ -78,7 +78,8 @@ MAPPING: tuple[Row, ...] = (
         "prefill",
         "prefill_admit_request",
         "request_id; pages_for(truncated_to or prompt_tokens) == the request's pages",
-        "a truncated admission (m6) matches nothing",
+        "a truncated admission (m6) matches nothing; a stutter when the spec's prefill lost the "
+        "request in a crash (the router's hand-over was in flight across the restart)",
     ),
     Row(
         "prefill_reject_request",

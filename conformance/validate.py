@@ -200,10 +200,18 @@ class Matchers:
         tokens = int(args.get("truncated_to", args.get("prompt_tokens", 0)))
         if -(-tokens // self.ids.page_size) != self.config.requests[r].pages:
             return []
+        if s.requests[r].p == "lost":
+            # The router's hand-over was still in flight when prefill crashed and reached the new
+            # prefill (the spec hands over atomically at submission): a stutter.
+            return [Match(())]
         return [Match((PrefillAdmitRequest(r),))]
 
     def m_prefill_reject_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
-        return [] if r is None else [Match((PrefillRejectRequest(r),))]
+        if r is None:
+            return []
+        if s.requests[r].p == "lost" and "tenant" in ev["args"]:
+            return [Match(())]
+        return [Match((PrefillRejectRequest(r),))]
 
     def m_prefill_receive_grant(self, ev: Event, s: State, r: int | None) -> list[Match]:
         g = self.ids.gen(ev)
