@@ -48,6 +48,7 @@ class GrpcTarget(Target):
         self._key: tuple[Any, ...] | None = None
         self.trace_no = 0
         self.config: Config | None = None
+        self.last_headers: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -85,6 +86,7 @@ class GrpcTarget(Target):
         self.results: dict[int, Any] = {}
         self.threads: list[threading.Thread] = []
         self._restarted = False
+        self._by_request: dict[int, threading.Thread] = {}
         self._mark()
 
     def _files(self) -> dict[str, Path]:
@@ -107,12 +109,23 @@ class GrpcTarget(Target):
         def call() -> None:
             with self.cluster.client() as c:
                 self.results[r] = c.generate(
-                    spec.tenant, tokens, max_tokens=8, request_id=self.request_id(r), timeout=30
+                    # As many tokens as the prompt: the copy head echoes every attended page.
+                    spec.tenant,
+                    tokens,
+                    max_tokens=min(1024, len(tokens)),
+                    request_id=self.request_id(r),
+                    timeout=30,
                 )
 
         th = threading.Thread(target=call, daemon=True)
         th.start()
         self.threads.append(th)
+        self._by_request[r] = th
+
+    def wait_answered(self, r: int) -> None:
+        th = self._by_request.get(r)
+        if th is not None:
+            th.join(timeout=30)
 
     def cancel(self, r: int) -> bool:
         if r in self.results:
@@ -181,7 +194,8 @@ class GrpcTarget(Target):
         return headers, logs
 
     def take_events(self) -> list[Event]:
-        _, events = self.headers_and_events()
+        headers, events = self.headers_and_events()
+        self.last_headers = headers
         self._mark()
         return events
 

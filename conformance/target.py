@@ -123,6 +123,10 @@ class Target(abc.ABC):
     def request_id(self, r: int) -> str:
         return f"r{r}"
 
+    def wait_answered(self, r: int) -> None:
+        """Block until request r's client has its answer (coarse targets; replay uses it to keep
+        a trace's order: a request the trace answered before the next submit is answered)."""
+
     def describe(self) -> str:
         """What is still in progress (for reports)."""
         return ""

@@ -404,7 +404,20 @@ class Matchers:
             if _cancelled_while_validated(s, r):
                 return [Match(())]
             return [Match((DecodeAnswer(r),), lambda a, b: _answered(b, r, True))]
-        return [Match(())] if s.requests[r].answer is not None else []
+        if s.requests[r].answer is not None:
+            return [Match(())]
+        out = [
+            # The grant's reply carried prefill's verdict (the notice, by another path).
+            Match((DecodeReceiveFailure(m),), lambda a, b: _answered(b, r, False))
+            for m in _msgs(s, "failure", r, None)
+        ]
+        if s.decode_sees_prefill_epoch != s.prefill_epoch:
+            # Decode saw the crashed prefill's write stream or grant call break before its
+            # health check saw the new epoch: the restart's detection, by another path.
+            out.append(
+                Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False))
+            )
+        return out
 
     def m_decode_release_pages(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
