@@ -208,7 +208,7 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "invariant_alarm",
         "decode",
-        "none (always unexplained)",
+        "none (unexplained against a safe protocol; a stutter against a variant that breaks properties on purpose)",
         "alarm",
         "decode noticed a broken invariant",
     ),

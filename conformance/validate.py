@@ -131,10 +131,13 @@ def _answered(s: State, r: int, ok: bool) -> bool:
 class Matchers:
     """One method per event kind; each returns the candidate explanations in a spec state."""
 
-    def __init__(self, config: Config, ids: Ids, scrub: bool = True) -> None:
+    def __init__(
+        self, config: Config, ids: Ids, scrub: bool = True, accept_alarms: bool = False
+    ) -> None:
         self.config = config
         self.ids = ids
         self.scrub = scrub
+        self.accept_alarms = accept_alarms
 
     def __call__(self, ev: Event, s: State) -> list[Match]:
         method = getattr(self, "m_" + str(ev.get("event")), None)
@@ -404,12 +407,17 @@ class Matchers:
             if _cancelled_while_validated(s, r):
                 return [Match(())]
             return [Match((DecodeAnswer(r),), lambda a, b: _answered(b, r, True))]
-        if s.requests[r].answer is not None:
-            return [Match(())]
+        if not _decode_waiting(s, r):
+            return [Match(())] if s.requests[r].answer is not None else []
+        # Decode fails a request it was waiting for: the grant's reply carried prefill's verdict
+        # (the failure notice, by another path, possibly after the notice itself was lost).
         out = [
-            # The grant's reply carried prefill's verdict (the notice, by another path).
             Match((DecodeReceiveFailure(m),), lambda a, b: _answered(b, r, False))
             for m in _msgs(s, "failure", r, None)
+        ]
+        out += [
+            Match((RetransmitMessage(m), DecodeReceiveFailure(m)), lambda a, b: _answered(b, r, False))
+            for m in _lost(s, "failure", r)
         ]
         if s.decode_sees_prefill_epoch != s.prefill_epoch:
             # Decode saw the crashed prefill's write stream or grant call break before its
@@ -428,6 +436,11 @@ class Matchers:
         if bool(ev["args"].get("scrubbed", True)) != self.scrub:
             return []  # field mapping: `scrubbed` is the design's scrub-on-release
         return [Match((DecodeReleasePages(r),))]
+
+    def m_invariant_alarm(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        # Decode noticed a broken invariant: never explained by a safe protocol; a stutter when
+        # validating against a variant that breaks it on purpose.
+        return [Match(())] if self.accept_alarms else []
 
     # harness-injected faults
     def _harness_messages(self, ev: Event, s: State, r: int | None, lost: bool) -> list[Message]:
@@ -547,7 +560,7 @@ class Validator:
         self.variant = variant
         self.silent = tuple(silent)
         self.check_properties = check_properties
-        self.matchers = Matchers(config, ids, variant.design.scrub)
+        self.matchers = Matchers(config, ids, variant.design.scrub, accept_alarms=bool(variant.breaks))
         init = initial_state(config)
         # frontier: state -> one action history reaching it (for reports)
         self.frontier: dict[State, tuple[Action, ...]] = {init: ()}
@@ -747,9 +760,10 @@ def _facts(
     elif k == "prefill_send_completion":
         for page in (sent or {}).get((rid, gen), []):
             req.append([("landed", rid, gen, page)])
-        prod.append(("completion", rid, gen))
+        prod.append(("completion", rid))
     elif k == "decode_receive_completion":
-        req.append([("completion", rid, gen)])
+        # Any completion of that request (a stale or forged generation is the validator's call).
+        req.append([("completion", rid)])
         prod.append(("completion_answered", rid))
     elif k == "prefill_finish_request":
         if a.get("status") == "ok":
@@ -847,6 +861,9 @@ def search_logs(
         ]
         return good or heads
 
+    def is_ready(i: int, pos: tuple[int, ...], known: frozenset[tuple[Any, ...]], sent: Sent) -> bool:
+        return all(any(f in known for f in g) for g in _facts(queues[i][pos[i]], sent)[0])
+
     # Stack frames: (pos, frontier, known, sent, candidates left to try).
     start = tuple(0 for _ in queues)
     stack: list[tuple[tuple[int, ...], Frontier, frozenset[tuple[Any, ...]], Sent, list[int]]] = [
@@ -855,6 +872,7 @@ def search_logs(
     dead: set[tuple[tuple[int, ...], frozenset[State]]] = set()
     budget = MAX_EXPANSIONS_PER_EVENT * max(1, total)
     best: tuple[int, Event | None, list[str], Frontier] = (-1, None, [], {})
+    best_rank: tuple[bool, int, bool] = (False, -1, False)
     while stack:
         pos, frontier, known, sent, todo = stack[-1]
         depth = sum(pos)
@@ -878,7 +896,11 @@ def search_logs(
         ev = queues[i][pos[i]]
         new, violated = v.advance(ev, frontier)
         if not new:
-            if depth > best[0] or (depth == best[0] and violated and not best[2]):
+            # Report the deepest failure of an event whose causes were all in place (a head
+            # tried only as a fallback fails for want of them, not on its own).
+            rank = (is_ready(i, pos, known, sent), depth, bool(violated))
+            if rank > best_rank:
+                best_rank = rank
                 best = (depth, ev, violated, frontier)
             continue
         npos = (*pos[:i], pos[i] + 1, *pos[i + 1 :])

@@ -1,0 +1,28 @@
+"""The reference implementation conforms against the real gRPC servers on loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance import campaign
+
+
+def test_reference_conforms_over_a_hundred_traces_on_real_servers(tmp_path: Path) -> None:
+    report = campaign.run("grpc", "reference", traces=100, steps=20, seed=0, out_dir=tmp_path)
+    assert report.verdict == "conforms", report.failures
+    assert report.traces == 100
+
+
+def test_incident_mode_diverges_on_real_servers(tmp_path: Path) -> None:
+    report = campaign.run("grpc", "incident", traces=20, steps=20, seed=0, out_dir=tmp_path)
+    assert report.verdict == "diverges"
+    assert Path(report.failures[0].trace_file).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_reference_conforms_over_more_traces_on_real_servers(tmp_path: Path, seed: int) -> None:
+    report = campaign.run("grpc", "reference", traces=200, steps=20, seed=seed, out_dir=tmp_path)
+    assert report.verdict == "conforms", report.failures
