@@ -111,7 +111,10 @@ def run(
     if not target.fine_grained:
         from conformance.grpc_target import run_coarse_campaign
 
-        return run_coarse_campaign(target, target_name, mode, traces, steps, seed, cfg, out)
+        coarse: CampaignReport = run_coarse_campaign(
+            target, target_name, mode, traces, steps, seed, cfg, out
+        )
+        return coarse
     program: list[Action] = []
     counters = {"traces": 0, "steps": 0}
 

@@ -244,7 +244,11 @@ class InProcTarget(Target):
         for key in list(self.writers):
             del self.writers[key]
             # Writes already on the wire may still land; the stream itself is gone.
-            self.pending = [p for p in self.pending if not (p.kind == "stream_close" and (p.rid, p.generation) == key)]
+            self.pending = [
+                p
+                for p in self.pending
+                if not (p.kind == "stream_close" and (p.rid, p.generation) == key)
+            ]
         held = [p for p in self.pending if p.kind == "prefill_submit"]
         self.pending = [p for p in self.pending if p.kind != "prefill_submit"]
         # Decode's health probe sees the new epoch first (the spec's decode detects the restart
@@ -311,8 +315,9 @@ class InProcTarget(Target):
     def _can_deliver(self, p: _Pending) -> bool:
         if p.kind != "decode_submit":
             return True
-        need = -(-p.payload.prompt_len // self.page_size)
-        over = p.payload.prompt_len > self.decode.config.max_prompt_tokens
+        prompt_len = int(p.payload.prompt_len)
+        need = -(-prompt_len // self.page_size)
+        over = prompt_len > self.decode.config.max_prompt_tokens
         return over or need <= self.decode.free_pages
 
     def quiescent(self) -> bool:
@@ -336,7 +341,9 @@ class InProcTarget(Target):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _push(self, kind: str, rid: RequestId, generation: int, payload: Any, page: int = -1) -> None:
+    def _push(
+        self, kind: str, rid: RequestId, generation: int, payload: Any, page: int = -1
+    ) -> None:
         self.mid += 1
         self.pending.append(_Pending(kind, rid, generation, page, payload, self.mid))
 
@@ -344,7 +351,9 @@ class InProcTarget(Target):
         k = p.kind
         if k == "prefill_submit":
             c: Any = p.payload
-            reply = self._to_prefill(pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now))
+            reply = self._to_prefill(
+                pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now)
+            )
             if reply.status is not Status.OK:
                 self.prefill_done.add(c.request_id)
                 self._to_router(rc.PrefillFinished(c.request_id, reply.status, reply.message))
@@ -367,10 +376,14 @@ class InProcTarget(Target):
         elif k == "grant":
             g: dc.SendGrant = p.payload
             reply = self._to_prefill(
-                pc.GrantReceived(g.request_id, g.room, g.generation, g.pages, g.token, g.prompt_len, self.now)
+                pc.GrantReceived(
+                    g.request_id, g.room, g.generation, g.pages, g.token, g.prompt_len, self.now
+                )
             )
             if reply.status is Status.OK:
-                self._to_decode(dc.GrantDelivered(g.request_id, g.generation, self.prefill_epoch, self.now))
+                self._to_decode(
+                    dc.GrantDelivered(g.request_id, g.generation, self.prefill_epoch, self.now)
+                )
             else:
                 self._to_decode(dc.GrantFailed(g.request_id, g.generation, reply.message, self.now))
         elif k == "write":
@@ -382,9 +395,13 @@ class InProcTarget(Target):
         elif k == "completion":
             sc: pc.SendCompletion = p.payload
             reply = self._to_decode(
-                dc.CompletionReceived(sc.request_id, sc.room, sc.generation, sc.token, sc.page_count, sc.digest)
+                dc.CompletionReceived(
+                    sc.request_id, sc.room, sc.generation, sc.token, sc.page_count, sc.digest
+                )
             )
-            self._to_prefill(pc.CompletionAnswered(sc.request_id, sc.generation, reply.status, reply.message))
+            self._to_prefill(
+                pc.CompletionAnswered(sc.request_id, sc.generation, reply.status, reply.message)
+            )
         elif k == "rejection":
             sr: pc.SendRejection = p.payload
             self._to_decode(dc.RejectionReceived(sr.request_id, sr.room, sr.status, sr.reason))
@@ -403,7 +420,9 @@ class InProcTarget(Target):
             n = -(-gen.prompt_len // self.page_size)
             self.reads[gen.request_id] = [self.content[pg] for pg in gen.pages[:n]]
             if gen.request_id in self.decode.active_requests():
-                self._to_decode(dc.GenerationFinished(gen.request_id, gen.generation, gen.max_tokens))
+                self._to_decode(
+                    dc.GenerationFinished(gen.request_id, gen.generation, gen.max_tokens)
+                )
 
     def _write_send(self, rid: RequestId) -> bool:
         for key, w in self.writers.items():
@@ -430,7 +449,16 @@ class InProcTarget(Target):
         start, index, digest = p.payload
         rid = start.request_id
         cmds = self.decode.handle(
-            dc.WriteReceived(rid, start.room, start.generation, start.token, PageId(p.page), index, digest, digest)
+            dc.WriteReceived(
+                rid,
+                start.room,
+                start.generation,
+                start.token,
+                PageId(p.page),
+                index,
+                digest,
+                digest,
+            )
         )
         reply = Reply(Status.OK)
         for c in cmds:
@@ -503,7 +531,9 @@ class InProcTarget(Target):
                         # The stream is cancelled: its writes not yet received are discarded.
                         self._drop_stream(key)
                         self._to_prefill(
-                            pc.WritesFinished(cmd.request_id, cmd.generation, Status.CANCELLED, "cancelled")
+                            pc.WritesFinished(
+                                cmd.request_id, cmd.generation, Status.CANCELLED, "cancelled"
+                            )
                         )
                 case pc.SendCompletion():
                     self._push("completion", cmd.request_id, int(cmd.generation), cmd)

@@ -267,9 +267,7 @@ def render_markdown() -> str:
         "|---|---|---|---|---|",
     ]
     for row in MAPPING:
-        lines.append(
-            f"| `{row.event}` | {row.server} | {row.spec} | {row.fields} | {row.note} |"
-        )
+        lines.append(f"| `{row.event}` | {row.server} | {row.spec} | {row.fields} | {row.note} |")
     lines += ["", "Unlogged spec steps (explicit stutters of the implementation):", ""]
     for name, why in UNLOGGED_SPEC_STEPS:
         lines.append(f"- `{name}`: {why}")

@@ -22,9 +22,8 @@ from typing import Any
 from conformance.lockstep import drive
 from conformance.target import Target
 from conformance.validate import Ids, Validator, search_logs
-from spec.actions import action_name, action_to_json
+from spec.actions import RouterSubmitRequest, action_name, action_to_json
 from spec.config import Config
-from spec.actions import RouterSubmitRequest
 from spec.trace import Trace, TraceError, load_trace
 from spec.trace import replay as spec_replay
 from spec.variants import REFERENCE, UnknownVariantError, Variant, get_variant
@@ -100,7 +99,9 @@ class ReplayReport:
         for p in self.problems:
             lines.append(f"problem: {p}")
         for rid, a in sorted(self.answers.items()):
-            lines.append(f"  answer {rid}: {'ok' if a['ok'] else 'error ' + a['code']} {a['message']}")
+            lines.append(
+                f"  answer {rid}: {'ok' if a['ok'] else 'error ' + a['code']} {a['message']}"
+            )
         return "\n".join(lines)
 
 
@@ -202,12 +203,20 @@ def replay_trace(
             by_server: dict[str, list[dict[str, Any]]] = {}
             for ev in events:
                 by_server.setdefault(str(ev.get("server")), []).append(ev)
-            head = [{"config": {"page_size": config.page_size, "decode_pages": config.decode_pages,
-                                "context_window": config.context_window * config.page_size,
-                                "prefill_max_prompt": config.prefill_max_prompt * config.page_size,
-                                "decode_max_prompt": config.decode_max_prompt * config.page_size}}]
-            if hasattr(target, "headers_and_logs"):
-                head = target.last_headers
+            head = [
+                {
+                    "config": {
+                        "page_size": config.page_size,
+                        "decode_pages": config.decode_pages,
+                        "context_window": config.context_window * config.page_size,
+                        "prefill_max_prompt": config.prefill_max_prompt * config.page_size,
+                        "decode_max_prompt": config.decode_max_prompt * config.page_size,
+                    }
+                }
+            ]
+            last_headers = getattr(target, "last_headers", None)
+            if last_headers:
+                head = list(last_headers)
             rep = search_logs(head, list(by_server.values()))
             if not rep.ok:
                 report.first_divergence = {
@@ -217,7 +226,7 @@ def replay_trace(
                     "violated": rep.violated,
                     "enabled_there": rep.enabled_there,
                 }
-            if predicted is not None:
+            if predicted is not None and variant is not None:
                 pred = search_logs(head, list(by_server.values()), variant)
                 for s_ in report.steps:
                     s_.as_predicted = pred.ok
@@ -261,9 +270,7 @@ def replay_trace(
     return report
 
 
-def incident_counterexample(
-    prop: str = "no_cross_tenant_read", max_faults: int = 0
-) -> Trace:
+def incident_counterexample(prop: str = "no_cross_tenant_read", max_faults: int = 0) -> Trace:
     """The model checker's shortest counterexample for `prop` on the incident variant (default:
     the fault-free cross-tenant read, which leaks on real servers too)."""
     from model_checker.engines import ENGINES, EngineOptions

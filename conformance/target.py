@@ -126,6 +126,7 @@ class Target(abc.ABC):
     def wait_answered(self, r: int) -> None:
         """Block until request r's client has its answer (coarse targets; replay uses it to keep
         a trace's order: a request the trace answered before the next submit is answered)."""
+        return None
 
     def describe(self) -> str:
         """What is still in progress (for reports)."""
@@ -133,6 +134,7 @@ class Target(abc.ABC):
 
     def close(self) -> None:
         """Stop whatever `start` started."""
+        return None
 
 
 def canary_prompt(tenant: str, r: int, tokens: int) -> list[int]:

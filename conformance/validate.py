@@ -324,9 +324,7 @@ class Matchers:
             # Decode refusing a write for a request it already failed (not_waiting) is stricter
             # than the spec, which lets it land in a page nobody will read before the scrub.
             stricter = (
-                not accepted
-                and args.get("reason") == "not_waiting"
-                and s.requests[r].d == "failed"
+                not accepted and args.get("reason") == "not_waiting" and s.requests[r].d == "failed"
             )
             if spec_accepts == accepted or stricter:
                 out.append(Match((DecodeReceiveWrite(w),)))
@@ -416,15 +414,15 @@ class Matchers:
             for m in _msgs(s, "failure", r, None)
         ]
         out += [
-            Match((RetransmitMessage(m), DecodeReceiveFailure(m)), lambda a, b: _answered(b, r, False))
+            Match(
+                (RetransmitMessage(m), DecodeReceiveFailure(m)), lambda a, b: _answered(b, r, False)
+            )
             for m in _lost(s, "failure", r)
         ]
         if s.decode_sees_prefill_epoch != s.prefill_epoch:
             # Decode saw the crashed prefill's write stream or grant call break before its
             # health check saw the new epoch: the restart's detection, by another path.
-            out.append(
-                Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False))
-            )
+            out.append(Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False)))
         return out
 
     def m_decode_release_pages(self, ev: Event, s: State, r: int | None) -> list[Match]:
@@ -496,9 +494,12 @@ def _grant_dropped(r: int) -> Callable[[State, State], bool]:
 
 
 def _unchanged_decode(r: int) -> Callable[[State, State], bool]:
-    return lambda a, b: (a.requests[r].d, a.requests[r].answer) == (
-        b.requests[r].d,
-        b.requests[r].answer,
+    return lambda a, b: (
+        (a.requests[r].d, a.requests[r].answer)
+        == (
+            b.requests[r].d,
+            b.requests[r].answer,
+        )
     )
 
 
@@ -560,7 +561,9 @@ class Validator:
         self.variant = variant
         self.silent = tuple(silent)
         self.check_properties = check_properties
-        self.matchers = Matchers(config, ids, variant.design.scrub, accept_alarms=bool(variant.breaks))
+        self.matchers = Matchers(
+            config, ids, variant.design.scrub, accept_alarms=bool(variant.breaks)
+        )
         init = initial_state(config)
         # frontier: state -> one action history reaching it (for reports)
         self.frontier: dict[State, tuple[Action, ...]] = {init: ()}
@@ -831,7 +834,7 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
     return out
 
 
-MAX_EXPANSIONS_PER_EVENT = 20
+MAX_EXPANSIONS_PER_EVENT = 200
 
 
 def search_logs(
@@ -861,7 +864,9 @@ def search_logs(
         ]
         return good or heads
 
-    def is_ready(i: int, pos: tuple[int, ...], known: frozenset[tuple[Any, ...]], sent: Sent) -> bool:
+    def is_ready(
+        i: int, pos: tuple[int, ...], known: frozenset[tuple[Any, ...]], sent: Sent
+    ) -> bool:
         return all(any(f in known for f in g) for g in _facts(queues[i][pos[i]], sent)[0])
 
     # Stack frames: (pos, frontier, known, sent, candidates left to try).
@@ -913,17 +918,20 @@ def search_logs(
             nsent = {**sent, key: [*sent.get(key, []), a.get("page")]}
         nknown = known | frozenset(_facts(ev, sent)[1])
         stack.append((npos, new, nknown, nsent, ready(npos, nknown, nsent)))
-    depth, ev, violated, frontier = best
+    depth, failed_ev, violated, frontier = best
+    ev = failed_ev or {}
     v.frontier = frontier or v.frontier
     v.count = max(0, depth)
-    rep = v._report_failure(ev or {}, violated)
+    rep = v._report_failure(ev, violated)
     rep.events = total
     if budget <= 0:
         rep.message += " (search budget exhausted)"
     return rep
 
 
-def config_from_logs(headers: Sequence[dict[str, Any]], events: Sequence[Event]) -> tuple[Config, Ids]:
+def config_from_logs(
+    headers: Sequence[dict[str, Any]], events: Sequence[Event]
+) -> tuple[Config, Ids]:
     """The spec scenario a merged log plays: requests in the router's order, limits in pages."""
     hc: dict[str, Any] = {}
     for h in headers:

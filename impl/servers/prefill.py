@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -123,12 +123,12 @@ class PrefillServer(BaseServer):
                     task.add_done_callback(partial(self._writer_done, cmd))
                 case pc.CancelWrites():
                     key = (cmd.request_id, int(cmd.generation))
-                    task = self._writers.get(key)
-                    if task is not None:
+                    writer = self._writers.get(key)
+                    if writer is not None:
                         # The stream iterator may be consumed by gRPC outside the task: stop it
                         # putting pages on the wire too.
                         self._stopped_writes.add(key)
-                        task.cancel()
+                        writer.cancel()
                 case pc.SendCompletion():
                     self.spawn(self._send_completion(cmd))
                 case pc.SendRejection():
@@ -149,7 +149,11 @@ class PrefillServer(BaseServer):
         if self._writers.get(key) is task and task.cancelled() and not self._stopping:
             del self._writers[key]
             self._stopped_writes.discard(key)
-            self.feed(pc.WritesFinished(cmd.request_id, cmd.generation, Status.CANCELLED, "writes cancelled"))
+            self.feed(
+                pc.WritesFinished(
+                    cmd.request_id, cmd.generation, Status.CANCELLED, "writes cancelled"
+                )
+            )
 
     async def _on_tick(self, now: float) -> None:
         self.feed(pc.Tick(now))

@@ -10,11 +10,23 @@ import pytest
 from kvhandoff_cli.main import main
 
 
-def test_conform_exits_0_when_the_target_conforms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_conform_exits_0_when_the_target_conforms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     junit = tmp_path / "junit.xml"
     code = main(
-        ["conform", "--traces", "50", "--seed", "3", "--json", "--junit", str(junit),
-         "--out", str(tmp_path)]
+        [
+            "conform",
+            "--traces",
+            "50",
+            "--seed",
+            "3",
+            "--json",
+            "--junit",
+            str(junit),
+            "--out",
+            str(tmp_path),
+        ]
     )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
@@ -26,7 +38,9 @@ def test_conform_exits_0_when_the_target_conforms(tmp_path: Path, capsys: pytest
 def test_conform_exits_1_with_the_shrunk_trace_and_replay_reproduces_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["conform", "--mode", "incident", "--traces", "100", "--json", "--out", str(tmp_path)])
+    code = main(
+        ["conform", "--mode", "incident", "--traces", "100", "--json", "--out", str(tmp_path)]
+    )
     assert code == 1
     failure = json.loads(capsys.readouterr().out)["failures"][0]
     assert set(failure) == {"kind", "property", "trace_file", "message"}

@@ -30,6 +30,7 @@ def live_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     )
     try:
         with cluster.client() as client:
+
             def go(i: int, n: int) -> None:
                 client.generate("ab"[i % 2], [65 + i % 2] * n, max_tokens=4, request_id=f"q{i}")
 
@@ -89,15 +90,20 @@ def test_logs_of_a_live_run_with_faults_validate(live_logs: Path) -> None:
     assert report.events > 100
 
 
-def test_a_write_after_release_is_the_first_unexplained_event(live_logs: Path, tmp_path: Path) -> None:
+def test_a_write_after_release_is_the_first_unexplained_event(
+    live_logs: Path, tmp_path: Path
+) -> None:
     logs = _copy(live_logs, tmp_path / "w")
     decode = logs["decode"]
     rid = _ok_requests(decode)[0]
     write = next(
-        e for e in decode if e.get("event") == "decode_receive_write" and e["args"]["request_id"] == rid
+        e
+        for e in decode
+        if e.get("event") == "decode_receive_write" and e["args"]["request_id"] == rid
     )
     release = next(
-        i for i, e in enumerate(decode)
+        i
+        for i, e in enumerate(decode)
         if e.get("event") == "decode_release_pages" and e["args"]["request_id"] == rid
     )
     late = {**write, "args": {**write["args"], "late": True}}
@@ -113,11 +119,13 @@ def test_a_completion_for_an_old_generation_is_rejected(live_logs: Path, tmp_pat
     decode = logs["decode"]
     first, second = _ok_requests(decode)[:2]
     old_gen = next(
-        e["args"]["generation"] for e in decode
+        e["args"]["generation"]
+        for e in decode
         if e.get("event") == "decode_reserve_pages" and e["args"]["request_id"] == first
     )
     i = next(
-        i for i, e in enumerate(decode)
+        i
+        for i, e in enumerate(decode)
         if e.get("event") == "decode_receive_completion" and e["args"]["request_id"] == second
     )
     decode[i] = {**decode[i], "args": {**decode[i]["args"], "generation": old_gen}}
@@ -131,11 +139,13 @@ def test_an_answer_before_validation_is_rejected(live_logs: Path, tmp_path: Path
     decode = logs["decode"]
     rid = _ok_requests(decode)[0]
     answer = next(
-        i for i, e in enumerate(decode)
+        i
+        for i, e in enumerate(decode)
         if e.get("event") == "decode_answer" and e["args"]["request_id"] == rid
     )
     completion = next(
-        i for i, e in enumerate(decode)
+        i
+        for i, e in enumerate(decode)
         if e.get("event") == "decode_receive_completion" and e["args"]["request_id"] == rid
     )
     line = decode.pop(answer)
@@ -145,7 +155,9 @@ def test_an_answer_before_validation_is_rejected(live_logs: Path, tmp_path: Path
     assert report.first_unexplained == line
 
 
-def test_validate_log_cli_exit_codes(live_logs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_log_cli_exit_codes(
+    live_logs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["validate-log", *map(str, sorted(live_logs.glob("*.jsonl"))), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "explained"
