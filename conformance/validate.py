@@ -511,6 +511,19 @@ def _decode_failed_or_unchanged(r: int) -> Callable[[State, State], bool]:
     return lambda a, b: b.requests[r].d == "failed" or a.requests[r].d == b.requests[r].d
 
 
+def _extend(hist: tuple[Any, ...], actions: Candidate) -> tuple[Any, ...]:
+    """Histories are linked (parent, actions) pairs: extending one is O(1), not O(length)."""
+    return (hist, actions) if actions else hist
+
+
+def _flatten(hist: tuple[Any, ...]) -> tuple[Action, ...]:
+    parts: list[Candidate] = []
+    while hist:
+        hist, actions = hist
+        parts.append(actions)
+    return tuple(a for actions in reversed(parts) for a in actions)
+
+
 MATCHED_KINDS: frozenset[str] = frozenset(
     name[2:] for name in dir(Matchers) if name.startswith("m_")
 )
@@ -569,16 +582,18 @@ class Validator:
         self.frontier: dict[State, tuple[Action, ...]] = {init: ()}
         self.count = 0
         self.failed: ValidationReport | None = None
-        self._enabled_cache: dict[State, frozenset[Action]] = {}
+        self._enabled_cache: dict[int, tuple[State, frozenset[Action]]] = {}
 
     def _enabled(self, s: State) -> frozenset[Action]:
-        got = self._enabled_cache.get(s)
-        if got is None:
+        # Keyed by identity (the entry keeps the state alive, so the id is not reused): hashing
+        # a whole state is the validator's main cost.
+        got = self._enabled_cache.get(id(s))
+        if got is None or got[0] is not s:
             if len(self._enabled_cache) > 4096:
                 self._enabled_cache.clear()
-            got = frozenset(enabled(self.variant, self.config, s))
-            self._enabled_cache[s] = got
-        return got
+            got = (s, frozenset(enabled(self.variant, self.config, s)))
+            self._enabled_cache[id(s)] = got
+        return got[1]
 
     def _apply(self, s: State, actions: Candidate) -> State | None:
         for a in actions:
@@ -603,8 +618,10 @@ class Validator:
                 after = self._apply(s, match.actions)
                 if after is None or (match.check is not None and not match.check(s, after)):
                     continue
-                if after not in new:
-                    new[after] = hist + match.actions
+                if not new:
+                    new = {after: _extend(hist, match.actions)}
+                elif after not in new:
+                    new[after] = _extend(hist, match.actions)
                 if ev.get("event") == "decode_reserve_pages":
                     self._bind(ev, s, after)
                 if len(new) >= MAX_FRONTIER:
@@ -620,7 +637,7 @@ class Validator:
                 if isinstance(a, self.silent):
                     t = step(self.variant, self.config, s, a)
                     if t not in frontier and t not in out:
-                        out[t] = (*hist, a)
+                        out[t] = _extend(hist, (a,))
         return out
 
     def take_silent(self, action: Action) -> None:
@@ -628,7 +645,7 @@ class Validator:
         new = {}
         for st, hist in self.frontier.items():
             if action in self._enabled(st):
-                new[step(self.variant, self.config, st, action)] = (*hist, action)
+                new[step(self.variant, self.config, st, action)] = _extend(hist, (action,))
         if new:
             self.frontier = new
 
@@ -648,11 +665,11 @@ class Validator:
                 break
             new = self._explain(ev, layer)
         if new and self.check_properties:
-            good = {s: h for s, h in new.items() if not check_always(self.config, s)}
-            if not good:
-                s0 = next(iter(new))
-                return {}, [p.name for p in check_always(self.config, s0)]
-            new = good
+            bad = [s for s in new if check_always(self.config, s)]
+            if len(bad) == len(new):
+                return {}, [p.name for p in check_always(self.config, bad[0])]
+            for s in bad:
+                del new[s]
         return new, []
 
     def feed(self, ev: Event) -> bool:
@@ -674,7 +691,7 @@ class Validator:
                 if a not in seen:
                     seen.add(a)
                     enabled_there.append(action_to_json(a))
-        hist = next(iter(self.frontier.values()), ())
+        hist = _flatten(next(iter(self.frontier.values()), ()))
         what = f"{ev.get('server')} #{ev.get('seq')} {ev.get('event')} {json.dumps(ev.get('args'), sort_keys=True)}"
         message = (
             f"event {self.count + 1} is unexplained: {what}"
@@ -696,7 +713,7 @@ class Validator:
         if self.failed is not None:
             self.failed.events = total if total is not None else self.count + 1
             return self.failed
-        hist = next(iter(self.frontier.values()), ())
+        hist = _flatten(next(iter(self.frontier.values()), ()))
         return ValidationReport(
             ok=True,
             events=self.count if total is None else total,
@@ -855,34 +872,52 @@ def search_logs(
     Frontier = dict[State, tuple[Action, ...]]
     Sent = dict[tuple[Any, Any], list[Any]]
 
-    def ready(pos: tuple[int, ...], known: frozenset[tuple[Any, ...]], sent: Sent) -> list[int]:
+    # Shared, undone on backtracking: facts known (with multiplicity) and pages sent per stream.
+    known: dict[tuple[Any, ...], int] = {}
+    sent: Sent = {}
+
+    def ready(pos: tuple[int, ...]) -> list[int]:
         heads = [i for i, q in enumerate(queues) if pos[i] < len(q)]
-        good = [
-            i
-            for i in heads
-            if all(any(f in known for f in g) for g in _facts(queues[i][pos[i]], sent)[0])
-        ]
+        good = [i for i in heads if is_ready(i, pos)]
         return good or heads
 
-    def is_ready(
-        i: int, pos: tuple[int, ...], known: frozenset[tuple[Any, ...]], sent: Sent
-    ) -> bool:
+    def is_ready(i: int, pos: tuple[int, ...]) -> bool:
         return all(any(f in known for f in g) for g in _facts(queues[i][pos[i]], sent)[0])
 
-    # Stack frames: (pos, frontier, known, sent, candidates left to try).
+    def apply_facts(ev: Event) -> tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]:
+        produced = _facts(ev, sent)[1]
+        for f in produced:
+            known[f] = known.get(f, 0) + 1
+        key = None
+        if ev.get("event") == "prefill_write_page":
+            a = ev.get("args", {})
+            key = (a.get("request_id"), a.get("generation"))
+            sent.setdefault(key, []).append(a.get("page"))
+        return produced, key
+
+    def undo_facts(produced: list[tuple[Any, ...]], key: tuple[Any, Any] | None) -> None:
+        for f in produced:
+            known[f] -= 1
+            if not known[f]:
+                del known[f]
+        if key is not None:
+            sent[key].pop()
+
+    # Stack frames: (pos, frontier, candidates left to try, facts this frame's event added).
     start = tuple(0 for _ in queues)
-    stack: list[tuple[tuple[int, ...], Frontier, frozenset[tuple[Any, ...]], Sent, list[int]]] = [
-        (start, dict(v.frontier), frozenset(), {}, ready(start, frozenset(), {}))
+    Frame = tuple[
+        tuple[int, ...], Frontier, list[int], tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]
     ]
+    stack: list[Frame] = [(start, dict(v.frontier), ready(start), ([], None))]
     dead: set[tuple[tuple[int, ...], frozenset[State]]] = set()
     budget = MAX_EXPANSIONS_PER_EVENT * max(1, total)
     best: tuple[int, Event | None, list[str], Frontier] = (-1, None, [], {})
     best_rank: tuple[bool, int, bool] = (False, -1, False)
     while stack:
-        pos, frontier, known, sent, todo = stack[-1]
+        pos, frontier, todo, added = stack[-1]
         depth = sum(pos)
         if depth == total:
-            hist = next(iter(frontier.values()), ())
+            hist = _flatten(next(iter(frontier.values()), ()))
             return ValidationReport(
                 ok=True,
                 events=total,
@@ -892,6 +927,7 @@ def search_logs(
             )
         if not todo or budget <= 0:
             stack.pop()
+            undo_facts(*added)
             dead.add((pos, frozenset(frontier)))
             if budget <= 0:
                 break
@@ -903,21 +939,16 @@ def search_logs(
         if not new:
             # Report the deepest failure of an event whose causes were all in place (a head
             # tried only as a fallback fails for want of them, not on its own).
-            rank = (is_ready(i, pos, known, sent), depth, bool(violated))
+            rank = (is_ready(i, pos), depth, bool(violated))
             if rank > best_rank:
                 best_rank = rank
                 best = (depth, ev, violated, frontier)
             continue
         npos = (*pos[:i], pos[i] + 1, *pos[i + 1 :])
-        if (npos, frozenset(new)) in dead:
+        if dead and (npos, frozenset(new)) in dead:
             continue
-        nsent = sent
-        if ev.get("event") == "prefill_write_page":
-            a = ev.get("args", {})
-            key = (a.get("request_id"), a.get("generation"))
-            nsent = {**sent, key: [*sent.get(key, []), a.get("page")]}
-        nknown = known | frozenset(_facts(ev, sent)[1])
-        stack.append((npos, new, nknown, nsent, ready(npos, nknown, nsent)))
+        facts = apply_facts(ev)
+        stack.append((npos, new, ready(npos), facts))
     depth, failed_ev, violated, frontier = best
     ev = failed_ev or {}
     v.frontier = frontier or v.frontier
