@@ -262,3 +262,36 @@ __all__ = ["Divergence", "Session", "StepRecord", "drive", "run_program"]
 
 def report_of(exc: Divergence) -> ValidationReport | None:
     return exc.detail if isinstance(exc.detail, ValidationReport) else None
+
+
+def machine_for(
+    target_factory: Callable[[], Target], config: Config, mode: str = "reference"
+) -> type:
+    """A Hypothesis `RuleBasedStateMachine` (DatabaseComparison style) for a target: one rule
+    that draws a spec action from what the spec enables (`st.sampled_from`, so failures shrink
+    towards protocol steps), performs it on the target and checks the target's events; the
+    teardown settles the target and runs the final checks.
+
+        TestConformance = machine_for(InProcTarget, campaign_config()).TestCase
+    """
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule
+
+    class ConformanceMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.session = Session(target_factory(), config, mode)
+
+        @rule(data=st.data())
+        def spec_step(self, data: st.DataObject) -> None:
+            options = self.session.enabled()
+            if options:
+                self.session.do(data.draw(st.sampled_from(options), label="action"))
+
+        def teardown(self) -> None:
+            try:
+                self.session.finish()
+            finally:
+                self.session.target.close()
+
+    return ConformanceMachine
