@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "kvhandoff_cli.cmd_serve",
     "kvhandoff_cli.cmd_explain",
     "kvhandoff_cli.cmd_demo",
+    "kvhandoff_cli.cmd_conform",
 ]
 
 

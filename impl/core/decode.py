@@ -312,6 +312,9 @@ class DecodeCore:
         self._released: OrderedDict[tuple[RequestId, int], _Tombstone] = OrderedDict()
         # Rejections that arrived before the router's submit (the two race on purpose).
         self._early_rejections: OrderedDict[RequestId, tuple[Status, str]] = OrderedDict()
+        # Cancels that overtook the router's submit (two separate calls): refuse the submit later.
+        self._early_cancels: OrderedDict[RequestId, str] = OrderedDict()
+        self._seen_ids: OrderedDict[RequestId, None] = OrderedDict()
         self._prefill_epoch: int | None = None
         self._prefill_dead = False
         self._heartbeat_misses = 0
@@ -378,6 +381,9 @@ class DecodeCore:
         }
         if ev.request_id in self._requests:
             return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} is already active")]
+        self._seen_ids[ev.request_id] = None
+        while len(self._seen_ids) > self.config.max_tombstones:
+            self._seen_ids.popitem(last=False)
         problem: tuple[Status, str] | None = None
         need = pages_for(ev.prompt_len, self.config.page_size) if ev.prompt_len > 0 else 0
         if ev.prompt_len < 1:
@@ -393,6 +399,9 @@ class DecodeCore:
                 Status.INVALID_ARGUMENT,
                 f"max_tokens {ev.max_tokens} must be in 1..{self.config.max_new_tokens}",
             )
+        elif ev.request_id in self._early_cancels:
+            reason = self._early_cancels.pop(ev.request_id)
+            problem = (Status.CANCELLED, f"request {ev.request_id!r} was cancelled: {reason}")
         elif ev.request_id in self._early_rejections:
             code, reason = self._early_rejections.pop(ev.request_id)
             problem = (code, f"prefill rejected request {ev.request_id!r}: {reason}")
@@ -751,6 +760,10 @@ class DecodeCore:
     def _on_cancel(self, ev: CancelRequest) -> list[DecodeCommand]:
         req = self._requests.get(ev.request_id)
         if req is None:
+            if ev.request_id not in self._seen_ids:
+                self._early_cancels[ev.request_id] = ev.reason
+                while len(self._early_cancels) > self.config.max_tombstones:
+                    self._early_cancels.popitem(last=False)
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[DecodeCommand] = [
             Log(

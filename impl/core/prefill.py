@@ -359,7 +359,14 @@ class PrefillCore:
                     ),
                     Reply(Status.FAILED_PRECONDITION, f"request {ev.request_id!r} is {finished}"),
                 ]
-            if ev.room in self._parked:
+            parked = self._parked.get(ev.room)
+            if (
+                parked is not None
+                and parked.request_id == ev.request_id
+                and parked.generation == ev.generation
+            ):
+                return [Reply(Status.OK)]  # duplicate delivery of the parked grant
+            if parked is not None:
                 return [
                     Reply(Status.ALREADY_EXISTS, f"a grant for room {ev.room} is already parked")
                 ]
@@ -546,6 +553,9 @@ class PrefillCore:
                 cmds += self._fail(
                     req, Status.ABORTED, "decode aborted the request", tell_decode=False
                 )
+            elif req is None and ev.request_id not in self._finished:
+                # The abort overtook the router's submit: refuse the request when it arrives.
+                self._remember_finished(ev.request_id, "aborted")
             return [*cmds, ack, Reply(Status.OK)]
         if req.state is PrefillState.WRITING:
             if not req.stop_reason:
@@ -564,6 +574,16 @@ class PrefillCore:
     def _on_cancel(self, ev: CancelRequest) -> list[PrefillCommand]:
         req = self._requests.get(ev.request_id)
         if req is None:
+            if ev.request_id not in self._finished:
+                # The cancel overtook the router's submit: refuse the request when it arrives.
+                self._remember_finished(ev.request_id, "cancelled")
+                return [
+                    Log(
+                        "prefill_cancel_request",
+                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                    ),
+                    Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
+                ]
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[PrefillCommand] = [
             Log("prefill_cancel_request", {"request_id": req.request_id, "reason": ev.reason})

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -92,6 +93,7 @@ class PrefillServer(BaseServer):
         # Fault injection for tests: request id -> number of write messages after which its
         # writes pause until the entry is removed (opens a reliable "mid-transfer" window).
         self.stall_after: dict[RequestId, int] = {}
+        self._stopped_writes: set[tuple[RequestId, int]] = set()
         self.digest_seconds = 0.0  # sender-side digests, for the transfer benchmark
         self.metrics.gauge("kvhandoff_parked_grants", lambda: float(self.core.parked_grants))
         self.metrics.gauge("kvhandoff_sender_digest_seconds_total", lambda: self.digest_seconds)
@@ -116,11 +118,17 @@ class PrefillServer(BaseServer):
                     reply = cmd
                 case pc.StartWrites():
                     key = (cmd.request_id, int(cmd.generation))
-                    self._writers[key] = self.spawn(self._write(cmd))
+                    task = self.spawn(self._write(cmd))
+                    self._writers[key] = task
+                    task.add_done_callback(partial(self._writer_done, cmd))
                 case pc.CancelWrites():
-                    task = self._writers.get((cmd.request_id, int(cmd.generation)))
-                    if task is not None:
-                        task.cancel()
+                    key = (cmd.request_id, int(cmd.generation))
+                    writer = self._writers.get(key)
+                    if writer is not None:
+                        # The stream iterator may be consumed by gRPC outside the task: stop it
+                        # putting pages on the wire too.
+                        self._stopped_writes.add(key)
+                        writer.cancel()
                 case pc.SendCompletion():
                     self.spawn(self._send_completion(cmd))
                 case pc.SendRejection():
@@ -133,6 +141,19 @@ class PrefillServer(BaseServer):
                         fut.set_result((cmd.status, cmd.message))
                     self._prompts.pop(cmd.request_id, None)
         return reply
+
+    def _writer_done(self, cmd: pc.StartWrites, task: asyncio.Task[Any]) -> None:
+        # A writer cancelled before its first step never runs `_write`'s own reporting: the
+        # stream is closed all the same, so say so (otherwise the abort is never acked).
+        key = (cmd.request_id, int(cmd.generation))
+        if self._writers.get(key) is task and task.cancelled() and not self._stopping:
+            del self._writers[key]
+            self._stopped_writes.discard(key)
+            self.feed(
+                pc.WritesFinished(
+                    cmd.request_id, cmd.generation, Status.CANCELLED, "writes cancelled"
+                )
+            )
 
     async def _on_tick(self, now: float) -> None:
         self.feed(pc.Tick(now))
@@ -164,6 +185,7 @@ class PrefillServer(BaseServer):
             status, message = status_of(exc)
         finally:
             self._writers.pop((rid, int(gen)), None)
+            self._stopped_writes.discard((rid, int(gen)))
         if not self._stopping:
             self.feed(pc.WritesFinished(rid, gen, status, message))
 
@@ -199,11 +221,16 @@ class PrefillServer(BaseServer):
         return batches
 
     async def _stream(self, cmd: pc.StartWrites, batches: list[_Batch]) -> AsyncIterator[bytes]:
+        key = (cmd.request_id, int(cmd.generation))
         for batch in batches:
+            if key in self._stopped_writes:
+                return
             if batch.message_id and self.settings.write_delay_s:
                 await asyncio.sleep(self.settings.write_delay_s)
             while self.stall_after.get(cmd.request_id, len(batches) + 1) <= batch.message_id:
                 await asyncio.sleep(0.01)
+            if key in self._stopped_writes:
+                return
             for i, page in enumerate(batch.pages):
                 self.feed(
                     pc.PageSent(

@@ -1,0 +1,205 @@
+"""A conformance campaign: many Hypothesis-generated lockstep programs against one target.
+
+    report = campaign.run("inproc", "reference", traces=1000, steps=20, seed=0)
+    report.verdict            # "conforms" | "diverges"
+    report.failures[0].trace_file   # the shrunk program, as a trace file (kind "failure")
+
+Each example is one program: 1..`steps` spec actions (the length is drawn first), each drawn with `st.sampled_from` from
+what the spec enables in the state explaining the target so far (protocol steps first, faults last,
+so failures shrink towards short, fault-free programs). The first failure stops the campaign;
+Hypothesis shrinks it and the shrunk program is written as a trace file that `kvhandoff replay`
+plays back deterministically.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from conformance.lockstep import Divergence, run_program
+from conformance.target import Target
+from spec.actions import Action
+from spec.config import Config, default_config
+from spec.trace import dump_trace
+
+
+class UnknownTarget(ValueError):
+    pass
+
+
+def make_target(name: str) -> Target:
+    """`inproc`, `grpc` (real servers on loopback), or `HOST:PORT` (a harness service)."""
+    if name == "inproc":
+        from conformance.inproc import InProcTarget
+
+        return InProcTarget()
+    if name == "grpc":
+        from conformance.grpc_target import GrpcTarget
+
+        return GrpcTarget()
+    if ":" in name:
+        raise UnknownTarget(
+            f"target {name!r}: the gRPC harness service is not implemented in this version; "
+            "implement conformance.target.Target in Python (docs/conformance.md)"
+        )
+    raise UnknownTarget(f"unknown target {name!r}; targets: inproc, grpc, HOST:PORT")
+
+
+def campaign_config() -> Config:
+    """The default scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
+    reused) with a budget of up to 4 faults per program."""
+    return replace(default_config(), max_faults=4)
+
+
+@dataclass
+class Failure:
+    kind: str
+    property: str
+    trace_file: str
+    message: str
+
+
+@dataclass
+class CampaignReport:
+    target: str
+    mode: str
+    traces: int
+    steps: int
+    verdict: str
+    failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+    step_count: int = 0
+    """Spec steps driven in all (for steps/s)."""
+
+    @property
+    def conforms(self) -> bool:
+        return self.verdict == "conforms"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "mode": self.mode,
+            "traces": self.traces,
+            "steps": self.steps,
+            "verdict": self.verdict,
+            "failures": [asdict(f) for f in self.failures],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def run(
+    target_name: str,
+    mode: str,
+    traces: int = 100,
+    steps: int = 20,
+    seed: int = 0,
+    config: Config | None = None,
+    out_dir: Path | None = None,
+    target: Target | None = None,
+) -> CampaignReport:
+    """Run a campaign; never raises for a divergence (it is reported)."""
+    cfg = config or campaign_config()
+    out = out_dir or Path("kvhandoff-report")
+    if target is None:
+        target = make_target(target_name)
+    if not target.fine_grained:
+        from conformance.grpc_target import run_coarse_campaign
+
+        coarse: CampaignReport = run_coarse_campaign(
+            target, target_name, mode, traces, steps, seed, cfg, out
+        )
+        return coarse
+    program: list[Action] = []
+    counters = {"traces": 0, "steps": 0}
+
+    @settings(
+        max_examples=traces,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate, Phase.shrink),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    @hypothesis_seed(seed)
+    @given(st.data())
+    def one_program(data: st.DataObject) -> None:
+        program.clear()
+        counters["traces"] += 1
+
+        def choose(options: list[Action]) -> Action:
+            action = data.draw(st.sampled_from(options))
+            program.append(action)
+            counters["steps"] += 1
+            return action
+
+        # The length is drawn first so that a failure shrinks to a short program.
+        length = data.draw(st.integers(min_value=1, max_value=steps))
+        try:
+            run_program(target, cfg, mode, choose, length)
+        finally:
+            target.close()
+
+    start = time.perf_counter()
+    failures: list[Failure] = []
+    try:
+        one_program()
+    except Divergence as exc:
+        path = save_failure(out, target_name, mode, seed, cfg, list(program), exc)
+        failures.append(Failure(exc.kind, exc.property, str(path), exc.message))
+    seconds = time.perf_counter() - start
+    return CampaignReport(
+        target=target_name,
+        mode=mode,
+        traces=counters["traces"],
+        steps=steps,
+        verdict="diverges" if failures else "conforms",
+        failures=failures,
+        seconds=seconds,
+        step_count=counters["steps"],
+    )
+
+
+def save_failure(
+    out: Path,
+    target_name: str,
+    mode: str,
+    seed: int,
+    config: Config,
+    program: list[Action],
+    exc: Divergence,
+) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    safe = target_name.replace(":", "_").replace("/", "_")
+    path = out / f"conform-{safe}-{mode}-seed{seed}.jsonl"
+    path.write_text(
+        dump_trace(
+            config,
+            program,
+            kind="failure",
+            variant="reference",
+            mode=mode,
+            target=target_name,
+            property=exc.property,
+            failure=exc.kind,
+            message=exc.message,
+        )
+    )
+    return path
+
+
+__all__ = [
+    "CampaignReport",
+    "Failure",
+    "UnknownTarget",
+    "campaign_config",
+    "make_target",
+    "run",
+    "save_failure",
+]

@@ -1,0 +1,575 @@
+"""The in-process target: the implementation's three sans-I/O cores on a deterministic fake
+network and clock, with every message addressable so the lockstep runner can deliver, drop,
+duplicate or delay each one.
+
+Granularity (documented in `conformance.mapping`): decode admits and reserves in one call; it
+generates, answers and releases in one call; a router-bound result is delivered at once (the
+router's bookkeeping is not in the spec); a client cancel reaches decode at once (the spec's
+cancel is atomic at decode) while the router's cancel to prefill is a pending `abort`. Page data
+is a ghost tag: (writer request id, tenant) of the last write that landed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from conformance.target import Event, Target, TargetAnswer
+from impl.core import decode as dc
+from impl.core import prefill as pc
+from impl.core import router as rc
+from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.modes import get_mode
+from spec.config import Config
+
+ROUTER_KINDS = ("router_result",)
+
+
+@dataclass
+class _Pending:
+    kind: str
+    rid: RequestId
+    generation: int
+    page: int
+    payload: Any
+    mid: int
+
+
+@dataclass
+class _Writer:
+    start: pc.StartWrites
+    next_index: int = 0
+    in_flight: int = 0
+
+
+class InProcTarget(Target):
+    name = "inproc"
+    fine_grained = True
+
+    def __init__(self) -> None:
+        self.config: Config | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, config: Config, mode: str) -> None:
+        b = get_mode(mode).behaviour
+        self.behaviour = b
+        self.config = config
+        ps = config.page_size
+        self.page_size = ps
+        self.now = 0.0
+        self.waiting_timeout = 30.0
+        self.router = rc.RouterCore(rc.RouterConfig(config.context_window * ps, behaviour=b))
+        self.prefill = pc.PrefillCore(
+            pc.PrefillConfig(ps, config.prefill_max_prompt * ps, 10.0, behaviour=b)
+        )
+        self.decode_boot = 1
+        self.decode = self._new_decode()
+        self.prefill_epoch = 1
+        self.pending: list[_Pending] = []
+        self.lost: list[_Pending] = []
+        self.mid = 0
+        self.seq = 0
+        self.log: list[Event] = []
+        self.taken = 0
+        self.content: dict[int, tuple[str, str] | None] = {
+            p: None for p in range(config.decode_pages)
+        }
+        self.writers: dict[tuple[RequestId, int], _Writer] = {}
+        self.reads: dict[RequestId, list[tuple[str, str] | None]] = {}
+        self.answered: dict[int, TargetAnswer] = {}
+        self.tokens = 0
+        self.submitted: set[int] = set()
+        self.prefill_done: set[RequestId] = set()
+        # The decode health probe: decode learns prefill's epoch from it.
+        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+
+    def _new_decode(self) -> dc.DecodeCore:
+        assert self.config is not None
+        c = self.config
+        return dc.DecodeCore(
+            dc.DecodeConfig(
+                c.decode_pages,
+                c.page_size,
+                c.decode_max_prompt * c.page_size,
+                waiting_timeout_s=self.waiting_timeout,
+                behaviour=self.behaviour,
+            ),
+            generation_base=self.decode_boot << 32,
+        )
+
+    def request_id(self, r: int) -> str:
+        return f"r{r}"
+
+    def _r(self, rid: str) -> int:
+        return int(rid[1:])
+
+    # ------------------------------------------------------------------ log
+
+    def _record(self, server: str, kind: str, args: dict[str, Any]) -> None:
+        self.seq += 1
+        self.log.append({"seq": self.seq, "server": server, "event": kind, "args": args})
+
+    def take_events(self) -> list[Event]:
+        out = self.log[self.taken :]
+        self.taken = len(self.log)
+        return out
+
+    # ------------------------------------------------------------------ client operations
+
+    def submit(self, r: int) -> None:
+        assert self.config is not None
+        spec = self.config.requests[r]
+        rid = RequestId(self.request_id(r))
+        self.submitted.add(r)
+        reply = self._to_router(
+            rc.ClientSubmit(
+                rid,
+                Tenant(spec.tenant),
+                Room(spec.room),
+                spec.pages * self.page_size,
+                4,
+                self.now,
+            )
+        )
+        if reply.status is not Status.OK:
+            self.answered[r] = TargetAnswer(False, reply.status.value, reply.message)
+
+    def cancel(self, r: int) -> bool:
+        rid = RequestId(self.request_id(r))
+        reply = self._to_router(rc.ClientCancel(rid))
+        if reply.status is not Status.OK:
+            return False
+        # The spec's cancel is atomic at decode: the router's abort reaches decode at once.
+        for p in list(self.pending):
+            if p.kind == "cancel_decode" and p.rid == rid:
+                self.pending.remove(p)
+                self._deliver(p)
+        return True
+
+    # ------------------------------------------------------------------ message control
+
+    def _find(self, kind: str, r: int, page: int | None = None) -> _Pending | None:
+        rid = self.request_id(r)
+        kinds = {"failure": ("rejection", "cancel_decode"), "abort": ("abort", "cancel_prefill")}
+        for k in kinds.get(kind, (kind,)):
+            for p in self.pending:
+                if p.kind == k and p.rid == rid and (page is None or p.page == page):
+                    return p
+        return None
+
+    def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
+        if kind == "heartbeat":
+            self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+            return True
+        if kind == "write_send":
+            return self._write_send(RequestId(self.request_id(r)))
+        if kind == "decode_submit":
+            p = self._find(kind, r)
+            if p is None or not self._can_deliver(p):
+                return False  # the spec's decode waits for free pages; the impl would refuse
+        p = self._find(kind, r, page)
+        if p is None:
+            return False
+        self.pending.remove(p)
+        self._deliver(p)
+        return True
+
+    def _harness(self, event: str, p: _Pending) -> None:
+        kind = {"rejection": "failure", "cancel_decode": "failure", "cancel_prefill": "abort"}
+        self._record(
+            "harness",
+            event,
+            {
+                "kind": kind.get(p.kind, p.kind),
+                "request_id": p.rid,
+                "generation": p.generation,
+            },
+        )
+
+    def drop(self, kind: str, r: int) -> bool:
+        p = self._find(kind, r)
+        if p is None:
+            return False
+        self.pending.remove(p)
+        self.lost.append(p)
+        self._harness("network_drop_message", p)
+        return True
+
+    def retransmit(self, kind: str, r: int) -> bool:
+        rid = self.request_id(r)
+        for p in self.lost:
+            k = {"rejection": "failure", "cancel_decode": "failure", "cancel_prefill": "abort"}
+            if p.rid == rid and k.get(p.kind, p.kind) == kind:
+                self.lost.remove(p)
+                self.pending.append(p)
+                self._harness("retransmit_message", p)
+                return True
+        return False
+
+    def duplicate(self, kind: str, r: int) -> bool:
+        p = self._find(kind, r)
+        if p is None:
+            return False
+        self.mid += 1
+        self.pending.append(_Pending(p.kind, p.rid, p.generation, p.page, p.payload, self.mid))
+        self._harness("network_duplicate_message", p)
+        return True
+
+    def fire_timeout(self, r: int) -> bool:
+        view = self.decode.grant_of(RequestId(self.request_id(r)))
+        if view is None or view.state != "waiting":
+            return False
+        self.now += self.waiting_timeout + 1
+        self._to_decode(dc.Tick(self.now))
+        return True
+
+    def prefill_abort(self, r: int) -> bool:
+        rid = RequestId(self.request_id(r))
+        for key, w in list(self.writers.items()):
+            if key[0] == rid and w.in_flight == 0:
+                del self.writers[key]
+                self._drop_stream(key)
+                self._to_prefill(
+                    pc.WritesFinished(rid, w.start.generation, Status.UNAVAILABLE, "injected")
+                )
+                return True
+        return False
+
+    def restart_prefill(self) -> None:
+        self.prefill = pc.PrefillCore(self.prefill.config)
+        self.prefill_epoch += 1
+        self._record("prefill", "prefill_restart", {"boot_epoch": self.prefill_epoch})
+        for key in list(self.writers):
+            del self.writers[key]
+            # Writes already on the wire may still land; the stream itself is gone.
+            self.pending = [
+                p
+                for p in self.pending
+                if not (p.kind == "stream_close" and (p.rid, p.generation) == key)
+            ]
+        held = [p for p in self.pending if p.kind == "prefill_submit"]
+        self.pending = [p for p in self.pending if p.kind != "prefill_submit"]
+        # Decode's health probe sees the new epoch first (the spec's decode detects the restart
+        # before anyone answers), then the router's calls to the old prefill break.
+        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        # Only calls still open: a request whose prefill call already returned is not affected.
+        broken = [p.rid for p in held] + [
+            rid
+            for rid in self.router.active_requests()
+            if rid not in {p.rid for p in held} and rid not in self.prefill_done
+        ]
+        for rid in broken:
+            self._to_router(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted"))
+        # The router withdraws them from decode at once (as for a client cancel).
+        # (With them, any withdrawal the router already had on the way to decode: the spec's
+        # decode fails every request of the old prefill epoch when it detects the restart.)
+        for p in [p for p in self.pending if p.kind == "cancel_decode"]:
+            self.pending.remove(p)
+            self._deliver(p)
+
+    def restart_decode(self) -> None:
+        self.decode_boot += 1
+        active = list(self.decode.active_requests())
+        self.decode = self._new_decode()
+        self._record(
+            "decode", "decode_restart", {"boot": self.decode_boot, "boot_epoch": self.decode_boot}
+        )
+        if self.behaviour.scrub_on_release:
+            self.content = {p: None for p in self.content}
+        held = [p.rid for p in self.pending if p.kind == "decode_submit"]
+        self.pending = [p for p in self.pending if p.kind not in ("generate", "decode_submit")]
+        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        for rid in [*active, *held]:
+            self._to_router(rc.DecodeFinished(rid, Status.UNAVAILABLE, "decode restarted"))
+
+    # ------------------------------------------------------------------ settle
+
+    def settle(self, max_steps: int = 10_000) -> None:
+        for _ in range(max_steps):
+            ready = [p for p in self.pending if self._can_deliver(p)]
+            if ready:
+                self.pending.remove(ready[0])
+                self._deliver(ready[0])
+                continue
+            if self.lost:
+                p = self.lost.pop(0)
+                self.pending.append(p)
+                self._harness("retransmit_message", p)
+                continue
+            sent = False
+            for (rid, _g), w in list(self.writers.items()):
+                if w.next_index < len(w.start.pages):
+                    self._write_send(rid)
+                    sent = True
+                    break
+            if sent:
+                continue
+            if self.pending:
+                self._deliver(self.pending.pop(0))
+                continue
+            return
+        raise RuntimeError("the in-process target did not settle")
+
+    def _can_deliver(self, p: _Pending) -> bool:
+        if p.kind != "decode_submit":
+            return True
+        prompt_len = int(p.payload.prompt_len)
+        need = -(-prompt_len // self.page_size)
+        over = prompt_len > self.decode.config.max_prompt_tokens
+        return over or need <= self.decode.free_pages
+
+    def quiescent(self) -> bool:
+        return (
+            not self.pending
+            and not self.decode.active_requests()
+            and self.decode.used_pages == 0
+            and not self.prefill.active_requests()
+            and not self.router.active_requests()
+        )
+
+    def describe(self) -> str:
+        return (
+            f"decode {self.decode.active_requests()} ({self.decode.used_pages} pages used), "
+            f"prefill {self.prefill.active_requests()}, router {self.router.active_requests()}, "
+            f"pending {[(p.kind, p.rid) for p in self.pending]}"
+        )
+
+    def answers(self) -> dict[int, TargetAnswer]:
+        return dict(self.answered)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _push(
+        self, kind: str, rid: RequestId, generation: int, payload: Any, page: int = -1
+    ) -> None:
+        self.mid += 1
+        self.pending.append(_Pending(kind, rid, generation, page, payload, self.mid))
+
+    def _deliver(self, p: _Pending) -> None:
+        k = p.kind
+        if k == "prefill_submit":
+            c: Any = p.payload
+            reply = self._to_prefill(
+                pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now)
+            )
+            if reply.status is not Status.OK:
+                self.prefill_done.add(c.request_id)
+                self._to_router(rc.PrefillFinished(c.request_id, reply.status, reply.message))
+        elif k == "decode_submit":
+            c = p.payload
+            self.tokens += 1
+            reply = self._to_decode(
+                dc.SubmitRequest(
+                    c.request_id,
+                    c.tenant,
+                    c.room,
+                    c.prompt_len,
+                    c.max_tokens,
+                    self.tokens.to_bytes(16, "big"),
+                    self.now,
+                )
+            )
+            if reply.status is not Status.OK:
+                self._to_router(rc.DecodeFinished(c.request_id, reply.status, reply.message))
+        elif k == "grant":
+            g: dc.SendGrant = p.payload
+            reply = self._to_prefill(
+                pc.GrantReceived(
+                    g.request_id, g.room, g.generation, g.pages, g.token, g.prompt_len, self.now
+                )
+            )
+            if reply.status is Status.OK:
+                self._to_decode(
+                    dc.GrantDelivered(g.request_id, g.generation, self.prefill_epoch, self.now)
+                )
+            else:
+                self._to_decode(dc.GrantFailed(g.request_id, g.generation, reply.message, self.now))
+        elif k == "write":
+            self._land(p)
+        elif k == "stream_close":
+            key = (p.rid, p.generation)
+            if self.writers.pop(key, None) is not None:
+                self._to_prefill(pc.WritesFinished(p.rid, Generation(p.generation), Status.OK))
+        elif k == "completion":
+            sc: pc.SendCompletion = p.payload
+            reply = self._to_decode(
+                dc.CompletionReceived(
+                    sc.request_id, sc.room, sc.generation, sc.token, sc.page_count, sc.digest
+                )
+            )
+            self._to_prefill(
+                pc.CompletionAnswered(sc.request_id, sc.generation, reply.status, reply.message)
+            )
+        elif k == "rejection":
+            sr: pc.SendRejection = p.payload
+            self._to_decode(dc.RejectionReceived(sr.request_id, sr.room, sr.status, sr.reason))
+        elif k == "cancel_decode":
+            self._to_decode(dc.CancelRequest(p.rid, p.payload, self.now))
+        elif k == "cancel_prefill":
+            self._to_prefill(pc.CancelRequest(p.rid, p.payload))
+        elif k == "abort":
+            sa: dc.SendAbort = p.payload
+            self._to_prefill(pc.AbortReceived(sa.request_id, sa.room, sa.generation))
+        elif k == "abort_ack":
+            ack: pc.SendAbortAck = p.payload
+            self._to_decode(dc.AbortAckReceived(ack.request_id, ack.room, ack.generation))
+        elif k == "generate":
+            gen: dc.Generate = p.payload
+            n = -(-gen.prompt_len // self.page_size)
+            self.reads[gen.request_id] = [self.content[pg] for pg in gen.pages[:n]]
+            if gen.request_id in self.decode.active_requests():
+                self._to_decode(
+                    dc.GenerationFinished(gen.request_id, gen.generation, gen.max_tokens)
+                )
+
+    def _write_send(self, rid: RequestId) -> bool:
+        for key, w in self.writers.items():
+            if key[0] != rid or w.next_index >= len(w.start.pages):
+                continue
+            index = w.next_index
+            page = w.start.pages[index]
+            w.next_index += 1
+            w.in_flight += 1
+            digest = hashlib.sha256(f"{rid}/{key[1]}/{index}".encode()).digest()[:8]
+            self._to_prefill(pc.PageSent(rid, w.start.generation, page, index, digest, index))
+            self._push("write", rid, key[1], (w.start, index, digest), page=int(page))
+            return True
+        return False
+
+    def _drop_stream(self, key: tuple[RequestId, int]) -> None:
+        self.pending = [
+            p
+            for p in self.pending
+            if not (p.kind in ("write", "stream_close") and (p.rid, p.generation) == key)
+        ]
+
+    def _land(self, p: _Pending) -> None:
+        start, index, digest = p.payload
+        rid = start.request_id
+        cmds = self.decode.handle(
+            dc.WriteReceived(
+                rid,
+                start.room,
+                start.generation,
+                start.token,
+                PageId(p.page),
+                index,
+                digest,
+                digest,
+            )
+        )
+        reply = Reply(Status.OK)
+        for c in cmds:
+            if isinstance(c, Log):
+                self._record("decode", c.kind, dict(c.args))
+            elif isinstance(c, dc.StorePage):
+                assert self.config is not None
+                tenant = self.config.requests[self._r(rid)].tenant
+                self.content[int(c.page_id)] = (rid, tenant)
+            elif isinstance(c, Reply):
+                reply = c
+        key = (rid, p.generation)
+        w = self.writers.get(key)
+        if w is None:
+            return
+        w.in_flight -= 1
+        if reply.status is not Status.OK:
+            del self.writers[key]
+            self._drop_stream(key)
+            self._to_prefill(pc.WritesFinished(rid, start.generation, reply.status, reply.message))
+            return
+        if w.next_index >= len(w.start.pages) and w.in_flight == 0:
+            self._push("stream_close", rid, p.generation, None)
+
+    def _to_router(self, event: rc.RouterEvent) -> Reply:
+        cmds = self.router.handle(event)
+        reply = Reply(Status.OK)
+        for cmd in cmds:
+            match cmd:
+                case Log():
+                    self._record("router", cmd.kind, dict(cmd.args))
+                case rc.ForwardToPrefill():
+                    self._push("prefill_submit", cmd.request_id, 0, cmd)
+                case rc.ForwardToDecode():
+                    self._push("decode_submit", cmd.request_id, 0, cmd)
+                case rc.CancelAtPrefill():
+                    self._push("cancel_prefill", cmd.request_id, 0, cmd.reason)
+                case rc.AbortAtDecode():
+                    self._push("cancel_decode", cmd.request_id, 0, cmd.reason)
+                case rc.AnswerClient():
+                    r = self._r(cmd.request_id)
+                    read = [c[1] if c else None for c in self.reads.get(cmd.request_id, [])]
+                    ans = TargetAnswer(cmd.status is Status.OK, cmd.status.value, cmd.message)
+                    if ans.ok:
+                        ans.read = read
+                        assert self.config is not None
+                        own = self.config.requests[r].tenant
+                        for c in self.reads.get(cmd.request_id, []):
+                            if c is not None and c[1] != own:
+                                ans.foreign.append(c)
+                    self.answered[r] = ans
+                case Reply():
+                    reply = cmd
+        return reply
+
+    def _to_prefill(self, event: pc.PrefillEvent) -> Reply:
+        cmds = self.prefill.handle(event)
+        reply = Reply(Status.OK)
+        for cmd in cmds:
+            match cmd:
+                case Log():
+                    self._record("prefill", cmd.kind, dict(cmd.args))
+                case pc.StartWrites():
+                    self.writers[(cmd.request_id, int(cmd.generation))] = _Writer(cmd)
+                    if not cmd.pages:
+                        self._push("stream_close", cmd.request_id, int(cmd.generation), None)
+                case pc.CancelWrites():
+                    key = (cmd.request_id, int(cmd.generation))
+                    if self.writers.pop(key, None) is not None:
+                        # The stream is cancelled: its writes not yet received are discarded.
+                        self._drop_stream(key)
+                        self._to_prefill(
+                            pc.WritesFinished(
+                                cmd.request_id, cmd.generation, Status.CANCELLED, "cancelled"
+                            )
+                        )
+                case pc.SendCompletion():
+                    self._push("completion", cmd.request_id, int(cmd.generation), cmd)
+                case pc.SendRejection():
+                    self._push("rejection", cmd.request_id, 0, cmd)
+                case pc.SendAbortAck():
+                    self._push("abort_ack", cmd.request_id, int(cmd.generation), cmd)
+                case pc.AnswerRequest():
+                    self.prefill_done.add(cmd.request_id)
+                    self._to_router(rc.PrefillFinished(cmd.request_id, cmd.status, cmd.message))
+                case Reply():
+                    reply = cmd
+        return reply
+
+    def _to_decode(self, event: dc.DecodeEvent) -> Reply:
+        cmds = self.decode.handle(event)
+        reply = Reply(Status.OK)
+        for cmd in cmds:
+            match cmd:
+                case Log():
+                    self._record("decode", cmd.kind, dict(cmd.args))
+                case dc.SendGrant():
+                    self._push("grant", cmd.request_id, int(cmd.generation), cmd)
+                case dc.SendAbort():
+                    self._push("abort", cmd.request_id, int(cmd.generation), cmd)
+                case dc.ReleasePages():
+                    if cmd.scrub:
+                        for pg in cmd.pages:
+                            self.content[int(pg)] = None
+                case dc.Generate():
+                    self._push("generate", cmd.request_id, int(cmd.generation), cmd)
+                case dc.AnswerRequest():
+                    self._to_router(rc.DecodeFinished(cmd.request_id, cmd.status, cmd.message))
+                case Reply():
+                    reply = cmd
+        return reply
+
+
+__all__ = ["InProcTarget"]

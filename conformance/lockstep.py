@@ -1,0 +1,297 @@
+"""Lockstep: the spec chooses each step, the target performs it, the spec judges what happened.
+
+One step: take the spec state that explains the target's events so far, pick one of the actions
+the spec's own `enabled` offers there (protocol steps first, faults last, so Hypothesis shrinks
+towards fault-free programs), perform it on the target (`drive`), and feed the events the target
+logged to the validator, which must explain them by enabled spec steps whose states satisfy every
+`always` property. After the program the target settles (no new faults) and the final checks run:
+every request answered, the answers agree with the spec (ok/error, and the data they were generated
+from), no canary of another tenant in any answer, and the target quiescent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.target import Target
+from conformance.validate import Ids, ValidationReport, Validator
+from spec.actions import (
+    Action,
+    ClientCancelRequest,
+    DecodeAdmitRequest,
+    DecodeAnswer,
+    DecodeDetectPrefillRestart,
+    DecodeGenerate,
+    DecodeReceiveAbortAck,
+    DecodeReceiveCompletion,
+    DecodeReceiveFailure,
+    DecodeReceiveWrite,
+    DecodeRejectRequest,
+    DecodeReleasePages,
+    DecodeReservePages,
+    DecodeRestart,
+    DecodeWaitingTimeout,
+    NetworkDropMessage,
+    NetworkDuplicateMessage,
+    PrefillAbortRequest,
+    PrefillAdmitRequest,
+    PrefillReceiveAbort,
+    PrefillReceiveGrant,
+    PrefillRejectRequest,
+    PrefillRestart,
+    PrefillSendCompletion,
+    PrefillWritePage,
+    RetransmitMessage,
+    RouterSubmitRequest,
+    action_name,
+)
+from spec.config import Config
+from spec.machine import enabled
+from spec.state import State
+from spec.variants import REFERENCE, Variant
+
+
+class Divergence(AssertionError):
+    """The target did something the spec cannot explain, or broke a property."""
+
+    def __init__(self, kind: str, prop: str, message: str, detail: Any = None) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.property = prop
+        self.message = message
+        self.detail = detail
+
+
+def drive(target: Target, action: Action) -> bool:
+    """Perform a spec action on the target; False when the target has no counterpart now."""
+    a: Any = action
+    match action:
+        case RouterSubmitRequest():
+            target.submit(a.request)
+            return True
+        case PrefillAdmitRequest() | PrefillRejectRequest():
+            return target.deliver("prefill_submit", a.request)
+        case DecodeAdmitRequest() | DecodeRejectRequest() | DecodeReservePages():
+            return target.deliver("decode_submit", a.request)
+        case PrefillReceiveGrant():
+            return target.deliver("grant", a.message.request)
+        case PrefillWritePage():
+            return target.deliver("write_send", a.request)
+        case DecodeReceiveWrite():
+            return target.deliver("write", a.write.data.request, a.write.page)
+        case PrefillSendCompletion():
+            return target.deliver("stream_close", a.request)
+        case DecodeReceiveCompletion():
+            return target.deliver("completion", a.message.request)
+        case DecodeReceiveFailure():
+            return target.deliver("failure", a.message.request)
+        case DecodeGenerate():
+            return target.deliver("generate", a.request)
+        case DecodeAnswer() | DecodeReleasePages():
+            return True  # done by the implementation together with decode_generate
+        case PrefillReceiveAbort():
+            return target.deliver("abort", a.message.request)
+        case DecodeReceiveAbortAck():
+            return target.deliver("abort_ack", a.message.request)
+        case DecodeDetectPrefillRestart():
+            return target.deliver("heartbeat", 0)
+        case RetransmitMessage():
+            return target.retransmit(a.message.kind, a.message.request)
+        case ClientCancelRequest():
+            return target.cancel(a.request)
+        case DecodeWaitingTimeout():
+            return target.fire_timeout(a.request)
+        case PrefillAbortRequest():
+            return target.prefill_abort(a.request)
+        case PrefillRestart():
+            target.restart_prefill()
+            return True
+        case DecodeRestart():
+            target.restart_decode()
+            return True
+        case NetworkDropMessage():
+            return target.drop(a.message.kind, a.message.request)
+        case NetworkDuplicateMessage():
+            return target.duplicate(a.message.kind, a.message.request)
+    return False
+
+
+@dataclass
+class StepRecord:
+    action: Action
+    performed: bool
+    events: int
+
+
+@dataclass
+class Session:
+    """One lockstep run of a target against the spec."""
+
+    target: Target
+    config: Config
+    mode: str
+    variant: Variant = REFERENCE
+    steps: list[StepRecord] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.target.start(self.config, self.mode)
+        ids = Ids(self.config.page_size)
+        for r in range(len(self.config.requests)):
+            ids.requests[self.target.request_id(r)] = r
+        self.validator = Validator(self.config, ids, self.variant)
+        self._absorb()
+
+    @property
+    def state(self) -> State:
+        return next(iter(self.validator.frontier))
+
+    def enabled(self) -> list[Action]:
+        return enabled(self.variant, self.config, self.state)
+
+    def _absorb(self) -> None:
+        for ev in self.target.take_events():
+            self.events.append(ev)
+            if not self.validator.feed(ev):
+                rep = self.validator.report()
+                raise Divergence(
+                    "unexplained_event" if not rep.violated else "property",
+                    rep.violated[0] if rep.violated else "conformance",
+                    rep.message,
+                    rep,
+                )
+        self._check_canaries()
+
+    def _check_canaries(self) -> None:
+        for r, ans in self.target.answers().items():
+            for writer, tenant in ans.foreign:
+                raise Divergence(
+                    "isolation",
+                    "no_cross_tenant_read",
+                    f"answer to {self.target.request_id(r)} (tenant "
+                    f"{self.config.requests[r].tenant}) carries the canary of {writer} "
+                    f"(tenant {tenant})",
+                    {"reader": self.target.request_id(r), "writer": writer},
+                )
+
+    def do(self, action: Action) -> bool:
+        performed = drive(self.target, action)
+        before = len(self.events)
+        self._absorb()
+
+        self.steps.append(StepRecord(action, performed, len(self.events) - before))
+        return performed
+
+    def finish(self) -> None:
+        """Settle the target and run the final checks."""
+        self.target.settle()
+        self._absorb()
+        answers = self.target.answers()
+        for r in range(len(self.config.requests)):
+            rid = self.target.request_id(r)
+            submitted = any(
+                ev["event"] in ("router_submit_request", "router_reject_request")
+                and ev["args"].get("request_id") == rid
+                for ev in self.events
+            )
+            if submitted and r not in answers:
+                raise Divergence(
+                    "no_answer",
+                    "every_request_terminates",
+                    f"{rid} was submitted and never answered after the target settled",
+                )
+        if not self.target.quiescent():
+            raise Divergence(
+                "not_quiescent",
+                "every_request_terminates",
+                "the target settled with requests in progress or decode pages held: "
+                + self.target.describe(),
+            )
+        for r, ans in answers.items():
+            if not ans.ok:
+                continue
+            ok_states = [s for s in self.validator.frontier if _reads_agree(s, r, ans.read)]
+            if not ok_states:
+                spec_read = self.state.requests[r].read
+                raise Divergence(
+                    "data",
+                    "decode_reads_only_validated_pages",
+                    f"{self.target.request_id(r)} was answered from pages holding "
+                    f"{ans.read}; the spec read {spec_read}",
+                )
+
+
+def _reads_agree(s: State, r: int, read: list[str | None]) -> bool:
+    spec = s.requests[r].read
+    if spec is None:
+        return False
+    return [t.tenant if t is not None else None for t in spec] == list(read)
+
+
+def run_program(
+    target: Target,
+    config: Config,
+    mode: str,
+    choose: Callable[[list[Action]], Action | None],
+    steps: int,
+    variant: Variant = REFERENCE,
+) -> Session:
+    """Run `steps` spec-chosen steps (`choose` picks one of the enabled actions, or None to
+    stop), then settle and check. Raises `Divergence` on the first disagreement."""
+    session = Session(target, config, mode, variant)
+    for _ in range(steps):
+        options = session.enabled()
+        if not options:
+            break
+        action = choose(options)
+        if action is None:
+            break
+        session.do(action)
+    session.finish()
+    return session
+
+
+def program_names(session: Session) -> list[str]:
+    return [action_name(s.action) for s in session.steps]
+
+
+__all__ = ["Divergence", "Session", "StepRecord", "drive", "run_program"]
+
+
+def report_of(exc: Divergence) -> ValidationReport | None:
+    return exc.detail if isinstance(exc.detail, ValidationReport) else None
+
+
+def machine_for(
+    target_factory: Callable[[], Target], config: Config, mode: str = "reference"
+) -> type:
+    """A Hypothesis `RuleBasedStateMachine` (DatabaseComparison style) for a target: one rule
+    that draws a spec action from what the spec enables (`st.sampled_from`, so failures shrink
+    towards protocol steps), performs it on the target and checks the target's events; the
+    teardown settles the target and runs the final checks.
+
+        TestConformance = machine_for(InProcTarget, campaign_config()).TestCase
+    """
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule
+
+    class ConformanceMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.session = Session(target_factory(), config, mode)
+
+        @rule(data=st.data())
+        def spec_step(self, data: st.DataObject) -> None:
+            options = self.session.enabled()
+            if options:
+                self.session.do(data.draw(st.sampled_from(options), label="action"))
+
+        def teardown(self) -> None:
+            try:
+                self.session.finish()
+            finally:
+                self.session.target.close()
+
+    return ConformanceMachine

@@ -1,0 +1,166 @@
+"""What an implementation must offer to be tested: the `Target` API.
+
+A target plays one spec scenario (`spec.config.Config`: requests with tenant, length in pages and
+room; the pool and limits in pages; `page_size` tokens per page) in one implementation mode. The
+conformance suite drives it with the operations below and judges it from what it hands back: its
+event log (the format of `docs/event-log.md`, plus harness lines for faults the target injected)
+and the answers its clients got.
+
+Operations take the spec's request index `r` (0-based position in `config.requests`). A *message
+kind* is one of the spec's: `grant`, `completion`, `failure`, `abort`, `abort_ack`. Fine-grained
+operations (`deliver`, `drop`, ...) return False when the target has nothing of that kind pending
+(or cannot control that step); the runner then treats the step as not taken.
+
+Canaries: every prompt a target sends is built by `canary_prompt(tenant, r, tokens)`: tokens
+unique to the tenant, so that an answer carrying another tenant's tokens is an isolation failure
+that names both requests (`TargetAnswer.foreign`).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from spec.config import Config
+
+Event = dict[str, Any]
+
+# Deliverable steps (`Target.deliver`): the spec action each one performs, by name.
+STEP_KINDS: tuple[str, ...] = (
+    "prefill_submit",  # prefill_admit_request / prefill_reject_request
+    "decode_submit",  # decode_admit_request (+ decode_reserve_pages) / decode_reject_request
+    "grant",  # prefill_receive_grant
+    "write_send",  # prefill_write_page
+    "write",  # decode_receive_write (page given)
+    "stream_close",  # prefill_send_completion
+    "completion",  # decode_receive_completion
+    "failure",  # decode_receive_failure (prefill's rejection notice, or the router relaying it)
+    "generate",  # decode_generate (+ decode_answer + decode_release_pages)
+    "abort",  # prefill_receive_abort (decode's abort, or the router's cancel)
+    "abort_ack",  # decode_receive_abort_ack
+    "heartbeat",  # decode_detect_prefill_restart
+)
+
+
+@dataclass
+class TargetAnswer:
+    """What the client of request r got."""
+
+    ok: bool
+    code: str = ""
+    message: str = ""
+    read: list[str | None] = field(default_factory=list)
+    """Tenant of the data in each page the answer was generated from (None: zeroed)."""
+    foreign: list[tuple[str, str]] = field(default_factory=list)
+    """(request id, tenant) of other tenants' canaries found in the answer."""
+
+
+class Target(abc.ABC):
+    """An implementation under test. Subclass it (or speak the harness protocol, docs/conformance.md)."""
+
+    name: str = "target"
+    fine_grained: bool = True
+    """True when `deliver`/`drop`/`duplicate` control single messages (lockstep possible); a
+    coarse target supports only submit, cancel, crashes and `settle`, and is judged on its log."""
+
+    @abc.abstractmethod
+    def start(self, config: Config, mode: str) -> None:
+        """Start from a clean state: empty pools, no requests, fresh logs."""
+
+    @abc.abstractmethod
+    def submit(self, r: int) -> None:
+        """The client sends request r (tenant, canary prompt of pages*page_size tokens, room)."""
+
+    @abc.abstractmethod
+    def cancel(self, r: int) -> bool:
+        """The client cancels request r."""
+
+    def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
+        """Deliver one pending step of `kind` (see `STEP_KINDS`) for request r."""
+        return False
+
+    def drop(self, kind: str, r: int) -> bool:
+        """Lose a pending control message; the sender will retransmit it (`retransmit`)."""
+        return False
+
+    def retransmit(self, kind: str, r: int) -> bool:
+        return False
+
+    def duplicate(self, kind: str, r: int) -> bool:
+        return False
+
+    def fire_timeout(self, r: int) -> bool:
+        """Decode's waiting timeout for request r fires now."""
+        return False
+
+    def prefill_abort(self, r: int) -> bool:
+        """Prefill fails request r on its own (its write stream breaks)."""
+        return False
+
+    @abc.abstractmethod
+    def restart_prefill(self) -> None: ...
+
+    @abc.abstractmethod
+    def restart_decode(self) -> None: ...
+
+    @abc.abstractmethod
+    def settle(self) -> None:
+        """Let everything pending happen (no new faults) until the target is quiescent."""
+
+    @abc.abstractmethod
+    def take_events(self) -> list[Event]:
+        """Event-log lines produced since the last call, in a causal order."""
+
+    @abc.abstractmethod
+    def answers(self) -> dict[int, TargetAnswer]:
+        """Answers the clients got so far, by request index."""
+
+    @abc.abstractmethod
+    def quiescent(self) -> bool:
+        """No request in progress anywhere and every decode page free."""
+
+    def request_id(self, r: int) -> str:
+        return f"r{r}"
+
+    def wait_answered(self, r: int) -> None:
+        """Block until request r's client has its answer (coarse targets; replay uses it to keep
+        a trace's order: a request the trace answered before the next submit is answered)."""
+        return None
+
+    def describe(self) -> str:
+        """What is still in progress (for reports)."""
+        return ""
+
+    def close(self) -> None:
+        """Stop whatever `start` started."""
+        return None
+
+
+def canary_prompt(tenant: str, r: int, tokens: int) -> list[int]:
+    """A prompt of `tokens` byte tokens that only tenant `tenant` ever sends: its canary."""
+    base = _tenant_byte(tenant)
+    return [base] * tokens
+
+
+def _tenant_byte(tenant: str) -> int:
+    # Printable, non-zero and distinct per tenant name in a scenario (A..Z, then a..z, ...).
+    h = sum((i + 1) * ord(c) for i, c in enumerate(tenant))
+    return 65 + h % 58
+
+
+def canary_owner(token: int, tenants: list[str]) -> str | None:
+    for t in tenants:
+        if _tenant_byte(t) == token:
+            return t
+    return None
+
+
+__all__ = [
+    "STEP_KINDS",
+    "Event",
+    "Target",
+    "TargetAnswer",
+    "canary_owner",
+    "canary_prompt",
+]

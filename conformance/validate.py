@@ -1,0 +1,1049 @@
+"""Event-log validation: search for a spec behaviour that explains an implementation's events.
+
+One matcher per event kind (the rows of `conformance.mapping.MAPPING`). A matcher proposes, for a
+spec state, the spec action sequences that could have produced the event (an empty sequence is a
+stutter, allowed only where the spec state already shows the event's effect) and checks the
+event's outcome fields against the state the actions lead to. The validator keeps the set of spec
+states consistent with the events so far (the frontier); an event that no frontier state can
+explain is the first unexplained event, and the trace is rejected.
+
+Logs of the three servers are merged by causality (request, generation, page and message
+relations), never by wall-clock time: see `merge_logs`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from spec.actions import (
+    Action,
+    ClientCancelRequest,
+    DecodeAdmitRequest,
+    DecodeAnswer,
+    DecodeDetectPrefillRestart,
+    DecodeGenerate,
+    DecodeReceiveAbortAck,
+    DecodeReceiveCompletion,
+    DecodeReceiveFailure,
+    DecodeReceiveWrite,
+    DecodeRejectRequest,
+    DecodeReleasePages,
+    DecodeReservePages,
+    DecodeRestart,
+    DecodeWaitingTimeout,
+    NetworkDropMessage,
+    NetworkDuplicateMessage,
+    PrefillAbortRequest,
+    PrefillAdmitRequest,
+    PrefillDetectDecodeRestart,
+    PrefillReceiveAbort,
+    PrefillReceiveGrant,
+    PrefillRejectRequest,
+    PrefillRestart,
+    PrefillSendCompletion,
+    PrefillWritePage,
+    RetransmitMessage,
+    RouterSubmitRequest,
+    action_to_json,
+)
+from spec.config import Config, RequestSpec
+from spec.machine import enabled, step
+from spec.properties import check_always
+from spec.state import PREFILL_TERMINAL, Message, State, initial_state
+from spec.variants import REFERENCE, Variant
+
+Event = dict[str, Any]
+Candidate = tuple[Action, ...]
+
+MAX_FRONTIER = 256
+
+
+class LogError(ValueError):
+    """A log file is malformed (the message names the file and line)."""
+
+
+# --------------------------------------------------------------------------- id mapping
+
+
+@dataclass
+class Ids:
+    """Implementation ids -> spec ids."""
+
+    page_size: int
+    requests: dict[str, int] = field(default_factory=dict)
+    generations: dict[int, int] = field(default_factory=dict)
+    cancelled: set[int] = field(default_factory=set)
+
+    def req(self, ev: Event) -> int | None:
+        rid = ev["args"].get("request_id")
+        return None if rid is None else self.requests.get(str(rid))
+
+    def gen(self, ev: Event) -> int | None:
+        g = ev["args"].get("generation")
+        return None if g is None else self.generations.get(int(g))
+
+
+def unchecked_config(**values: Any) -> Config:
+    """A Config built without `__post_init__`'s size limits (which are for the explicit model):
+    a live log can hold more requests than the model checker would explore."""
+    cfg = object.__new__(Config)
+    base = Config()
+    for f in fields(Config):
+        object.__setattr__(cfg, f.name, values.get(f.name, getattr(base, f.name)))
+    return cfg
+
+
+# --------------------------------------------------------------------------- matchers
+
+
+@dataclass(frozen=True)
+class Match:
+    actions: Candidate
+    check: Callable[[State, State], bool] | None = None
+
+
+def _msgs(s: State, kind: str, r: int, gen: int | None) -> list[Message]:
+    out = {
+        m
+        for m in s.network
+        if m.kind == kind and m.request == r and (gen is None or m.generation == gen)
+    }
+    return sorted(out)
+
+
+def _lost(s: State, kind: str, r: int) -> list[Message]:
+    return sorted({m for m in s.lost if m.kind == kind and m.request == r})
+
+
+def _decode_waiting(s: State, r: int) -> bool:
+    return s.requests[r].d in ("received", "admitted", "reserved")
+
+
+def _answered(s: State, r: int, ok: bool) -> bool:
+    a = s.requests[r].answer
+    return a is not None and a.ok == ok
+
+
+class Matchers:
+    """One method per event kind; each returns the candidate explanations in a spec state."""
+
+    def __init__(
+        self, config: Config, ids: Ids, scrub: bool = True, accept_alarms: bool = False
+    ) -> None:
+        self.config = config
+        self.ids = ids
+        self.scrub = scrub
+        self.accept_alarms = accept_alarms
+
+    def __call__(self, ev: Event, s: State) -> list[Match]:
+        method = getattr(self, "m_" + str(ev.get("event")), None)
+        if method is None:
+            return []
+        r = self.ids.req(ev)
+        result: list[Match] = method(ev, s, r)
+        return result
+
+    # router
+    def m_router_submit_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        return [Match((RouterSubmitRequest(r),), lambda a, b: b.requests[r].answer is None)]
+
+    def m_router_reject_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        return [Match((RouterSubmitRequest(r),), lambda a, b: _answered(b, r, False))]
+
+    def m_router_receive_prefill_result(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [Match(())]
+
+    m_router_receive_decode_result = m_router_receive_prefill_result
+    m_prefill_notice_failed = m_router_receive_prefill_result
+
+    def m_client_cancel_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        self.ids.cancelled.add(r)
+        if s.requests[r].answer is not None:
+            # Decode already answered; the router was still waiting for prefill's result.
+            return [Match(())]
+        return [Match((ClientCancelRequest(r),))]
+
+    def m_router_answer_client(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        ok = ev["args"].get("status") == "ok"
+        if _answered(s, r, ok):
+            return [Match(())]
+        if not ok and ev["args"].get("code") == "CANCELLED" and r in self.ids.cancelled:
+            # The client cancelled after decode's answer: it gets the cancel (fail closed).
+            return [Match(())] if s.requests[r].answer is not None else []
+        if not ok and s.requests[r].answer is not None and s.requests[r].d_epoch != s.prefill_epoch:
+            # The prefill that served the request crashed before the router heard its result:
+            # the router answers an error although decode answered (fail closed).
+            return [Match(())]
+        if not ok and s.decode_sees_prefill_epoch != s.prefill_epoch:
+            # The router's call to a crashed prefill broke before decode's health check saw the
+            # restart: the restart's detection, observed by the router first.
+            return [Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False))]
+        return []
+
+    # prefill
+    def m_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [Match((PrefillRestart(),))]
+
+    def m_prefill_admit_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        args = ev["args"]
+        tokens = int(args.get("truncated_to", args.get("prompt_tokens", 0)))
+        if -(-tokens // self.ids.page_size) != self.config.requests[r].pages:
+            return []
+        if s.requests[r].p == "lost":
+            # The router's hand-over was still in flight when prefill crashed and reached the new
+            # prefill (the spec hands over atomically at submission): a stutter.
+            return [Match(())]
+        return [Match((PrefillAdmitRequest(r),))]
+
+    def m_prefill_reject_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        if s.requests[r].p == "lost" and "tenant" in ev["args"]:
+            return [Match(())]
+        return [Match((PrefillRejectRequest(r),))]
+
+    def m_prefill_receive_grant(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        g = self.ids.gen(ev)
+        if r is None or g is None:
+            return []
+        args = ev["args"]
+        outcome = args.get("outcome")
+        req = s.requests[r]
+        out = []
+        if outcome == "matched" and req.p_gen == g and req.p == "granted":
+            out.append(Match(()))  # paired with a grant parked earlier
+        for m in _msgs(s, "grant", r, g):
+            if list(m.pages) != list(args.get("pages", [])):
+                continue
+            if outcome == "matched":
+                out.append(Match((PrefillReceiveGrant(m),), _granted(r, g)))
+            elif outcome == "parked" and req.p in PREFILL_TERMINAL:
+                # Parked for a request prefill will never see: dropped later (a stutter then).
+                out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
+            elif outcome == "parked":
+                out.append(Match((PrefillReceiveGrant(m),), _parked(r, g)))
+            else:
+                out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
+        return out
+
+    def m_prefill_write_page(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        g = self.ids.gen(ev)
+        if r is None or g is None:
+            return []
+        req = s.requests[r]
+        if req.p_gen != g or req.p_wrote >= len(req.p_pages):
+            return []
+        if req.p_pages[req.p_wrote] != int(ev["args"].get("page", -1)):
+            return []
+        return [Match((PrefillWritePage(r),))]
+
+    def m_prefill_send_completion(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        g = self.ids.gen(ev)
+        if r is None or g is None or s.requests[r].p_gen != g:
+            return []
+        count = int(ev["args"].get("page_count", -1))
+        if count != s.requests[r].p_wrote:
+            return []
+        return [Match((PrefillSendCompletion(r),))]
+
+    def m_prefill_receive_abort(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        out = [Match((PrefillReceiveAbort(m),)) for m in _msgs(s, "abort", r, None)]
+        if s.requests[r].p in PREFILL_TERMINAL:
+            out.append(Match(()))
+        return out
+
+    m_prefill_cancel_request = m_prefill_receive_abort
+
+    def m_prefill_drop_orphan_grant(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None or s.requests[r].p not in PREFILL_TERMINAL:
+            return []
+        return [Match(())]
+
+    def m_prefill_finish_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        out = [Match(())]
+        if ev["args"].get("status") != "ok":
+            out.append(Match((PrefillAbortRequest(r),)))
+        return out
+
+    # decode
+    def m_decode_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [Match((DecodeRestart(),))]
+
+    def m_decode_admit_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [] if r is None else [Match((DecodeAdmitRequest(r),))]
+
+    def m_decode_reject_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        code = ev["args"].get("code")
+        over = [Match((DecodeRejectRequest(r),))] if code == "OUT_OF_RANGE" else []
+        # Refused because prefill's notice or the router's withdrawal came first: as for
+        # decode_abort_request (a stutter if decode already failed it, else that notice).
+        return over + self.m_decode_abort_request(ev, s, r)
+
+    def m_decode_reserve_pages(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        pages = tuple(int(p) for p in ev["args"].get("pages", ()))
+        return [Match((DecodeReservePages(r),), lambda a, b: b.requests[r].d_pages == pages)]
+
+    def m_decode_receive_write(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        g = self.ids.gen(ev)
+        if r is None or g is None:
+            return []
+        args = ev["args"]
+        if args.get("late"):
+            return []
+        page = int(args.get("page", -1))
+        room = self.config.requests[r].room
+        accepted = args.get("outcome") == "accepted"
+        out = []
+        for w in sorted(set(s.writes)):
+            if w.room != room or w.generation != g or w.page != page or w.data.request != r:
+                continue
+            owner = s.pages[page].owner
+            spec_accepts = owner is not None and owner == (r, g)
+            # Decode refusing a write for a request it already failed (not_waiting) is stricter
+            # than the spec, which lets it land in a page nobody will read before the scrub.
+            stricter = (
+                not accepted and args.get("reason") == "not_waiting" and s.requests[r].d == "failed"
+            )
+            if spec_accepts == accepted or stricter:
+                out.append(Match((DecodeReceiveWrite(w),)))
+        return out
+
+    def m_decode_receive_completion(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        g = self.ids.gen(ev)
+        if r is None or g is None:
+            return []
+        args = ev["args"]
+        verdict = args.get("verdict")
+        ignored = bool(args.get("ignored"))
+        out = []
+        for m in _msgs(s, "completion", r, g):
+            if ignored:
+                check = _unchanged_decode(r)
+            elif verdict == "validated":
+                check = _decode_phase(r, "validated")
+            else:
+                check = _decode_phase(r, "failed")
+            out.append(Match((DecodeReceiveCompletion(m),), check))
+        return out
+
+    def m_decode_receive_rejection(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        out = [
+            Match((DecodeReceiveFailure(m),), _decode_failed_or_unchanged(r))
+            for m in _msgs(s, "failure", r, None)
+        ]
+        if not _decode_waiting(s, r):
+            out.append(Match(()))
+        return out
+
+    def m_decode_abort_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        if not _decode_waiting(s, r):
+            return [Match(())]
+        out = [Match((DecodeReceiveFailure(m),)) for m in _msgs(s, "failure", r, None)]
+        out += [
+            Match((RetransmitMessage(m), DecodeReceiveFailure(m))) for m in _lost(s, "failure", r)
+        ]
+        return out
+
+    def m_decode_waiting_timeout(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [] if r is None else [Match((DecodeWaitingTimeout(r),))]
+
+    def m_decode_receive_abort_ack(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        out = [Match((DecodeReceiveAbortAck(m),)) for m in _msgs(s, "abort_ack", r, None)]
+        if not out:
+            out.append(Match(()))
+        return out
+
+    def m_decode_detect_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if s.decode_sees_prefill_epoch != s.prefill_epoch:
+            return [Match((DecodeDetectPrefillRestart(),))]
+        return [Match(())]
+
+    def m_decode_generate(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        pages = tuple(int(p) for p in ev["args"].get("pages", ()))
+        if s.requests[r].d_pages != pages:
+            return []
+        if _cancelled_while_validated(s, r):
+            # The client cancelled after validation: the impl's generation was already under
+            # way; its output is discarded (the client got the cancel error).
+            return [Match(())]
+        return [Match((DecodeGenerate(r),))]
+
+    def m_decode_answer(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        if ev["args"].get("status") == "ok":
+            if _cancelled_while_validated(s, r):
+                return [Match(())]
+            return [Match((DecodeAnswer(r),), lambda a, b: _answered(b, r, True))]
+        if not _decode_waiting(s, r):
+            return [Match(())] if s.requests[r].answer is not None else []
+        # Decode fails a request it was waiting for: the grant's reply carried prefill's verdict
+        # (the failure notice, by another path, possibly after the notice itself was lost).
+        out = [
+            Match((DecodeReceiveFailure(m),), lambda a, b: _answered(b, r, False))
+            for m in _msgs(s, "failure", r, None)
+        ]
+        out += [
+            Match(
+                (RetransmitMessage(m), DecodeReceiveFailure(m)), lambda a, b: _answered(b, r, False)
+            )
+            for m in _lost(s, "failure", r)
+        ]
+        if s.decode_sees_prefill_epoch != s.prefill_epoch:
+            # Decode saw the crashed prefill's write stream or grant call break before its
+            # health check saw the new epoch: the restart's detection, by another path.
+            out.append(Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False)))
+        return out
+
+    def m_decode_release_pages(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        pages = tuple(int(p) for p in ev["args"].get("pages", ()))
+        if s.requests[r].d_pages != pages:
+            return []
+        if bool(ev["args"].get("scrubbed", True)) != self.scrub:
+            return []  # field mapping: `scrubbed` is the design's scrub-on-release
+        return [Match((DecodeReleasePages(r),))]
+
+    def m_invariant_alarm(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        # Decode noticed a broken invariant: never explained by a safe protocol; a stutter when
+        # validating against a variant that breaks it on purpose.
+        return [Match(())] if self.accept_alarms else []
+
+    # harness-injected faults
+    def _harness_messages(self, ev: Event, s: State, r: int | None, lost: bool) -> list[Message]:
+        if r is None:
+            return []
+        kind = str(ev["args"].get("kind"))
+        g = self.ids.gen(ev) if ev["args"].get("generation") else None
+        pool = s.lost if lost else s.network
+        return sorted(
+            {
+                m
+                for m in pool
+                if m.kind == kind and m.request == r and (g is None or m.generation == g)
+            }
+        )
+
+    def m_network_drop_message(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [Match((NetworkDropMessage(m),)) for m in self._harness_messages(ev, s, r, False)]
+
+    def m_network_duplicate_message(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        return [
+            Match((NetworkDuplicateMessage(m),)) for m in self._harness_messages(ev, s, r, False)
+        ]
+
+    def m_retransmit_message(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        out = [Match((RetransmitMessage(m),)) for m in self._harness_messages(ev, s, r, True)]
+        # The spec already received that content by another path (the router relays prefill's
+        # failure and decode's abort too): the resent copy is a duplicate, a stutter here.
+        return out or [Match(())]
+
+
+def _cancelled_while_validated(s: State, r: int) -> bool:
+    req = s.requests[r]
+    return (
+        req.d == "failed"
+        and req.read is None
+        and req.answer is not None
+        and req.answer.reason == "cancelled by the client"
+        and req.accepted_full is not None
+    )
+
+
+def _granted(r: int, g: int) -> Callable[[State, State], bool]:
+    return lambda a, b: b.requests[r].p == "granted" and b.requests[r].p_gen == g
+
+
+def _parked(r: int, g: int) -> Callable[[State, State], bool]:
+    return lambda a, b: b.requests[r].p in ("received", "admitted") and b.requests[r].p_gen == g
+
+
+def _grant_dropped(r: int) -> Callable[[State, State], bool]:
+    return lambda a, b: a.requests[r] == b.requests[r]
+
+
+def _unchanged_decode(r: int) -> Callable[[State, State], bool]:
+    return lambda a, b: (
+        (a.requests[r].d, a.requests[r].answer)
+        == (
+            b.requests[r].d,
+            b.requests[r].answer,
+        )
+    )
+
+
+def _decode_phase(r: int, phase: str) -> Callable[[State, State], bool]:
+    return lambda a, b: b.requests[r].d == phase
+
+
+def _decode_failed_or_unchanged(r: int) -> Callable[[State, State], bool]:
+    return lambda a, b: b.requests[r].d == "failed" or a.requests[r].d == b.requests[r].d
+
+
+def _extend(hist: tuple[Any, ...], actions: Candidate) -> tuple[Any, ...]:
+    """Histories are linked (parent, actions) pairs: extending one is O(1), not O(length)."""
+    return (hist, actions) if actions else hist
+
+
+def _flatten(hist: tuple[Any, ...]) -> tuple[Action, ...]:
+    parts: list[Candidate] = []
+    while hist:
+        hist, actions = hist
+        parts.append(actions)
+    return tuple(a for actions in reversed(parts) for a in actions)
+
+
+MATCHED_KINDS: frozenset[str] = frozenset(
+    name[2:] for name in dir(Matchers) if name.startswith("m_")
+)
+SILENT_ACTIONS: tuple[type, ...] = (RetransmitMessage, PrefillDetectDecodeRestart)
+
+
+# --------------------------------------------------------------------------- the validator
+
+
+@dataclass
+class ValidationReport:
+    ok: bool
+    events: int
+    explained: int
+    """Length of the longest explained prefix."""
+    first_unexplained: Event | None = None
+    enabled_there: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+    violated: list[str] = field(default_factory=list)
+    spec_actions: list[dict[str, Any]] = field(default_factory=list)
+    """One spec behaviour explaining the explained prefix."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": "explained" if self.ok else "unexplained",
+            "events": self.events,
+            "explained": self.explained,
+            "first_unexplained": self.first_unexplained,
+            "enabled_there": self.enabled_there,
+            "violated": self.violated,
+            "message": self.message,
+        }
+
+
+class Validator:
+    """Incremental: feed events one at a time (`feed`), or all at once (`run`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        ids: Ids,
+        variant: Variant = REFERENCE,
+        silent: Sequence[type] = SILENT_ACTIONS,
+        check_properties: bool = True,
+    ) -> None:
+        self.config = config
+        self.ids = ids
+        self.variant = variant
+        self.silent = tuple(silent)
+        self.check_properties = check_properties
+        self.matchers = Matchers(
+            config, ids, variant.design.scrub, accept_alarms=bool(variant.breaks)
+        )
+        init = initial_state(config)
+        # frontier: state -> one action history reaching it (for reports)
+        self.frontier: dict[State, tuple[Action, ...]] = {init: ()}
+        self.count = 0
+        self.failed: ValidationReport | None = None
+        self._enabled_cache: dict[int, tuple[State, frozenset[Action]]] = {}
+
+    def _enabled(self, s: State) -> frozenset[Action]:
+        # Keyed by identity (the entry keeps the state alive, so the id is not reused): hashing
+        # a whole state is the validator's main cost.
+        got = self._enabled_cache.get(id(s))
+        if got is None or got[0] is not s:
+            if len(self._enabled_cache) > 4096:
+                self._enabled_cache.clear()
+            got = (s, frozenset(enabled(self.variant, self.config, s)))
+            self._enabled_cache[id(s)] = got
+        return got[1]
+
+    def _apply(self, s: State, actions: Candidate) -> State | None:
+        for a in actions:
+            if a not in self._enabled(s):
+                return None
+            s = step(self.variant, self.config, s, a)
+        return s
+
+    def _bind(self, ev: Event, before: State, after: State) -> None:
+        if ev.get("event") == "decode_reserve_pages":
+            r = self.ids.req(ev)
+            if r is not None:
+                self.ids.generations[int(ev["args"]["generation"])] = after.requests[r].d_gen
+
+    def _explain(
+        self, ev: Event, frontier: dict[State, tuple[Action, ...]]
+    ) -> dict[State, tuple[Action, ...]]:
+        new: dict[State, tuple[Action, ...]] = {}
+        # Reserve binds the generation from the state it is matched in.
+        for s, hist in frontier.items():
+            for match in self.matchers(ev, s):
+                after = self._apply(s, match.actions)
+                if after is None or (match.check is not None and not match.check(s, after)):
+                    continue
+                if not new:
+                    new = {after: _extend(hist, match.actions)}
+                elif after not in new:
+                    new[after] = _extend(hist, match.actions)
+                if ev.get("event") == "decode_reserve_pages":
+                    self._bind(ev, s, after)
+                if len(new) >= MAX_FRONTIER:
+                    return new
+        return new
+
+    def _silent_successors(
+        self, frontier: dict[State, tuple[Action, ...]]
+    ) -> dict[State, tuple[Action, ...]]:
+        out: dict[State, tuple[Action, ...]] = {}
+        for s, hist in frontier.items():
+            for a in self._enabled(s):
+                if isinstance(a, self.silent):
+                    t = step(self.variant, self.config, s, a)
+                    if t not in frontier and t not in out:
+                        out[t] = _extend(hist, (a,))
+        return out
+
+    def take_silent(self, action: Action) -> None:
+        """Step every frontier state where `action` (an unlogged spec step) is enabled."""
+        new = {}
+        for st, hist in self.frontier.items():
+            if action in self._enabled(st):
+                new[step(self.variant, self.config, st, action)] = _extend(hist, (action,))
+        if new:
+            self.frontier = new
+
+    def advance(
+        self, ev: Event, frontier: dict[State, tuple[Action, ...]]
+    ) -> tuple[dict[State, tuple[Action, ...]], list[str]]:
+        """The states explaining `ev` after `frontier` (trying up to two unlogged spec steps
+        first when nothing explains it directly), and the properties violated if every such
+        state breaks one."""
+        new = self._explain(ev, frontier)
+        layer = frontier
+        for _ in range(2):
+            if new:
+                break
+            layer = self._silent_successors(layer)
+            if not layer:
+                break
+            new = self._explain(ev, layer)
+        if new and self.check_properties:
+            bad = [s for s in new if check_always(self.config, s)]
+            if len(bad) == len(new):
+                return {}, [p.name for p in check_always(self.config, bad[0])]
+            for s in bad:
+                del new[s]
+        return new, []
+
+    def feed(self, ev: Event) -> bool:
+        if self.failed is not None:
+            return False
+        new, violated = self.advance(ev, self.frontier)
+        if not new:
+            self.failed = self._report_failure(ev, violated)
+            return False
+        self.frontier = new
+        self.count += 1
+        return True
+
+    def _report_failure(self, ev: Event, violated: Sequence[str] = ()) -> ValidationReport:
+        enabled_there: list[dict[str, Any]] = []
+        seen: set[Action] = set()
+        for s in list(self.frontier)[:4]:
+            for a in enabled(self.variant, self.config, s):
+                if a not in seen:
+                    seen.add(a)
+                    enabled_there.append(action_to_json(a))
+        hist = _flatten(next(iter(self.frontier.values()), ()))
+        what = f"{ev.get('server')} #{ev.get('seq')} {ev.get('event')} {json.dumps(ev.get('args'), sort_keys=True)}"
+        message = (
+            f"event {self.count + 1} is unexplained: {what}"
+            if not violated
+            else f"event {self.count + 1} leads only to states violating {', '.join(violated)}: {what}"
+        )
+        return ValidationReport(
+            ok=False,
+            events=0,
+            explained=self.count,
+            first_unexplained=ev,
+            enabled_there=enabled_there,
+            message=message,
+            violated=list(violated),
+            spec_actions=[action_to_json(a) for a in hist],
+        )
+
+    def report(self, total: int | None = None) -> ValidationReport:
+        if self.failed is not None:
+            self.failed.events = total if total is not None else self.count + 1
+            return self.failed
+        hist = _flatten(next(iter(self.frontier.values()), ()))
+        return ValidationReport(
+            ok=True,
+            events=self.count if total is None else total,
+            explained=self.count,
+            message=f"all {self.count} events explained by {len(hist)} spec steps",
+            spec_actions=[action_to_json(a) for a in hist],
+        )
+
+    def run(self, events: Iterable[Event]) -> ValidationReport:
+        evs = list(events)
+        for ev in evs:
+            if not self.feed(ev):
+                break
+        return self.report(len(evs))
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def read_log(path: Path) -> tuple[dict[str, Any], list[Event]]:
+    try:
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LogError(f"{path}: {exc}") from exc
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != "event_log":
+        raise LogError(f"{path}: line 1 is not an event-log header (kind: event_log)")
+    return lines[0], lines[1:]
+
+
+def _facts(
+    ev: Event, sent: dict[tuple[Any, Any], list[Any]] | None = None
+) -> tuple[list[list[tuple[Any, ...]]], list[tuple[Any, ...]]]:
+    """(requirements as any-of groups, facts produced) of one event, for the causal merge.
+    `sent`: pages prefill put on each write stream so far (a completion follows their landing)."""
+    a = ev.get("args", {})
+    k = ev.get("event")
+    rid = a.get("request_id")
+    gen = a.get("generation")
+    req: list[list[tuple[Any, ...]]] = []
+    prod: list[tuple[Any, ...]] = []
+    if k in ("router_submit_request", "router_reject_request"):
+        prod.append(("submitted", rid))
+    elif k in (
+        "prefill_admit_request",
+        "decode_admit_request",
+        "decode_reject_request",
+    ) or (k == "prefill_reject_request" and "tenant" in a):
+        req.append([("submitted", rid)])
+        if k == "prefill_reject_request":
+            prod.append(("prefill_ended", rid))
+    elif k == "prefill_restart":
+        prod.append(("prefill_epoch", a.get("boot_epoch")))
+    elif k == "decode_detect_prefill_restart" and a.get("new_epoch") is not None:
+        req.append([("prefill_epoch", a.get("new_epoch"))])
+    elif k == "decode_reserve_pages":
+        prod.append(("granted", rid, gen))
+    elif k == "prefill_receive_grant":
+        req.append([("granted", rid, gen)])
+    elif k == "prefill_write_page":
+        prod.append(("sent", rid, gen, a.get("page")))
+    elif k == "decode_receive_write":
+        req.append([("sent", rid, gen, a.get("page"))])
+        prod.append(("landed", rid, gen, a.get("page")))
+    elif k == "prefill_send_completion":
+        for page in (sent or {}).get((rid, gen), []):
+            req.append([("landed", rid, gen, page)])
+        prod.append(("completion", rid))
+    elif k == "decode_receive_completion":
+        # Any completion of that request (a stale or forged generation is the validator's call).
+        req.append([("completion", rid)])
+        prod.append(("completion_answered", rid))
+    elif k == "prefill_finish_request":
+        if a.get("status") == "ok":
+            req.append([("completion_answered", rid)])
+        prod.append(("prefill_ended", rid))
+    elif k == "decode_receive_rejection":
+        req.append([("prefill_ended", rid)])
+    elif k == "decode_answer":
+        prod.append(("decode_ended", rid))
+    elif k == "router_receive_prefill_result":
+        req.append([("prefill_ended", rid)])
+    elif k == "router_receive_decode_result":
+        req.append([("decode_ended", rid)])
+    elif k == "client_cancel_request":
+        prod.append(("cancelled", rid))
+    elif k == "decode_abort_request":
+        req.append([("cancelled", rid), ("prefill_ended", rid)])
+        prod.append(("abort", rid, gen))
+    elif k == "prefill_cancel_request":
+        req.append([("cancelled", rid), ("decode_ended", rid)])
+    elif k == "decode_waiting_timeout":
+        prod.append(("abort", rid, gen))
+    elif k == "prefill_receive_abort":
+        req.append([("abort", rid, gen), ("decode_ended", rid)])
+        prod.append(("abort_received", rid, gen))
+    elif k == "decode_receive_abort_ack":
+        req.append([("abort_received", rid, gen)])
+    elif k == "router_answer_client":
+        req.append([("decode_ended", rid), ("prefill_ended", rid), ("cancelled", rid)])
+    return req, prod
+
+
+def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
+    """Interleave per-server logs (each in its own order) respecting causality: an event waits
+    until the events it depends on (by request, generation, page and message) are placed. Among
+    ready events, router first, then prefill, then decode. Falls back to the first head when
+    nothing is ready (a dependency that was never logged)."""
+    order = {"router": 0, "harness": 0, "prefill": 1, "decode": 2}
+    queues = sorted(
+        (list(log) for log in logs if log), key=lambda q: order.get(q[0].get("server", ""), 3)
+    )
+    pos = [0] * len(queues)
+    known: set[tuple[Any, ...]] = set()
+    sent: dict[tuple[Any, Any], list[Any]] = {}
+    out: list[Event] = []
+    total = sum(len(q) for q in queues)
+    while len(out) < total:
+        chosen = None
+        for i, q in enumerate(queues):
+            if pos[i] >= len(q):
+                continue
+            reqs, _ = _facts(q[pos[i]], sent)
+            if all(any(f in known for f in group) for group in reqs):
+                chosen = i
+                break
+        if chosen is None:
+            chosen = next(i for i, q in enumerate(queues) if pos[i] < len(q))
+        ev = queues[chosen][pos[chosen]]
+        pos[chosen] += 1
+        out.append(ev)
+        known.update(_facts(ev, sent)[1])
+        if ev.get("event") == "prefill_write_page":
+            a = ev.get("args", {})
+            sent.setdefault((a.get("request_id"), a.get("generation")), []).append(a.get("page"))
+    return out
+
+
+MAX_EXPANSIONS_PER_EVENT = 200
+
+
+def search_logs(
+    headers: Sequence[dict[str, Any]],
+    logs: Sequence[Sequence[Event]],
+    variant: Variant = REFERENCE,
+) -> ValidationReport:
+    """Validate per-server logs by searching over their interleavings: each server's events stay
+    in their order, an event waits for the events it causally depends on, and a spec behaviour
+    must explain the whole interleaving. Depth-first, in the causal merge's preference order
+    (router, prefill, decode), backtracking when an event cannot be explained; interleavings
+    that failed from the same point with the same spec states are not tried twice."""
+    queues = [list(q) for q in logs if q]
+    merged = merge_logs(queues)
+    config, ids = config_from_logs(headers, merged)
+    v = Validator(config, ids, variant)
+    total = sum(len(q) for q in queues)
+    Frontier = dict[State, tuple[Action, ...]]
+    Sent = dict[tuple[Any, Any], list[Any]]
+
+    # Shared, undone on backtracking: facts known (with multiplicity) and pages sent per stream.
+    known: dict[tuple[Any, ...], int] = {}
+    sent: Sent = {}
+
+    def ready(pos: tuple[int, ...]) -> list[int]:
+        heads = [i for i, q in enumerate(queues) if pos[i] < len(q)]
+        good = [i for i in heads if is_ready(i, pos)]
+        return good or heads
+
+    def is_ready(i: int, pos: tuple[int, ...]) -> bool:
+        return all(any(f in known for f in g) for g in _facts(queues[i][pos[i]], sent)[0])
+
+    def apply_facts(ev: Event) -> tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]:
+        produced = _facts(ev, sent)[1]
+        for f in produced:
+            known[f] = known.get(f, 0) + 1
+        key = None
+        if ev.get("event") == "prefill_write_page":
+            a = ev.get("args", {})
+            key = (a.get("request_id"), a.get("generation"))
+            sent.setdefault(key, []).append(a.get("page"))
+        return produced, key
+
+    def undo_facts(produced: list[tuple[Any, ...]], key: tuple[Any, Any] | None) -> None:
+        for f in produced:
+            known[f] -= 1
+            if not known[f]:
+                del known[f]
+        if key is not None:
+            sent[key].pop()
+
+    # Stack frames: (pos, frontier, candidates left to try, facts this frame's event added).
+    start = tuple(0 for _ in queues)
+    Frame = tuple[
+        tuple[int, ...], Frontier, list[int], tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]
+    ]
+    stack: list[Frame] = [(start, dict(v.frontier), ready(start), ([], None))]
+    dead: set[tuple[tuple[int, ...], frozenset[State]]] = set()
+    budget = MAX_EXPANSIONS_PER_EVENT * max(1, total)
+    best: tuple[int, Event | None, list[str], Frontier] = (-1, None, [], {})
+    best_rank: tuple[bool, int, bool] = (False, -1, False)
+    while stack:
+        pos, frontier, todo, added = stack[-1]
+        depth = sum(pos)
+        if depth == total:
+            hist = _flatten(next(iter(frontier.values()), ()))
+            return ValidationReport(
+                ok=True,
+                events=total,
+                explained=total,
+                message=f"all {total} events explained by {len(hist)} spec steps",
+                spec_actions=[action_to_json(a) for a in hist],
+            )
+        if not todo or budget <= 0:
+            stack.pop()
+            undo_facts(*added)
+            dead.add((pos, frozenset(frontier)))
+            if budget <= 0:
+                break
+            continue
+        i = todo.pop(0)
+        budget -= 1
+        ev = queues[i][pos[i]]
+        new, violated = v.advance(ev, frontier)
+        if not new:
+            # Report the deepest failure of an event whose causes were all in place (a head
+            # tried only as a fallback fails for want of them, not on its own).
+            rank = (is_ready(i, pos), depth, bool(violated))
+            if rank > best_rank:
+                best_rank = rank
+                best = (depth, ev, violated, frontier)
+            continue
+        npos = (*pos[:i], pos[i] + 1, *pos[i + 1 :])
+        if dead and (npos, frozenset(new)) in dead:
+            continue
+        facts = apply_facts(ev)
+        stack.append((npos, new, ready(npos), facts))
+    depth, failed_ev, violated, frontier = best
+    ev = failed_ev or {}
+    v.frontier = frontier or v.frontier
+    v.count = max(0, depth)
+    rep = v._report_failure(ev, violated)
+    rep.events = total
+    if budget <= 0:
+        rep.message += " (search budget exhausted)"
+    return rep
+
+
+def config_from_logs(
+    headers: Sequence[dict[str, Any]], events: Sequence[Event]
+) -> tuple[Config, Ids]:
+    """The spec scenario a merged log plays: requests in the router's order, limits in pages."""
+    hc: dict[str, Any] = {}
+    for h in headers:
+        hc.update(h.get("config", {}))
+    page_size = int(hc.get("page_size", 4))
+    ids = Ids(page_size)
+    rooms: dict[int, int] = {}
+    reqs: list[RequestSpec] = []
+    for ev in events:
+        if ev.get("event") not in ("router_submit_request", "router_reject_request"):
+            continue
+        a = ev["args"]
+        rid = str(a["request_id"])
+        if rid in ids.requests:
+            continue
+        ids.requests[rid] = len(reqs)
+        room = rooms.setdefault(int(a.get("room", 0)), len(rooms) + 1)
+        pages = max(1, -(-int(a.get("prompt_tokens", 1)) // page_size))
+        reqs.append(RequestSpec(str(a.get("tenant", "t")) or "t", pages, room))
+    n = max(1, len(reqs))
+    big = 10**9
+
+    def pages_of(key: str, default: int) -> int:
+        return int(hc.get(key, default * page_size)) // page_size
+
+    window = pages_of("context_window", 64)
+    config = unchecked_config(
+        decode_pages=int(hc.get("decode_pages", hc.get("num_pages", 64))),
+        page_size=page_size,
+        prefill_pool_pages=int(hc.get("prefill_pages", 64)),
+        context_window=window,
+        prefill_max_prompt=pages_of("prefill_max_prompt", window),
+        decode_max_prompt=pages_of("decode_max_prompt", window),
+        requests=tuple(reqs) or (RequestSpec("t", 1, 1),),
+        max_active=n,
+        submit_in_order=True,
+        max_faults=big,
+        max_crashes=big,
+        max_drops=0,
+        max_duplicates=0,
+        max_timeouts=big,
+        max_cancels=big,
+        max_prefill_aborts=big,
+    )
+    return config, ids
+
+
+def validate_events(
+    headers: Sequence[dict[str, Any]], events: Sequence[Event], variant: Variant = REFERENCE
+) -> ValidationReport:
+    config, ids = config_from_logs(headers, events)
+    return Validator(config, ids, variant).run(events)
+
+
+def validate_logs(paths: Sequence[Path], variant: Variant = REFERENCE) -> ValidationReport:
+    """Validate the event logs of a run (one file per server, any order)."""
+    headers: list[dict[str, Any]] = []
+    logs: list[list[Event]] = []
+    for p in paths:
+        h, evs = read_log(p)
+        headers.append(h)
+        if h.get("server") == "merged":
+            # One file holding all servers' events (as the conformance campaign saves them).
+            for server in ("router", "prefill", "decode", "harness"):
+                logs.append([e for e in evs if e.get("server") == server])
+        else:
+            logs.append(evs)
+    return search_logs(headers, logs, variant)
+
+
+__all__ = [
+    "MATCHED_KINDS",
+    "Ids",
+    "LogError",
+    "ValidationReport",
+    "Validator",
+    "config_from_logs",
+    "merge_logs",
+    "read_log",
+    "search_logs",
+    "unchecked_config",
+    "validate_events",
+    "validate_logs",
+]

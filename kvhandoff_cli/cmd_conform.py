@@ -1,0 +1,163 @@
+"""`kvhandoff conform`, `kvhandoff replay` and `kvhandoff validate-log`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from kvhandoff_cli.main import EXIT_OK, EXIT_VIOLATED, UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "conform",
+        help="run a conformance campaign against an implementation (spec as oracle)",
+        description=(
+            "Generate lockstep programs (Hypothesis) and run them against a target with the "
+            "reference spec as oracle. Exit 0 when the target conforms, 1 when it diverges (the "
+            "shrunk program is written as a trace file), 2 on bad usage."
+        ),
+    )
+    p.add_argument("--target", default="inproc", help="inproc (default), grpc, or HOST:PORT")
+    p.add_argument("--mode", default="reference", help="implementation mode (impl.modes)")
+    p.add_argument("--traces", type=int, default=100, help="programs to run (default 100)")
+    p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
+    p.add_argument("--out", metavar="DIR", default="kvhandoff-report", help="where failures go")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_conform)
+
+    r = sub.add_parser(
+        "replay",
+        help="replay a trace file against an implementation",
+        description=(
+            "Drive a target with a trace (a model-checker counterexample, a saved conformance "
+            "failure, a hand-written scenario) and report where it agrees with the reference "
+            "spec and where it diverges. Exit 0 when it conforms, 1 when not, 2 on bad usage."
+        ),
+    )
+    r.add_argument("trace", help="trace file (JSON Lines)")
+    r.add_argument("--target", default="inproc", help="inproc (default), grpc, or HOST:PORT")
+    r.add_argument("--mode", help="implementation mode (default: from the trace, else reference)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=run_replay)
+
+    v = sub.add_parser(
+        "validate-log",
+        help="validate implementation event logs against the spec",
+        description=(
+            "Merge the event logs of prefill, decode and router by causality and search for a "
+            "spec behaviour that explains them. Exit 0 when explained, 1 when not (the longest "
+            "explained prefix, the first unexplained event and the spec actions enabled there "
+            "are reported), 2 on bad usage or unreadable logs."
+        ),
+    )
+    v.add_argument("logs", nargs="+", help="event-log files (router.jsonl prefill.jsonl ...)")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=run_validate)
+
+
+def _check_mode(mode: str) -> None:
+    from impl.modes import MODES
+
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    from conformance import campaign
+
+    _check_mode(args.mode)
+    if args.traces < 1 or args.steps < 1:
+        raise UsageError("--traces and --steps must be at least 1")
+    try:
+        target = campaign.make_target(args.target)
+    except campaign.UnknownTarget as exc:
+        raise UsageError(str(exc)) from exc
+    report = campaign.run(
+        args.target,
+        args.mode,
+        traces=args.traces,
+        steps=args.steps,
+        seed=args.seed,
+        out_dir=Path(args.out),
+        target=target,
+    )
+    if args.junit:
+        _write_junit(Path(args.junit), report)
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        print(
+            f"target {report.target}, mode {report.mode}: {report.traces} traces of up to "
+            f"{report.steps} steps in {report.seconds:.1f} s: {report.verdict}"
+        )
+        for f in report.failures:
+            print(f"  {f.kind} ({f.property}): {f.message}")
+            print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file})")
+    return EXIT_OK if report.conforms else EXIT_VIOLATED
+
+
+def _write_junit(path: Path, report: Any) -> None:
+    suite = ET.Element(
+        "testsuite",
+        name=f"kvhandoff-conform-{report.target}-{report.mode}",
+        tests="1",
+        failures=str(len(report.failures)),
+        time=f"{report.seconds:.3f}",
+    )
+    case = ET.SubElement(
+        suite, "testcase", classname="conformance", name=f"{report.mode} on {report.target}"
+    )
+    for f in report.failures:
+        node = ET.SubElement(case, "failure", message=f"{f.kind}: {f.property}")
+        node.text = f"{f.message}\ntrace: {f.trace_file}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from conformance import campaign
+    from conformance.replay import replay_trace
+    from spec.trace import TraceError, load_trace
+
+    if args.mode is not None:
+        _check_mode(args.mode)
+    try:
+        trace = load_trace(Path(args.trace).read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.trace}: {exc}") from exc
+    except TraceError as exc:
+        raise UsageError(f"{args.trace}: {exc}") from exc
+    try:
+        target = campaign.make_target(args.target)
+    except campaign.UnknownTarget as exc:
+        raise UsageError(str(exc)) from exc
+    report = replay_trace(trace, target, args.mode)
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True, default=str))
+    else:
+        print(report.summary())
+    return EXIT_OK if report.conforms else EXIT_VIOLATED
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from conformance.validate import LogError, validate_logs
+
+    try:
+        report = validate_logs([Path(p) for p in args.logs])
+    except LogError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True, default=str))
+    else:
+        print(report.message)
+        if not report.ok:
+            print(f"longest explained prefix: {report.explained} of {report.events} events")
+            names = sorted({a["action"] for a in report.enabled_there})
+            print(f"spec actions enabled there: {', '.join(names)}")
+    return EXIT_OK if report.ok else EXIT_VIOLATED

@@ -1,0 +1,63 @@
+"""`kvhandoff conform` and `kvhandoff replay`: exit codes and the --json contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvhandoff_cli.main import main
+
+
+def test_conform_exits_0_when_the_target_conforms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junit = tmp_path / "junit.xml"
+    code = main(
+        [
+            "conform",
+            "--traces",
+            "50",
+            "--seed",
+            "3",
+            "--json",
+            "--junit",
+            str(junit),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"target", "mode", "traces", "steps", "verdict", "failures", "seconds"}
+    assert out["verdict"] == "conforms" and out["target"] == "inproc"
+    assert "<testsuite" in junit.read_text()
+
+
+def test_conform_exits_1_with_the_shrunk_trace_and_replay_reproduces_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["conform", "--mode", "incident", "--traces", "100", "--json", "--out", str(tmp_path)]
+    )
+    assert code == 1
+    failure = json.loads(capsys.readouterr().out)["failures"][0]
+    assert set(failure) == {"kind", "property", "trace_file", "message"}
+    assert main(["replay", failure["trace_file"], "--json"]) == 1
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["verdict"] == "diverges" and replayed["mode"] == "incident"
+    assert main(["replay", failure["trace_file"], "--mode", "reference"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["conform", "--mode", "nope"],
+        ["conform", "--target", "carrier-pigeon"],
+        ["conform", "--traces", "0"],
+        ["replay", "/nonexistent/trace.jsonl"],
+    ],
+)
+def test_bad_usage_exits_2(argv: list[str]) -> None:
+    assert main(argv) == 2

@@ -1,0 +1,23 @@
+"""The mapping table and the validator's matchers describe the same event kinds."""
+
+from __future__ import annotations
+
+from conformance.mapping import MAPPING, render_markdown
+from conformance.validate import MATCHED_KINDS
+
+
+def test_every_mapped_event_kind_has_exactly_one_matcher() -> None:
+    rows = [row.event for row in MAPPING]
+    assert len(rows) == len(set(rows))
+    missing = sorted(set(rows) - MATCHED_KINDS - {"invariant_alarm"})
+    assert missing == []
+
+
+def test_every_matcher_is_documented_in_the_table() -> None:
+    assert sorted(MATCHED_KINDS - {row.event for row in MAPPING}) == []
+
+
+def test_the_table_renders_every_row_as_markdown() -> None:
+    text = render_markdown()
+    for row in MAPPING:
+        assert f"`{row.event}`" in text
