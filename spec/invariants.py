@@ -1,0 +1,194 @@
+"""Why the reference protocol is safe: the inductive invariants behind its safety properties.
+
+A property such as "decode reads only validated pages" is true of every reachable state, but it is
+not *inductive* on its own: a state that satisfies it can step to one that does not (e.g. a state
+where a validated request's page holds someone else's data; no reachable state looks like that,
+but the property alone does not rule it out). The invariants below are the extra facts that close
+the argument, in the style of Ivy and mypyvy: together with the `ALWAYS` properties they hold
+initially, every action preserves them, and they imply the properties.
+
+Read them as the protocol's proof sketch:
+
+1. `generations_are_unique`: decode takes each generation from a counter that never goes back
+   (it survives restarts), so no two requests hold the same generation.
+2. `prefill_holds_decodes_generation`, `messages_carry_their_generation`,
+   `writes_carry_their_grant`: whatever prefill holds, sends or writes for a request names the
+   generation decode granted that request. Together with 1, (room, generation) names one request.
+3. `owned_pages_hold_owner_data_or_nothing`: decode's ownership check admits a write only into a
+   page owned by the write's own (room, generation), which by 1-2 is the write's own request; and a
+   page is zeroed before it is granted again. So an owned page holds its owner's data or nothing.
+4. `validated_pages_hold_own_data`: decode validates only a completion whose digest matches the
+   data in every granted page; by 2 the digest names the request itself; by 3 nothing else lands
+   in those pages before they are read. So what decode reads is the request's own data.
+5. `rejected_requests_are_never_completed`: a request some side did not admit as sent is never
+   granted to prefill's writer and never validated, so nothing is written or generated for it.
+
+Every invariant is a pure function `(config, state) -> bool`, like the properties. They are
+checked three ways: on every state the explorer reaches (`tests/model_checker`), as k-induction
+strengthening on the fixed-configuration Z3 encoding, and (their parametric versions, the same
+names) over any number of pages, requests and tenants by `kvhandoff check --engine prove`.
+
+They are invariants of the *reference* design (and of designs that keep its defences); a variant
+that breaks a property breaks at least one of them, which is how the proof fails for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spec.config import Config
+from spec.state import State, Tag
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    claim: str
+    holds: Callable[[Config, State], bool]
+
+
+def generations_are_unique(config: Config, state: State) -> bool:
+    """No two requests hold the same decode generation, and the counter is past all of them."""
+    held = [req.d_gen for req in state.requests if req.d_gen != 0]
+    return len(held) == len(set(held)) and all(g < state.next_generation for g in held)
+
+
+def unreserved_requests_hold_nothing(config: Config, state: State) -> bool:
+    """Before decode reserves for a request (or once it refused it), the request holds no
+    generation and no pages; only the phases between reservation and release hold pages."""
+    for req in state.requests:
+        if req.d in ("none", "received", "admitted", "rejected") and (req.d_gen or req.d_pages):
+            return False
+        holding = ("reserved", "validated", "generated", "answered", "failed")
+        if req.d_pages and req.d not in holding:
+            return False
+    return True
+
+
+def prefill_holds_decodes_generation(config: Config, state: State) -> bool:
+    """The grant prefill holds for a request is the one decode issued for it."""
+    for req in state.requests:
+        if req.p_gen != 0 and req.p_gen != req.d_gen:
+            return False
+        if req.p_wrote > len(req.p_pages):
+            return False
+        if req.p_wrote and req.p_gen == 0:
+            return False
+    return True
+
+
+def messages_carry_their_generation(config: Config, state: State) -> bool:
+    """Every grant, completion, abort and abort ack in the network (or waiting to be sent again)
+    names its own request's generation; completions are only sent by a prefill that holds it."""
+    for m in (*state.network, *state.lost):
+        req = state.requests[m.request]
+        if m.kind == "grant" and (m.generation == 0 or m.generation != req.d_gen):
+            return False
+        if m.kind == "completion" and (m.generation == 0 or m.generation != req.p_gen):
+            return False
+        if m.kind in ("abort", "abort_ack", "failure") and m.generation not in (0, req.d_gen):
+            return False
+    return True
+
+
+def writes_carry_their_grant(config: Config, state: State) -> bool:
+    """A write in flight carries its request's room, generation and data, for a granted page."""
+    for w in state.writes:
+        r = w.data.request
+        req = state.requests[r]
+        if req.p_gen == 0 or w.generation != req.p_gen or w.page not in req.p_pages:
+            return False
+        if w.room != config.requests[r].room or w.data != Tag(r, req.p_gen, w.data.tenant):
+            return False
+        if w.data.tenant != config.requests[r].tenant:
+            return False
+    return True
+
+
+def owned_pages_hold_owner_data_or_nothing(config: Config, state: State) -> bool:
+    """A page decode owns for (r, g) holds r's data for g, or nothing."""
+    for page in state.pages:
+        if page.owner is None or page.content is None:
+            continue
+        r, g = page.owner
+        if page.content != Tag(r, g, config.requests[r].tenant):
+            return False
+    return True
+
+
+def validated_pages_hold_own_data(config: Config, state: State) -> bool:
+    """Once decode validated a request's completion, every page it holds for the request holds
+    the request's own data for its generation (so `decode_generate` reads exactly that)."""
+    for r, req in enumerate(state.requests):
+        if req.d != "validated":
+            continue
+        own = Tag(r, req.d_gen, config.requests[r].tenant)
+        if any(state.pages[p].content != own for p in req.d_pages):
+            return False
+    return True
+
+
+def rejected_requests_are_never_completed(config: Config, state: State) -> bool:
+    """A request not admitted as sent: prefill never writes or completes it, decode never
+    validates it, and the client never gets output for it."""
+    for r, req in enumerate(state.requests):
+        if not req.not_as_is:
+            continue
+        if req.p_wrote or req.p in ("granted", "completed"):
+            return False
+        if req.d in ("validated", "generated", "answered") or req.read is not None:
+            return False
+        if req.answer is not None and req.answer.ok:
+            return False
+        if any(m.kind == "completion" and m.request == r for m in (*state.network, *state.lost)):
+            return False
+    return True
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        "generations_are_unique",
+        "no two requests hold the same generation; the counter is past every one",
+        generations_are_unique,
+    ),
+    Invariant(
+        "unreserved_requests_hold_nothing",
+        "only a reserved (not yet released) request holds a generation's pages",
+        unreserved_requests_hold_nothing,
+    ),
+    Invariant(
+        "prefill_holds_decodes_generation",
+        "the grant prefill holds for a request is decode's grant for it",
+        prefill_holds_decodes_generation,
+    ),
+    Invariant(
+        "messages_carry_their_generation",
+        "grants, completions, aborts and acks name their own request's generation",
+        messages_carry_their_generation,
+    ),
+    Invariant(
+        "writes_carry_their_grant",
+        "a write in flight carries its own request's room, generation and data",
+        writes_carry_their_grant,
+    ),
+    Invariant(
+        "owned_pages_hold_owner_data_or_nothing",
+        "a page owned by (r, g) holds r's data for g, or nothing",
+        owned_pages_hold_owner_data_or_nothing,
+    ),
+    Invariant(
+        "validated_pages_hold_own_data",
+        "a validated request's pages all hold its own data for its generation",
+        validated_pages_hold_own_data,
+    ),
+    Invariant(
+        "rejected_requests_are_never_completed",
+        "a request not admitted as sent is never written, completed, validated or answered",
+        rejected_requests_are_never_completed,
+    ),
+)
+
+
+def failing_invariants(config: Config, state: State) -> list[Invariant]:
+    return [inv for inv in INVARIANTS if not inv.holds(config, state)]
