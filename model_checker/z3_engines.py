@@ -193,7 +193,8 @@ def kinduction(
     """
     started = time.perf_counter()
     max_k = DEFAULT_KIND_DEPTH if depth is None else depth
-    enc = Encoding(variant, config)
+    # Unbounded Ints: counters that no invariant bounds cannot wrap around in a CTI.
+    enc = Encoding(variant, config, width=None)
     invs = fixed_invariants(enc) if invariants is None else invariants
 
     def q(s: SymState) -> dict[str, Any]:
@@ -201,9 +202,9 @@ def kinduction(
         out.update({f"invariant {name}": f(s) for name, f in invs.items()})
         return out
 
-    base = _solver(timeout)
+    base = _solver(timeout, logic=None)
     base.add(enc.init(enc.state_at(0)))
-    step = _solver(timeout)
+    step = _solver(timeout, logic=None)
     cti: dict[str, Any] = {}
     for k in range(1, max_k + 1):
         # Base case at depth k-1: can Q fail within k-1 steps? Then report the BMC answer.

@@ -1,5 +1,191 @@
-"""placeholder"""
+"""The invariants of `spec/invariants.py`, over the fixed-configuration Z3 encoding.
+
+Each entry has the name of its Python twin (a test checks the two agree on every state the explorer
+reaches), plus `well_formed`: facts about the encoding itself (phases in range, counters
+non-negative, ids naming real requests), which a spec state satisfies by construction.
+Together with the safety properties they are 1-inductive for the reference protocol at the default
+configuration, which is what `kvhandoff check --engine kind` proves.
+"""
+
 from __future__ import annotations
+
+from collections.abc import Callable
 from typing import Any
-def fixed_invariants(enc: Any) -> dict[str, Any]:
-    return {}
+
+import z3
+
+from model_checker.z3_encoding import D, D_PHASES, P, P_PHASES, REASONS, SLOT, Encoding, SymState
+
+InvariantFormula = Callable[[SymState], Any]
+
+
+def _in(x: Any, names: tuple[str, ...], table: dict[str, int]) -> Any:
+    return z3.Or([x == table[n] for n in names])
+
+
+def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
+    n, pages = enc.n, range(enc.np)
+
+    def present(s: SymState, kind: str, r: int) -> Any:
+        k = SLOT[kind]
+        return s[f"r{r}.{k}_net"] + s[f"r{r}.{k}_lost"] > 0
+
+    def well_formed(s: SymState) -> Any:
+        out = [enc.in_range(s), s["next_gen"] >= 1]
+        for r in range(n):
+            out += [s[f"r{r}.p"] < len(P_PHASES), s[f"r{r}.d"] < len(D_PHASES)]
+            out.append(s[f"r{r}.ans_reason"] < len(REASONS))
+            for j in pages:
+                out.append(z3.Implies(s[f"r{r}.w{j}"], s[f"r{r}.p_pages{j}"]))
+        for j in pages:
+            out.append(z3.Implies(s[f"pg{j}.own"], s[f"pg{j}.own_req"] < n))
+            out.append(z3.Implies(s[f"pg{j}.has"], s[f"pg{j}.c_req"] < n))
+        return z3.And(out)
+
+    def unsubmitted_requests_are_untouched(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            untouched = [
+                s[f"r{r}.p"] == P["none"],
+                s[f"r{r}.d"] == D["none"],
+                z3.Not(s[f"r{r}.ans_set"]),
+                z3.Not(s[f"r{r}.not_as_is"]),
+                s[f"r{r}.p_gen"] == 0,
+                s[f"r{r}.d_gen"] == 0,
+            ]
+            untouched += [z3.Not(present(s, kind, r)) for kind in SLOT]
+            untouched += [z3.Not(s[f"r{r}.w{j}"]) for j in pages]
+            untouched += [z3.Not(s[f"r{r}.pa"]), s[f"r{r}.p_wrote"] == 0]
+            out.append(z3.Implies(z3.Not(s[f"r{r}.submitted"]), z3.And(untouched)))
+        return z3.And(out)
+
+    def generations_are_unique(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            out.append(s[f"r{r}.d_gen"] < s["next_gen"])
+            for q in range(r + 1, n):
+                out.append(z3.Implies(s[f"r{r}.d_gen"] != 0, s[f"r{r}.d_gen"] != s[f"r{q}.d_gen"]))
+        return z3.And(out)
+
+    def unreserved_requests_hold_nothing(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            dp = z3.Or([s[f"r{r}.d_pages{j}"] for j in pages])
+            early = _in(s[f"r{r}.d"], ("none", "received", "admitted", "rejected"), D)
+            holding = ("reserved", "validated", "generated", "answered", "failed")
+            out.append(z3.Implies(early, z3.And(s[f"r{r}.d_gen"] == 0, z3.Not(dp))))
+            out.append(z3.Implies(dp, _in(s[f"r{r}.d"], holding, D)))
+        return z3.And(out)
+
+    def prefill_holds_decodes_generation(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            pgen, wrote = s[f"r{r}.p_gen"], s[f"r{r}.p_wrote"]
+            out.append(z3.Implies(pgen != 0, pgen == s[f"r{r}.d_gen"]))
+            out.append(wrote <= enc._count([s[f"r{r}.p_pages{j}"] for j in pages]))
+            out.append(z3.Implies(wrote > 0, pgen != 0))
+            out.append(z3.Implies(_in(s[f"r{r}.p"], ("granted", "completed"), P), pgen != 0))
+            idle = ("none", "received", "admitted", "rejected")
+            out.append(z3.Implies(_in(s[f"r{r}.p"], idle, P), wrote == 0))
+        return z3.And(out)
+
+    def messages_carry_their_generation(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            dgen, pgen = s[f"r{r}.d_gen"], s[f"r{r}.p_gen"]
+            g, c = s[f"r{r}.g_gen"], s[f"r{r}.c_gen"]
+            out.append(z3.Implies(present(s, "grant", r), z3.And(g != 0, g == dgen)))
+            out.append(z3.Implies(present(s, "completion", r), z3.And(c != 0, c == pgen)))
+            for kind in ("abort", "abort_ack", "failure"):
+                gen = s[f"r{r}.{SLOT[kind]}_gen"]
+                out.append(z3.Implies(present(s, kind, r), z3.Or(gen == 0, gen == dgen)))
+            out.append(
+                z3.Implies(s[f"r{r}.pa"], z3.Or(s[f"r{r}.pa_gen"] == 0, s[f"r{r}.pa_gen"] == dgen))
+            )
+            if enc.design.release_fence not in ("drain_ack", "ack_or_timeout"):
+                # Without a drain fence nobody asks for acks: none is pending or in flight.
+                out.append(z3.Not(s[f"r{r}.pa"]))
+                out.append(z3.Not(present(s, "abort_ack", r)))
+                out.append(z3.Not(s[f"r{r}.d_awaiting"]))
+        return z3.And(out)
+
+    def writes_carry_their_grant(s: SymState) -> Any:
+        return z3.And(
+            [
+                z3.Implies(s[f"r{r}.w{j}"], z3.And(s[f"r{r}.p_gen"] != 0, s[f"r{r}.p_pages{j}"]))
+                for r in range(n)
+                for j in pages
+            ]
+        )
+
+    def owned_pages_hold_owner_data_or_nothing(s: SymState) -> Any:
+        return z3.And(
+            [
+                z3.Implies(
+                    z3.And(s[f"pg{j}.own"], s[f"pg{j}.has"]),
+                    z3.And(
+                        s[f"pg{j}.c_req"] == s[f"pg{j}.own_req"],
+                        s[f"pg{j}.c_gen"] == s[f"pg{j}.own_gen"],
+                    ),
+                )
+                for j in pages
+            ]
+        )
+
+    def validated_pages_hold_own_data(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            for j in pages:
+                own = z3.And(
+                    s[f"pg{j}.has"], s[f"pg{j}.c_req"] == r, s[f"pg{j}.c_gen"] == s[f"r{r}.d_gen"]
+                )
+                pre = z3.And(s[f"r{r}.d"] == D["validated"], s[f"r{r}.d_pages{j}"])
+                out.append(z3.Implies(pre, own))
+        return z3.And(out)
+
+    def decode_validates_only_completed_prefill(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            done = s[f"r{r}.p"] == P["completed"]
+            later = _in(s[f"r{r}.d"], ("validated", "generated", "answered"), D)
+            ok = z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_ok"])
+            out.append(z3.Implies(z3.Or(later, s[f"r{r}.read_set"], s[f"r{r}.acc_set"]), done))
+            out.append(z3.Implies(ok, z3.And(done, s[f"r{r}.read_set"])))
+            out.append(
+                z3.Implies(_in(s[f"r{r}.d"], ("generated", "answered"), D), s[f"r{r}.read_set"])
+            )
+            out.append(z3.Implies(present(s, "completion", r), done))
+        return z3.And(out)
+
+    def rejected_requests_are_never_completed(s: SymState) -> Any:
+        out = []
+        for r in range(n):
+            never = z3.And(
+                s[f"r{r}.p_wrote"] == 0,
+                z3.Not(_in(s[f"r{r}.p"], ("granted", "completed"), P)),
+                z3.Not(_in(s[f"r{r}.d"], ("validated", "generated", "answered"), D)),
+                z3.Not(s[f"r{r}.read_set"]),
+                z3.Not(z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_ok"])),
+                z3.Not(present(s, "completion", r)),
+                z3.Or(
+                    s[f"r{r}.p"] == P["rejected"],
+                    s[f"r{r}.d"] == D["rejected"],
+                    z3.And(s[f"r{r}.p"] == P["none"], s[f"r{r}.d"] == D["none"]),
+                ),
+            )
+            out.append(z3.Implies(s[f"r{r}.not_as_is"], never))
+        return z3.And(out)
+
+    return {
+        "well_formed": well_formed,
+        "unsubmitted_requests_are_untouched": unsubmitted_requests_are_untouched,
+        "generations_are_unique": generations_are_unique,
+        "unreserved_requests_hold_nothing": unreserved_requests_hold_nothing,
+        "prefill_holds_decodes_generation": prefill_holds_decodes_generation,
+        "messages_carry_their_generation": messages_carry_their_generation,
+        "writes_carry_their_grant": writes_carry_their_grant,
+        "owned_pages_hold_owner_data_or_nothing": owned_pages_hold_owner_data_or_nothing,
+        "validated_pages_hold_own_data": validated_pages_hold_own_data,
+        "decode_validates_only_completed_prefill": decode_validates_only_completed_prefill,
+        "rejected_requests_are_never_completed": rejected_requests_are_never_completed,
+    }

@@ -143,6 +143,9 @@ def rejected_requests_are_never_completed(config: Config, state: State) -> bool:
             return False
         if any(m.kind == "completion" and m.request == r for m in (*state.network, *state.lost)):
             return False
+        # Who refused it, and so stopped it: prefill, decode, or the router (before either).
+        if not (req.p == "rejected" or req.d == "rejected" or (req.p, req.d) == ("none", "none")):
+            return False
     return True
 
 
