@@ -302,7 +302,7 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
     """
     started = time.perf_counter()
     timeout = 60.0 if timeout is None else timeout
-    enc = Encoding(variant, config)
+    enc = Encoding(variant, config, width=None)
     s, s2 = enc.state_at(0, "h_"), enc.state_at(1, "h_")
     act = enc.action_at(0, "h_")
     names = [name for name, _ in enc.fields]
