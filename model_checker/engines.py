@@ -47,9 +47,9 @@ def _z3(run: Callable[[], CheckResult]) -> CheckResult:
 
 
 def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    from model_checker.z3_engines import bmc
+    from model_checker.z3_engines import bmc_cached
 
-    return _z3(lambda: bmc(variant, config, depth=options.depth, timeout=options.timeout))
+    return _z3(lambda: bmc_cached(variant, config, depth=options.depth, timeout=options.timeout))
 
 
 def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:

@@ -20,7 +20,7 @@ import z3
 
 from model_checker.result import CheckResult, PropertyResult
 from model_checker.z3_encoding import Encoding
-from model_checker.z3_engines import NOT_CHECKED, _safe_concretize, bmc
+from model_checker.z3_engines import NOT_CHECKED, _safe_concretize, bmc_cached
 from model_checker.z3_invariants import fixed_invariants
 from model_checker.z3_prove import Obligation, prove_any_size, supports
 from spec.config import Config
@@ -112,7 +112,7 @@ def prove(variant: Variant, config: Config, timeout: float | None = None) -> Che
             extra=extra,
         )
     # The proof fails: is there a real counterexample?
-    search = bmc(variant, config, timeout=timeout)
+    search = bmc_cached(variant, config, timeout=timeout)
     first = failed[0]
     what = f"{first.kind} of {first.invariant}" + (
         f" under {first.action}" if first.action else ""

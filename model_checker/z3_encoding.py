@@ -286,6 +286,8 @@ class Encoding:
 
     def action_at(self, t: int, prefix: str = "") -> Any:
         """The action instance taken from step t to t+1 (an index into `instances`)."""
+        if self.width is None:
+            return z3.Int(f"{prefix}act@{t}")
         return z3.BitVec(f"{prefix}act@{t}", self.act_width)
 
     @property
@@ -961,7 +963,11 @@ class Encoding:
             for i, value in reversed(chains.get(name, [])):
                 expr = z3.If(act == i, value, expr)
             eqs.append(s2[name] == expr)
-        return z3.And(z3.ULT(act, len(self.instances)), *guards, *eqs)
+        if self.width is None:
+            in_range = z3.And(act >= 0, act < len(self.instances))
+        else:
+            in_range = z3.ULT(act, len(self.instances))
+        return z3.And(in_range, *guards, *eqs)
 
     def trans_at(self, t: int, prefix: str = "") -> Any:
         """T(s_t, a_t, s_{t+1}), by renaming one symbolic copy of T (built once)."""

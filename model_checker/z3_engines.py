@@ -11,6 +11,7 @@ engines leave it out of their results and say so in `extra["not_checked"]`.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections.abc import Sequence
@@ -97,6 +98,21 @@ def _result(
             **extra,
         },
     )
+
+
+_BMC_CACHE: dict[tuple[Any, ...], CheckResult] = {}
+
+
+def bmc_cached(
+    variant: Variant, config: Config, depth: int | None = None, timeout: float | None = None
+) -> CheckResult:
+    """`bmc`, remembered per (design, config, depth, timeout): kind, prove and spacer fall back
+    on BMC to look for a real counterexample, and the matrix runs all of them on one variant.
+    Only pure-design variants are encodable, so the design determines the result."""
+    key = (variant.design, config, depth, timeout)
+    if key not in _BMC_CACHE:
+        _BMC_CACHE[key] = bmc(variant, config, depth, timeout)
+    return copy.deepcopy(_BMC_CACHE[key])
 
 
 def bmc(
@@ -213,7 +229,7 @@ def kinduction(
         qs = q(enc.state_at(k - 1))
         if base.check(z3.Not(z3.And(list(qs.values())))) == z3.sat:
             # Some invariant or property fails on a reachable state: BMC finds the shortest.
-            result = bmc(variant, config, depth=k - 1, timeout=timeout)
+            result = bmc_cached(variant, config, depth=k - 1, timeout=timeout)
             if result.verdict == "violated":
                 result.engine = "kind"
                 return result
@@ -270,13 +286,26 @@ def kinduction(
         else:
             cti = {"k": k, "reason": f"solver unknown: {step.reason_unknown()}"}
         step.pop()
-    results = [
-        PropertyResult(
-            p.name, "unknown", depth=max_k, detail=f"not {max_k}-inductive (see extra.cti)"
-        )
-        for p in ALWAYS
-    ]
-    return _result(variant, "kind", config, results, started, cti=cti, invariants=sorted(invs))
+    # Not inductive: look for a real counterexample before calling it inconclusive.
+    search = bmc_cached(variant, config, timeout=timeout)
+    results = []
+    for r in search.results:
+        if r.verdict == "violated":
+            results.append(r)
+        else:
+            detail = f"not {max_k}-inductive (see extra.cti); no counterexample within "
+            detail += f"{search.extra.get('max_depth')} steps"
+            results.append(PropertyResult(r.property, "unknown", depth=max_k, detail=detail))
+    return _result(
+        variant,
+        "kind",
+        config,
+        results,
+        started,
+        cti=cti,
+        invariants=sorted(invs),
+        bmc_depth=search.extra.get("max_depth"),
+    )
 
 
 def _safe_concretize(enc: Encoding, v: dict[str, Any]) -> str:
@@ -319,9 +348,15 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
     fp.rule(inv(*cur), enc.init(s))
     fp.rule(inv(*nxt), [inv(*cur), enc.trans(s, act, s2)])
     fp.rule(bad(), [inv(*cur), z3.Not(z3.And(list(enc.properties(s).values())))])
-    answer = fp.query(bad())
+    try:
+        answer = fp.query(bad())
+    except z3.Z3Exception as exc:  # Spacer reports its timeout as a cancellation
+        answer = z3.unknown
+        cancelled = str(exc)
+    else:
+        cancelled = ""
     if answer == z3.sat:
-        result = bmc(variant, config, depth=DEFAULT_BMC_DEPTH, timeout=timeout)
+        result = bmc_cached(variant, config, timeout=timeout)
         result.engine = "spacer"
         result.seconds = time.perf_counter() - started
         if result.verdict != "violated":
@@ -331,15 +366,15 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
                     r.detail = "Spacer found a violation deeper than BMC's bound"
         return result
     if answer == z3.unknown:
-        reason = fp.reason_unknown()
+        reason = f"timed out after {timeout:g} s" if cancelled else fp.reason_unknown()
         results = [
             PropertyResult(p.name, "unknown", detail=f"Spacer: {reason}") for p in ALWAYS
         ]
         return _result(variant, "spacer", config, results, started, reason=reason)
     # Safe: re-check Spacer's invariant with plain induction queries before it counts.
     body = fp.get_answer()
-    found = _instantiate(body, cur)
-    found_next = _instantiate(body, nxt)
+    found = _instantiate(body, inv, cur)
+    found_next = _instantiate(body, inv, nxt)
     checks = {
         "initiation": z3.And(enc.init(s), z3.Not(found)),
         "consecution": z3.And(found, enc.trans(s, act, s2), z3.Not(found_next)),
@@ -347,7 +382,7 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
     }
     failed = []
     for name, query in checks.items():
-        solver = _solver(timeout)
+        solver = _solver(timeout, logic=None)
         solver.add(query)
         if solver.check() != z3.unsat:
             failed.append(name)
@@ -368,11 +403,23 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
     )
 
 
-def _instantiate(body: Any, args: Sequence[Any]) -> Any:
-    """Spacer's answer for Inv as a formula over `args`."""
-    if z3.is_quantifier(body) and body.is_lambda():
-        return z3.substitute_vars(body.body(), *reversed(list(args)))
-    if z3.is_app(body) and body.num_args() == 2 and z3.is_eq(body):
-        # (= (Inv vars) formula)
-        return z3.substitute_vars(body.arg(1), *reversed(list(args)))
-    return z3.substitute_vars(body, *reversed(list(args)))
+def _instantiate(answer: Any, relation: Any, args: Sequence[Any]) -> Any:
+    """Spacer's definition of `relation` (from `get_answer()`), applied to `args`.
+
+    The answer is a conjunction holding `ForAll(vs, relation(vs) == body)`; the bound variables
+    appear in `body` as de Bruijn indices, mapped here to the actual arguments.
+    """
+    parts = answer.children() if z3.is_and(answer) else [answer]
+    for part in parts:
+        body = part.body() if z3.is_quantifier(part) else part
+        if not (z3.is_eq(body) and z3.is_app(body.arg(0))):
+            continue
+        lhs, rhs = body.arg(0), body.arg(1)
+        if not lhs.decl().eq(relation):
+            continue
+        n = part.num_vars() if z3.is_quantifier(part) else 0
+        values: list[Any] = [None] * n
+        for i in range(lhs.num_args()):
+            values[z3.get_var_index(lhs.arg(i))] = args[i]
+        return z3.substitute_vars(rhs, *values) if n else rhs
+    raise EncodingError(f"Spacer's answer has no definition of {relation}: {answer}")

@@ -35,6 +35,10 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
         for r in range(n):
             out += [s[f"r{r}.p"] < len(P_PHASES), s[f"r{r}.d"] < len(D_PHASES)]
             out.append(s[f"r{r}.ans_reason"] < len(REASONS))
+            # Epochs come from the peers' health checks: never ahead of the peer.
+            out.append(s[f"r{r}.p_epoch"] <= s["decode_epoch"])
+            out.append(s[f"r{r}.g_epoch"] <= s["decode_epoch"])
+            out.append(s[f"r{r}.d_epoch"] <= s["prefill_epoch"])
             for j in pages:
                 out.append(z3.Implies(s[f"r{r}.w{j}"], s[f"r{r}.p_pages{j}"]))
         for j in pages:
@@ -75,6 +79,10 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
             holding = ("reserved", "validated", "generated", "answered", "failed")
             out.append(z3.Implies(early, z3.And(s[f"r{r}.d_gen"] == 0, z3.Not(dp))))
             out.append(z3.Implies(dp, _in(s[f"r{r}.d"], holding, D)))
+            reserved = ("reserved", "validated", "generated", "answered")
+            out.append(z3.Implies(_in(s[f"r{r}.d"], reserved, D), s[f"r{r}.d_gen"] != 0))
+            awaiting = z3.And(s[f"r{r}.d"] == D["failed"], s[f"r{r}.d_gen"] != 0)
+            out.append(z3.Implies(s[f"r{r}.d_awaiting"], awaiting))
         return z3.And(out)
 
     def prefill_holds_decodes_generation(s: SymState) -> Any:
@@ -99,9 +107,10 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
             for kind in ("abort", "abort_ack", "failure"):
                 gen = s[f"r{r}.{SLOT[kind]}_gen"]
                 out.append(z3.Implies(present(s, kind, r), z3.Or(gen == 0, gen == dgen)))
-            out.append(
-                z3.Implies(s[f"r{r}.pa"], z3.Or(s[f"r{r}.pa_gen"] == 0, s[f"r{r}.pa_gen"] == dgen))
-            )
+            pgen_ok = z3.And(s[f"r{r}.pa_gen"] != 0, s[f"r{r}.pa_gen"] == dgen)
+            out.append(z3.Implies(s[f"r{r}.pa"], pgen_ok))
+            kgen = s[f"r{r}.k_gen"]
+            out.append(z3.Implies(present(s, "abort_ack", r), z3.And(kgen != 0, kgen == dgen)))
             if enc.design.release_fence not in ("drain_ack", "ack_or_timeout"):
                 # Without a drain fence nobody asks for acks: none is pending or in flight.
                 out.append(z3.Not(s[f"r{r}.pa"]))
@@ -112,7 +121,14 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
     def writes_carry_their_grant(s: SymState) -> Any:
         return z3.And(
             [
-                z3.Implies(s[f"r{r}.w{j}"], z3.And(s[f"r{r}.p_gen"] != 0, s[f"r{r}.p_pages{j}"]))
+                z3.Implies(
+                    s[f"r{r}.w{j}"],
+                    z3.And(
+                        s[f"r{r}.p_gen"] != 0,
+                        s[f"r{r}.p_pages{j}"],
+                        enc._rank(s, f"r{r}.p_pages", j) < s[f"r{r}.p_wrote"],
+                    ),
+                )
                 for r in range(n)
                 for j in pages
             ]
@@ -176,7 +192,67 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
             out.append(z3.Implies(s[f"r{r}.not_as_is"], never))
         return z3.And(out)
 
+    def current_writes(s: SymState, r: int) -> Any:
+        """A write of r issued against the current decode incarnation (others are refused)."""
+        anyw = z3.Or([s[f"r{r}.w{j}"] for j in pages])
+        return z3.And(anyw, s[f"r{r}.p_epoch"] == s["decode_epoch"])
+
+    def fenced_writes_land_in_held_pages(s: SymState) -> Any:
+        """One-sided writes land wherever they point; the drain fence keeps that a page its own
+        request still holds: a current write targets a held page, a prefill that may still write
+        holds the same grant as decode, and decode keeps the pages until writes drained."""
+        out = []
+        for r in range(n):
+            cur = z3.And(s[f"r{r}.p_epoch"] == s["decode_epoch"])
+            held = z3.Or(
+                s[f"r{r}.d"] == D["reserved"],
+                z3.And(s[f"r{r}.d"] == D["failed"], s[f"r{r}.d_awaiting"]),
+            )
+            for j in pages:
+                out.append(
+                    z3.Implies(z3.And(s[f"r{r}.w{j}"], cur), s[f"r{r}.d_pages{j}"])
+                )
+            live = _in(s[f"r{r}.p"], ("received", "admitted", "granted"), P)
+            writing = z3.And(live, s[f"r{r}.p_gen"] != 0, cur)
+            out.append(z3.Implies(writing, held))
+            out.append(
+                z3.Implies(
+                    writing,
+                    z3.And([s[f"r{r}.p_pages{j}"] == s[f"r{r}.d_pages{j}"] for j in pages]),
+                )
+            )
+            waiting = z3.And(
+                present(s, "grant", r),
+                s[f"r{r}.g_epoch"] == s["decode_epoch"],
+                _in(s[f"r{r}.p"], ("received", "admitted"), P),
+                s[f"r{r}.p_gen"] == 0,
+            )
+            out.append(z3.Implies(waiting, held))
+            out.append(
+                z3.Implies(
+                    waiting,
+                    z3.And([s[f"r{r}.g_pages{j}"] == s[f"r{r}.d_pages{j}"] for j in pages]),
+                )
+            )
+            done = z3.Or(
+                _in(s[f"r{r}.d"], ("validated", "generated", "answered"), D),
+                z3.And(s[f"r{r}.d"] == D["failed"], z3.Not(s[f"r{r}.d_awaiting"])),
+                s[f"r{r}.p"] == P["completed"],
+                present(s, "completion", r),
+                present(s, "failure", r),
+                present(s, "abort_ack", r),
+            )
+            out.append(z3.Implies(done, z3.Not(current_writes(s, r))))
+            stopped = z3.Not(_in(s[f"r{r}.p"], ("received", "admitted", "granted"), P))
+            told = z3.Or(s[f"r{r}.pa"], present(s, "abort_ack", r), present(s, "failure", r))
+            out.append(z3.Implies(told, stopped))
+        return z3.And(out)
+
+    extra: dict[str, InvariantFormula] = {}
+    if enc.design.write_path == "one_sided":
+        extra["fenced_writes_land_in_held_pages"] = fenced_writes_land_in_held_pages
     return {
+        **extra,
         "well_formed": well_formed,
         "unsubmitted_requests_are_untouched": unsubmitted_requests_are_untouched,
         "generations_are_unique": generations_are_unique,
