@@ -61,7 +61,7 @@ def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResu
 def _prove(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from model_checker.prove import prove
 
-    return _z3(lambda: prove(variant, config, timeout=options.timeout))
+    return _z3(lambda: prove(variant, config, timeout=options.timeout, depth=options.depth))
 
 
 def _spacer(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:

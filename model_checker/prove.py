@@ -73,7 +73,10 @@ def prove_fixed(variant: Variant, config: Config, timeout: float | None = None) 
     return out
 
 
-def prove(variant: Variant, config: Config, timeout: float | None = None) -> CheckResult:
+def prove(
+    variant: Variant, config: Config, timeout: float | None = None, depth: int | None = None
+) -> CheckResult:
+    """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails."""
     started = time.perf_counter()
     why_not = supports(variant.design)
     if why_not is None:
@@ -112,7 +115,7 @@ def prove(variant: Variant, config: Config, timeout: float | None = None) -> Che
             extra=extra,
         )
     # The proof fails: is there a real counterexample?
-    search = bmc_cached(variant, config, timeout=timeout)
+    search = bmc_cached(variant, config, depth=depth, timeout=timeout)
     first = failed[0]
     what = f"{first.kind} of {first.invariant}" + (
         f" under {first.action}" if first.action else ""

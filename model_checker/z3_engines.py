@@ -198,6 +198,7 @@ def kinduction(
     depth: int | None = None,
     timeout: float | None = None,
     invariants: dict[str, Any] | None = None,
+    fallback_depth: int | None = None,
 ) -> CheckResult:
     """k-induction with simple-path constraints, strengthened by the fixed-config invariants.
 
@@ -287,7 +288,7 @@ def kinduction(
             cti = {"k": k, "reason": f"solver unknown: {step.reason_unknown()}"}
         step.pop()
     # Not inductive: look for a real counterexample before calling it inconclusive.
-    search = bmc_cached(variant, config, timeout=timeout)
+    search = bmc_cached(variant, config, depth=fallback_depth, timeout=timeout)
     results = []
     for r in search.results:
         if r.verdict == "violated":
