@@ -65,9 +65,7 @@ def prove_fixed(variant: Variant, config: Config, timeout: float | None = None) 
         ids = [i for i, inst in enumerate(enc.instances) if inst.name == action]
         which = z3.Or([act == i for i in ids])
         for name in claims:
-            check(
-                "consecution", name, action, inv_all, trans, which, z3.Not(after[name]), cti=True
-            )
+            check("consecution", name, action, inv_all, trans, which, z3.Not(after[name]), cti=True)
     for name in enc.properties(s):
         check("safety", name, None, inv_all, z3.Not(claims[name]), cti=False)
     return out
@@ -117,9 +115,7 @@ def prove(
     # The proof fails: is there a real counterexample?
     search = bmc_cached(variant, config, depth=depth, timeout=timeout)
     first = failed[0]
-    what = f"{first.kind} of {first.invariant}" + (
-        f" under {first.action}" if first.action else ""
-    )
+    what = f"{first.kind} of {first.invariant}" + (f" under {first.action}" if first.action else "")
     results = []
     for r in search.results:
         if r.verdict == "violated":

@@ -280,7 +280,9 @@ class Encoding:
 
     def _new_state(self, t: int, prefix: str) -> SymState:
         return {
-            name: z3.Bool(f"{prefix}{name}@{t}") if kind == "B" else self._int(f"{prefix}{name}@{t}")
+            name: z3.Bool(f"{prefix}{name}@{t}")
+            if kind == "B"
+            else self._int(f"{prefix}{name}@{t}")
             for name, kind in self.fields
         }
 
@@ -416,7 +418,7 @@ class Encoding:
         e[f"r{r}.d"] = self.K(D["failed"])
         e[f"r{r}.d_awaiting"] = awaiting
 
-    def _target(self, e: Effect, r: int) -> Any:
+    def _target(self, e: Effect | SymState, r: int) -> Any:
         """`_prefill_target_pages`: min(p_len, len(p_pages))."""
         granted = self._count([e[f"r{r}.p_pages{j}"] for j in range(self.np)])
         plen = e[f"r{r}.p_len"]
@@ -1066,10 +1068,10 @@ class Encoding:
                 v[f"r{r}.read_set"] = True
                 # Decode read its pages in page order; once it released them, which pages they
                 # were no longer matters (only the sequence of tags does): use the first ones.
-                where = q.d_pages if q.d_pages else tuple(range(len(q.read)))
-                if len(q.read) != len(where):
+                read_at = q.d_pages if q.d_pages else tuple(range(len(q.read)))
+                if len(q.read) != len(read_at):
                     raise EncodingError(f"request {r}: read {q.read} but pages {q.d_pages}")
-                for j, tag in zip(where, q.read, strict=True):
+                for j, tag in zip(read_at, q.read, strict=True):
                     v[f"r{r}.read_pages{j}"] = True
                     if tag is not None:
                         v[f"r{r}.rc{j}_has"] = True
@@ -1100,11 +1102,17 @@ class Encoding:
         for w in state.writes:
             q = state.requests[w.data.request]
             r = w.data.request
-            expected = Write(c.requests[r].room, q.p_gen, w.page, Tag(r, q.p_gen, c.requests[r].tenant), q.p_epoch)
+            expected = Write(
+                c.requests[r].room,
+                q.p_gen,
+                w.page,
+                Tag(r, q.p_gen, c.requests[r].tenant),
+                q.p_epoch,
+            )
             if w != expected:
                 raise EncodingError(f"write {w} is not derivable from request {r}'s prefill state")
             v[f"r{r}.w{w.page}"] = True
-        for room, gen, r in state.pending_acks:
+        for _room, gen, r in state.pending_acks:
             v[f"r{r}.pa"], v[f"r{r}.pa_gen"] = True, gen
         for room, gen in state.orphans:
             rs = [r for r in range(self.n) if self.rooms[r] == room]
@@ -1167,7 +1175,10 @@ class Encoding:
     def concretize(self, v: dict[str, Any]) -> State:
         """The spec state a time step's values stand for."""
         c = self.config
-        pages_of = lambda prefix: tuple(j for j in range(self.np) if v[f"{prefix}{j}"])  # noqa: E731
+
+        def pages_of(prefix: str) -> tuple[int, ...]:
+            return tuple(j for j in range(self.np) if v[f"{prefix}{j}"])
+
         reqs = []
         for r in range(self.n):
             read = None
@@ -1214,31 +1225,41 @@ class Encoding:
                 m = self.message(v, kind, r) if v[f"r{r}.{k}_net"] + v[f"r{r}.{k}_lost"] else None
                 network += [m] * v[f"r{r}.{k}_net"]  # type: ignore[list-item]
                 lost += [m] * v[f"r{r}.{k}_lost"]  # type: ignore[list-item]
-        writes = [self.write(v, r, j) for r in range(self.n) for j in range(self.np) if v[f"r{r}.w{j}"]]
+        writes = [
+            self.write(v, r, j) for r in range(self.n) for j in range(self.np) if v[f"r{r}.w{j}"]
+        ]
         pages = []
         for j in range(self.np):
             owner = (v[f"pg{j}.own_req"], v[f"pg{j}.own_gen"]) if v[f"pg{j}.own"] else None
             content = self._tag(v[f"pg{j}.c_req"], v[f"pg{j}.c_gen"]) if v[f"pg{j}.has"] else None
             lt = self.tenant_names[v[f"pg{j}.lt"]] if v[f"pg{j}.lt_set"] else None
             pages.append(PageState(owner=owner, content=content, last_tenant=lt))
-        pending = sorted((self.rooms[r], v[f"r{r}.pa_gen"], r) for r in range(self.n) if v[f"r{r}.pa"])
-        orphans = sorted({(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]})
-        return State(
-            requests=tuple(reqs),
-            pages=tuple(pages),
-            network=tuple(sorted(network)),
-            lost=tuple(sorted(lost)),
-            writes=tuple(sorted(writes)),
-            next_generation=v["next_gen"],
-            prefill_epoch=v["prefill_epoch"],
-            decode_epoch=v["decode_epoch"],
-            decode_sees_prefill_epoch=v["dsp"],
-            prefill_sees_decode_epoch=v["psd"],
-            pending_acks=tuple(pending),
-            orphans=tuple(orphans),
-            faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
-            ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
-        ) if c else State((), ())
+        pending = sorted(
+            (self.rooms[r], v[f"r{r}.pa_gen"], r) for r in range(self.n) if v[f"r{r}.pa"]
+        )
+        orphans = sorted(
+            {(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]}
+        )
+        return (
+            State(
+                requests=tuple(reqs),
+                pages=tuple(pages),
+                network=tuple(sorted(network)),
+                lost=tuple(sorted(lost)),
+                writes=tuple(sorted(writes)),
+                next_generation=v["next_gen"],
+                prefill_epoch=v["prefill_epoch"],
+                decode_epoch=v["decode_epoch"],
+                decode_sees_prefill_epoch=v["dsp"],
+                prefill_sees_decode_epoch=v["psd"],
+                pending_acks=tuple(pending),
+                orphans=tuple(orphans),
+                faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
+                ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
+            )
+            if c
+            else State((), ())
+        )
 
     def action(self, v: dict[str, Any], i: int) -> Action:
         """The spec action of instance i, taken in the state with values v."""

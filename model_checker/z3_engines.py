@@ -150,7 +150,9 @@ def bmc(
             answer = solver.check(goal)
             if answer == z3.unknown:
                 for name in live:
-                    unknown[name] = f"solver returned unknown at depth {k}: {solver.reason_unknown()}"
+                    unknown[name] = (
+                        f"solver returned unknown at depth {k}: {solver.reason_unknown()}"
+                    )
                 break
             if answer == z3.unsat:
                 break
@@ -368,9 +370,7 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
         return result
     if answer == z3.unknown:
         reason = f"timed out after {timeout:g} s" if cancelled else fp.reason_unknown()
-        results = [
-            PropertyResult(p.name, "unknown", detail=f"Spacer: {reason}") for p in ALWAYS
-        ]
+        results = [PropertyResult(p.name, "unknown", detail=f"Spacer: {reason}") for p in ALWAYS]
         return _result(variant, "spacer", config, results, started, reason=reason)
     # Safe: re-check Spacer's invariant with plain induction queries before it counts.
     body = fp.get_answer()

@@ -14,7 +14,7 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_encoding import D, D_PHASES, P, P_PHASES, REASONS, SLOT, Encoding, SymState
+from model_checker.z3_encoding import D_PHASES, P_PHASES, REASONS, SLOT, D, Encoding, P, SymState
 
 InvariantFormula = Callable[[SymState], Any]
 
@@ -209,9 +209,7 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
                 z3.And(s[f"r{r}.d"] == D["failed"], s[f"r{r}.d_awaiting"]),
             )
             for j in pages:
-                out.append(
-                    z3.Implies(z3.And(s[f"r{r}.w{j}"], cur), s[f"r{r}.d_pages{j}"])
-                )
+                out.append(z3.Implies(z3.And(s[f"r{r}.w{j}"], cur), s[f"r{r}.d_pages{j}"]))
             live = _in(s[f"r{r}.p"], ("received", "admitted", "granted"), P)
             writing = z3.And(live, s[f"r{r}.p_gen"] != 0, cur)
             out.append(z3.Implies(writing, held))

@@ -59,45 +59,45 @@ Req = z3.DeclareSort("Req")
 Page = z3.DeclareSort("Page")
 Tenant = z3.DeclareSort("Tenant")
 Room = z3.DeclareSort("Room")
-I, B = z3.IntSort(), z3.BoolSort()
+INT, BOOL = z3.IntSort(), z3.BoolSort()
 
 # name -> (argument sorts, result sort). Rigid symbols never change.
 RIGID = {
     "tenant": ((Req,), Tenant),
     "room": ((Req,), Room),
-    "too_long_for_window": ((Req,), B),
-    "too_long_for_prefill": ((Req,), B),
-    "too_long_for_decode": ((Req,), B),
+    "too_long_for_window": ((Req,), BOOL),
+    "too_long_for_prefill": ((Req,), BOOL),
+    "too_long_for_decode": ((Req,), BOOL),
 }
 SYMBOLS: dict[str, tuple[tuple[Any, ...], Any]] = {
-    "submitted": ((Req,), B),
-    "p": ((Req,), I),
-    "d": ((Req,), I),
-    "p_gen": ((Req,), I),
-    "d_gen": ((Req,), I),
-    "not_as_is": ((Req,), B),
-    "ans_set": ((Req,), B),
-    "ans_ok": ((Req,), B),
-    "grant_sent": ((Req,), B),
-    "grant_gen": ((Req,), I),
-    "comp_sent": ((Req,), B),
-    "comp_gen": ((Req,), I),
-    "granted": ((Req, Page), B),
-    "p_pages": ((Req, Page), B),
-    "wrote": ((Req, Page), B),
-    "grant_pages": ((Req, Page), B),
-    "comp_pages": ((Req, Page), B),
-    "own": ((Page,), B),
+    "submitted": ((Req,), BOOL),
+    "p": ((Req,), INT),
+    "d": ((Req,), INT),
+    "p_gen": ((Req,), INT),
+    "d_gen": ((Req,), INT),
+    "not_as_is": ((Req,), BOOL),
+    "ans_set": ((Req,), BOOL),
+    "ans_ok": ((Req,), BOOL),
+    "grant_sent": ((Req,), BOOL),
+    "grant_gen": ((Req,), INT),
+    "comp_sent": ((Req,), BOOL),
+    "comp_gen": ((Req,), INT),
+    "granted": ((Req, Page), BOOL),
+    "p_pages": ((Req, Page), BOOL),
+    "wrote": ((Req, Page), BOOL),
+    "grant_pages": ((Req, Page), BOOL),
+    "comp_pages": ((Req, Page), BOOL),
+    "own": ((Page,), BOOL),
     "own_req": ((Page,), Req),
-    "own_gen": ((Page,), I),
-    "has": ((Page,), B),
+    "own_gen": ((Page,), INT),
+    "has": ((Page,), BOOL),
     "c_req": ((Page,), Req),
-    "c_gen": ((Page,), I),
-    "next_gen": ((), I),
-    "bad_read": ((), B),
-    "bad_tenant": ((), B),
-    "bad_cover": ((), B),
-    "late": ((), B),
+    "c_gen": ((Page,), INT),
+    "next_gen": ((), INT),
+    "bad_read": ((), BOOL),
+    "bad_tenant": ((), BOOL),
+    "bad_cover": ((), BOOL),
+    "late": ((), BOOL),
 }
 
 
@@ -151,7 +151,7 @@ def actions(d: Design) -> list[Action]:
     """The abstract model's actions (see the module docstring for how they cover the spec's)."""
     r, t = z3.Consts("a_r a_t", Req)
     q = z3.Const("a_q", Page)
-    chosen = z3.Function("a_chosen", Page, B)
+    chosen = z3.Function("a_chosen", Page, BOOL)
     stop_lost = z3.Bool("a_lost")
     validated = "full" == d.validation
 
@@ -233,9 +233,7 @@ def actions(d: Design) -> list[Action]:
         }
 
     def write_matches(s: St) -> Any:
-        return z3.And(
-            s.own(q), s.room(s.own_req(q)) == s.room(r), s.own_gen(q) == s.p_gen(r)
-        )
+        return z3.And(s.own(q), s.room(s.own_req(q)) == s.room(r), s.own_gen(q) == s.p_gen(r))
 
     def prefill_send_completion(s: St) -> Update:
         return {
@@ -317,10 +315,12 @@ def actions(d: Design) -> list[Action]:
         return answer_error(s, r)
 
     def decode_restart(s: St) -> Update:
-        keep = lambda x: z3.And(  # noqa: E731
-            _in(s.d(x), ("none", "rejected", "released", "lost"), D),
-            z3.Not(z3.Exists([q1], s.granted(x, q1))),
-        )
+        def keep(x: Any) -> Any:
+            return z3.And(
+                _in(s.d(x), ("none", "rejected", "released", "lost"), D),
+                z3.Not(z3.Exists([q1], s.granted(x, q1))),
+            )
+
         out: Update = {
             "own": lambda x: z3.BoolVal(False),
             "granted": lambda x, y: z3.BoolVal(False),
@@ -334,7 +334,9 @@ def actions(d: Design) -> list[Action]:
             out["next_gen"] = lambda: z3.IntVal(1)
         return out
 
-    free_chosen = lambda s: z3.ForAll([q1], z3.Implies(chosen(q1), z3.Not(s.own(q1))))  # noqa: E731
+    def free_chosen(s: St) -> Any:
+        return z3.ForAll([q1], z3.Implies(chosen(q1), z3.Not(s.own(q1))))
+
     live_d = ("received", "admitted", "reserved", "validated", "generated")
     return [
         Action(
@@ -483,9 +485,7 @@ def properties(s: St) -> dict[str, Any]:
                 [q1],
                 z3.Implies(
                     s.own(q1),
-                    z3.And(
-                        s.granted(s.own_req(q1), q1), s.own_gen(q1) == s.d_gen(s.own_req(q1))
-                    ),
+                    z3.And(s.granted(s.own_req(q1), q1), s.own_gen(q1) == s.d_gen(s.own_req(q1))),
                 ),
             ),
             z3.ForAll(
@@ -537,9 +537,7 @@ def invariants(s: St) -> dict[str, Any]:
                 z3.Implies(
                     s.grant_sent(x), z3.And(s.grant_gen(x) != 0, s.grant_gen(x) == s.d_gen(x))
                 ),
-                z3.Implies(
-                    s.comp_sent(x), z3.And(s.comp_gen(x) != 0, s.comp_gen(x) == s.p_gen(x))
-                ),
+                z3.Implies(s.comp_sent(x), z3.And(s.comp_gen(x) != 0, s.comp_gen(x) == s.p_gen(x))),
             ),
         ),
         "writes_carry_their_grant": z3.ForAll(
