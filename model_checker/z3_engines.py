@@ -33,7 +33,7 @@ NOT_CHECKED = {
     TERMINATION.name: "a liveness (graph) property: only the explicit explorer checks it",
 }
 DEFAULT_BMC_DEPTH = 20
-DEFAULT_KIND_DEPTH = 3
+DEFAULT_KIND_DEPTH = 2
 
 
 def _solver(timeout: float | None, logic: str | None = "QF_BV") -> Any:
@@ -131,6 +131,7 @@ def bmc(
     solver.add(enc.init(enc.state_at(0)))
     pending = [p.name for p in ALWAYS]
     found: dict[str, PropertyResult] = {}
+    found_after: dict[str, float] = {}
     unknown: dict[str, str] = {}
     reached = 0
     for k in range(depth + 1):
@@ -163,6 +164,7 @@ def bmc(
             traces = replay_counterexample(enc, model, k, hit)
             for name in hit:
                 found[name] = PropertyResult(name, "violated", depth=k, trace=traces)
+                found_after[name] = round(time.perf_counter() - started, 3)
                 pending.remove(name)
             live = [n for n in live if n not in hit]
         if not unknown:
@@ -184,7 +186,16 @@ def bmc(
                     detail=f"bounded: no violation within {reached} steps",
                 )
             )
-    return _result(variant, "bmc", config, results, started, scope="bounded", max_depth=reached)
+    return _result(
+        variant,
+        "bmc",
+        config,
+        results,
+        started,
+        scope="bounded",
+        max_depth=reached,
+        found_after_seconds=found_after,
+    )
 
 
 # --- k-induction ---------------------------------------------------------------------------------
