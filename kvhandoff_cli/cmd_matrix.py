@@ -49,6 +49,12 @@ def register(sub: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
+    p.add_argument(
+        "--spacer-timeout",
+        type=float,
+        default=30.0,
+        help="seconds Spacer may take per variant (default 30; it then reports unknown)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--markdown", metavar="FILE", help="also write the matrix as a Markdown table")
     p.set_defaults(func=run_matrix)
@@ -144,9 +150,12 @@ def run_matrix(args: argparse.Namespace) -> int:
             raise UsageError(f"--variants: unknown {missing}")
         variants = [known[n] for n in names]
     options = EngineOptions(depth=args.depth, timeout=args.timeout)
+    spacer = EngineOptions(depth=args.depth, timeout=args.spacer_timeout)
     rows = []
     for variant in variants:
-        cells = [run_cell(variant, e, config, options) for e in engines]
+        cells = [
+            run_cell(variant, e, config, spacer if e == "spacer" else options) for e in engines
+        ]
         ok, expected = expectation(variant, cells)
         rows.append((variant, cells, ok, expected))
         if not args.json:

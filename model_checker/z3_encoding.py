@@ -1179,7 +1179,6 @@ class Encoding:
 
     def concretize(self, v: dict[str, Any]) -> State:
         """The spec state a time step's values stand for."""
-        c = self.config
 
         def pages_of(prefix: str) -> tuple[int, ...]:
             return tuple(j for j in range(self.np) if v[f"{prefix}{j}"])
@@ -1245,25 +1244,21 @@ class Encoding:
         orphans = sorted(
             {(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]}
         )
-        return (
-            State(
-                requests=tuple(reqs),
-                pages=tuple(pages),
-                network=tuple(sorted(network)),
-                lost=tuple(sorted(lost)),
-                writes=tuple(sorted(writes)),
-                next_generation=v["next_gen"],
-                prefill_epoch=v["prefill_epoch"],
-                decode_epoch=v["decode_epoch"],
-                decode_sees_prefill_epoch=v["dsp"],
-                prefill_sees_decode_epoch=v["psd"],
-                pending_acks=tuple(pending),
-                orphans=tuple(orphans),
-                faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
-                ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
-            )
-            if c
-            else State((), ())
+        return State(
+            requests=tuple(reqs),
+            pages=tuple(pages),
+            network=tuple(sorted(network)),
+            lost=tuple(sorted(lost)),
+            writes=tuple(sorted(writes)),
+            next_generation=v["next_gen"],
+            prefill_epoch=v["prefill_epoch"],
+            decode_epoch=v["decode_epoch"],
+            decode_sees_prefill_epoch=v["dsp"],
+            prefill_sees_decode_epoch=v["psd"],
+            pending_acks=tuple(pending),
+            orphans=tuple(orphans),
+            faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
+            ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
         )
 
     def action(self, v: dict[str, Any], i: int) -> Action:

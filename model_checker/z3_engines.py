@@ -322,11 +322,13 @@ def kinduction(
     )
 
 
-def _safe_concretize(enc: Encoding, v: dict[str, Any]) -> str:
+def _safe_concretize(enc: Encoding, v: dict[str, Any], limit: int = 6000) -> str:
+    """The spec state a CTI's values stand for (CTIs need not be reachable, or even spec states)."""
     try:
-        return repr(enc.concretize(v))
+        text = repr(enc.concretize(v))
     except (EncodingError, IndexError, ValueError, TypeError) as exc:
-        return f"(not a spec state: {exc}) {v}"
+        text = f"(not a spec state: {exc}) {v}"
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 # --- Spacer ---------------------------------------------------------------------------------------

@@ -108,10 +108,7 @@ class St:
         self.syms = syms
 
     def __getattr__(self, name: str) -> Any:
-        sym = self.syms[name]
-        if isinstance(sym, z3.FuncDeclRef):
-            return sym
-        return sym
+        return self.syms[name]
 
 
 def _symbol(name: str, args: tuple[Any, ...], result: Any, suffix: str) -> Any:
