@@ -160,9 +160,9 @@ def run_matrix(args: argparse.Namespace) -> int:
         rows.append((variant, cells, ok, expected))
         if not args.json:
             status = "ok" if ok else "NOT AS EXPECTED"
-            print(f"{variant.name:34s} {status}: {expected}")
+            print(f"{variant.name:34s} {status}: {expected}", flush=True)
             for c in cells:
-                print(f"    {c.engine:8s} {c.text()}")
+                print(f"    {c.engine:8s} {c.text()}", flush=True)
     all_ok = all(ok for _, _, ok, _ in rows)
     if args.markdown:
         Path(args.markdown).write_text(markdown(rows, engines))
