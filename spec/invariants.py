@@ -193,5 +193,54 @@ INVARIANTS: tuple[Invariant, ...] = (
 )
 
 
+def fenced_writes_land_in_held_pages(config: Config, state: State) -> bool:
+    """One-sided writes land wherever they point, so a drain-fenced design must keep every write
+    of the current decode incarnation aimed at a page its own request still holds: a prefill that
+    may still write holds the same grant as decode, decode keeps the pages (reserved, or failed
+    and awaiting the drain ack) until the writes drained, and once the request is done (answered,
+    failed without a fence, completed, acknowledged) none of its writes is in flight. Writes of an
+    earlier incarnation are refused by the revoked key, so they do not count."""
+    present = (*state.network, *state.lost)
+    pending = {r for _room, _gen, r in state.pending_acks}
+    for r, req in enumerate(state.requests):
+        current = req.p_epoch == state.decode_epoch
+        held = req.d == "reserved" or (req.d == "failed" and req.d_awaiting_ack)
+        writes = [w for w in state.writes if w.data.request == r]
+        mine = [m for m in present if m.request == r]
+        if current and any(w.page not in req.d_pages for w in writes):
+            return False
+        may_write = req.p in ("received", "admitted", "granted") and req.p_gen != 0
+        if current and may_write and (not held or set(req.p_pages) != set(req.d_pages)):
+            return False
+        for m in mine:
+            waiting = req.p in ("received", "admitted") and req.p_gen == 0
+            if m.kind == "grant" and m.epoch == state.decode_epoch and waiting:
+                if not held or set(m.pages) != set(req.d_pages):
+                    return False
+        done = (
+            req.d in ("validated", "generated", "answered")
+            or (req.d == "failed" and not req.d_awaiting_ack)
+            or req.p == "completed"
+            or any(m.kind in ("completion", "failure", "abort_ack") for m in mine)
+        )
+        if done and current and writes:
+            return False
+        told = r in pending or any(m.kind in ("failure", "abort_ack") for m in mine)
+        if told and req.p in ("received", "admitted", "granted"):
+            return False
+    return True
+
+
+ONE_SIDED_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        "fenced_writes_land_in_held_pages",
+        "with one-sided writes, a current write only ever targets a page its request still holds",
+        fenced_writes_land_in_held_pages,
+    ),
+)
+"""Extra invariants of designs with one-sided writes and a drain fence (`one_sided_fenced`);
+with the ones above they make that design's safety properties inductive too."""
+
+
 def failing_invariants(config: Config, state: State) -> list[Invariant]:
     return [inv for inv in INVARIANTS if not inv.holds(config, state)]

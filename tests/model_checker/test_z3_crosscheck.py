@@ -14,7 +14,7 @@ from model_checker.z3_encoding import Encoding
 from model_checker.z3_engines import bmc
 from model_checker.z3_invariants import fixed_invariants
 from spec.config import Config, RequestSpec
-from spec.invariants import INVARIANTS
+from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 from spec.properties import ALWAYS
 from spec.state import PageState
 from spec.variants import REFERENCE, VARIANTS, get_variant
@@ -79,6 +79,13 @@ def reference_states() -> list:  # type: ignore[type-arg]
 def test_the_reference_invariants_hold_on_every_reachable_state(reference_states) -> None:  # type: ignore[no-untyped-def]
     for state in reference_states:
         for inv in INVARIANTS:
+            assert inv.holds(Config(), state), inv.name
+
+
+def test_the_one_sided_fenced_invariants_hold_on_every_reachable_state_of_that_design() -> None:
+    variant = get_variant("one_sided_fenced")
+    for state in build_graph(variant, Config())[0].states:
+        for inv in INVARIANTS + ONE_SIDED_INVARIANTS:
             assert inv.holds(Config(), state), inv.name
 
 
