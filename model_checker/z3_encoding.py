@@ -183,7 +183,7 @@ class Instance:
 class Encoding:
     """The Z3 encoding of `variant` on `config`. See the module docstring for the layout."""
 
-    def __init__(self, variant: Variant, config: Config, width: int | None = 6) -> None:
+    def __init__(self, variant: Variant, config: Config, width: int | None = 5) -> None:
         if not variant.is_pure_design:
             names = sorted(variant.step_overrides)
             if variant.extra_actions is not None:
@@ -204,8 +204,8 @@ class Encoding:
         self.tenant_names = tenants
         self.tid = [tenants.index(r.tenant) for r in config.requests]
         self.width = width
-        """Bit-vector width of every integer (None: unbounded Ints). Values stay in
-        [0, 2**(width-1)): `in_range` says so, and BMC checks it at every depth."""
+        """Bit-vector width of every integer (None: unbounded Ints). Values must stay in
+        [0, 2**(width-1)) (`in_range`): BMC proves they do within its bound, or widens."""
         self.fields = self._declare()
         self._template: Any = None
         self._states: dict[tuple[int, str], SymState] = {}

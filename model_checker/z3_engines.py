@@ -115,8 +115,25 @@ def bmc_cached(
     return copy.deepcopy(_BMC_CACHE[key])
 
 
+class _WidthTooSmall(Exception):
+    pass
+
+
 def bmc(
     variant: Variant, config: Config, depth: int | None = None, timeout: float | None = None
+) -> CheckResult:
+    """Bounded model checking with the narrowest bit-vector width that provably fits (5 bits,
+    widened and rerun whenever some value could leave the range within the bound)."""
+    for width in (5, 7, 10, 16):
+        try:
+            return _bmc(variant, config, depth, timeout, width)
+        except _WidthTooSmall:
+            continue
+    raise EncodingError("no bit-vector width up to 16 bits fits this configuration")
+
+
+def _bmc(
+    variant: Variant, config: Config, depth: int | None, timeout: float | None, width: int
 ) -> CheckResult:
     """Bounded model checking, incremental: one solver, one unrolling step added per depth.
 
@@ -126,7 +143,7 @@ def bmc(
     """
     started = time.perf_counter()
     depth = DEFAULT_BMC_DEPTH if depth is None else depth
-    enc = Encoding(variant, config)
+    enc = Encoding(variant, config, width=width)
     solver = _solver(timeout)
     solver.add(enc.init(enc.state_at(0)))
     pending = [p.name for p in ALWAYS]
@@ -143,11 +160,8 @@ def bmc(
             break
         # Ask for any live property to fail at depth k; every property false in the model is
         # violated at k (shortest, since none failed at a smaller depth); ask again for the rest.
-        # The bit-vector width must fit every value reached (else a model could be vacuous), so
-        # leaving the range is asked for together with the properties.
-        in_range = enc.in_range(enc.state_at(k))
         while live:
-            goal = z3.Or(z3.Not(in_range), *[z3.Not(props[name]) for name in live])
+            goal = z3.Or([z3.Not(props[name]) for name in live])
             answer = solver.check(goal)
             if answer == z3.unknown:
                 for name in live:
@@ -158,8 +172,6 @@ def bmc(
             if answer == z3.unsat:
                 break
             model = solver.model()
-            if not z3.is_true(model.eval(in_range, model_completion=True)):
-                raise EncodingError(f"an integer left its {enc.width}-bit range at depth {k}")
             hit = [n for n in live if z3.is_false(model.eval(props[n], model_completion=True))]
             traces = replay_counterexample(enc, model, k, hit)
             for name in hit:
@@ -171,6 +183,15 @@ def bmc(
             reached = k
         if not pending:
             break
+    # The bit-vector width must fit every value reachable within the bound: then no path wraps
+    # around and every answer above is the unbounded-integer answer. (Counterexamples are also
+    # replayed through the spec, which would catch a wrapped one.) Else a model could be vacuous.
+    ranges = z3.Or([z3.Not(enc.in_range(enc.state_at(t))) for t in range(reached + 1)])
+    answer = solver.check(ranges)
+    if answer == z3.sat:
+        raise _WidthTooSmall()
+    if answer == z3.unknown:
+        raise EncodingError(f"cannot show that {width}-bit integers fit within {reached} steps")
     results = []
     for p in ALWAYS:
         if p.name in found:
@@ -195,6 +216,7 @@ def bmc(
         scope="bounded",
         max_depth=reached,
         found_after_seconds=found_after,
+        bitvector_width=width,
     )
 
 

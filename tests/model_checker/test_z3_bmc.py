@@ -78,3 +78,11 @@ def test_bmc_and_explorer_agree_on_shortest_lengths_on_a_small_config(name: str)
     for prop, depth in by_explorer.items():
         if prop != "every_request_terminates" and depth is not None and depth <= 14:
             assert by_bmc[prop] == depth
+
+
+def test_a_bit_vector_width_too_narrow_for_the_values_is_detected_not_silently_wrapped() -> None:
+    from model_checker.z3_engines import _bmc, _WidthTooSmall
+
+    with pytest.raises(_WidthTooSmall):
+        _bmc(get_variant("incident"), Config(), 3, None, width=3)  # phases go up to 10
+    assert bmc(get_variant("incident"), Config(), depth=3).extra["bitvector_width"] == 5
