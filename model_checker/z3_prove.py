@@ -52,7 +52,7 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_encoding import D, P
+from model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
 from spec.variants import Design
 
 Req = z3.DeclareSort("Req")
@@ -503,6 +503,16 @@ def invariants(s: St) -> dict[str, Any]:
     early = ("none", "received", "admitted", "rejected")
     holding = ("reserved", "validated", "generated", "answered", "failed")
     return {
+        "well_formed": z3.ForAll(
+            [x],
+            z3.And(
+                s.p(x) >= 0,
+                s.p(x) < len(P_PHASES),
+                s.d(x) >= 0,
+                s.d(x) < len(D_PHASES),
+                s.p_gen(x) >= 0,
+            ),
+        ),
         "generations_are_unique": z3.ForAll(
             [x, y],
             z3.And(
@@ -640,6 +650,14 @@ def _next_state(s: St, update: Update, tag: str) -> tuple[St, list[Any]]:
     return St(syms), axioms
 
 
+def _show(name: str, value: Any) -> str:
+    """Phase codes by name (the spec's `DecodePhase` / `PrefillPhase`)."""
+    names = {"d": D_PHASES, "p": P_PHASES}.get(name)
+    if names is not None and z3.is_int_value(value) and 0 <= value.as_long() < len(names):
+        return names[value.as_long()]
+    return str(value)
+
+
 def _describe(model: Any, s: St, s2: St | None) -> dict[str, Any]:
     """A readable finite counterexample to induction: sort sizes and function tables."""
     out: dict[str, Any] = {}
@@ -654,7 +672,8 @@ def _describe(model: Any, s: St, s2: St | None) -> dict[str, Any]:
         pages = model.get_universe(Page) or []
         for name in ("d", "p", "d_gen", "p_gen", "not_as_is", "ans_ok"):
             table[name] = {
-                str(x): str(model.eval(st.syms[name](x), model_completion=True)) for x in reqs
+                str(x): _show(name, model.eval(st.syms[name](x), model_completion=True))
+                for x in reqs
             }
         for name in ("own", "own_req", "own_gen", "has", "c_req", "c_gen"):
             table[name] = {
