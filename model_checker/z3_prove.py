@@ -652,9 +652,11 @@ def _next_state(s: St, update: Update, tag: str) -> tuple[St, list[Any]]:
 
 def _show(name: str, value: Any) -> str:
     """Phase codes by name (the spec's `DecodePhase` / `PrefillPhase`)."""
-    names = {"d": D_PHASES, "p": P_PHASES}.get(name)
-    if names is not None and z3.is_int_value(value) and 0 <= value.as_long() < len(names):
-        return names[value.as_long()]
+    names: tuple[str, ...] | None = {"d": D_PHASES, "p": P_PHASES}.get(name)
+    if names is not None and z3.is_int_value(value):
+        code = int(value.as_long())
+        if 0 <= code < len(names):
+            return names[code]
     return str(value)
 
 
