@@ -129,6 +129,43 @@ def validated_pages_hold_own_data(config: Config, state: State) -> bool:
     return True
 
 
+def unsubmitted_requests_are_untouched(config: Config, state: State) -> bool:
+    """Nothing happens to a request before the router submits it."""
+    present = (*state.network, *state.lost)
+    for r, req in enumerate(state.requests):
+        if req.submitted:
+            continue
+        if (req.p, req.d) != ("none", "none") or req.answer is not None or req.not_as_is:
+            return False
+        if req.p_gen or req.d_gen or req.p_wrote or req.d_awaiting_ack:
+            return False
+        if any(m.request == r for m in present) or any(w.data.request == r for w in state.writes):
+            return False
+        if any(key[2] == r for key in state.pending_acks):
+            return False
+    return True
+
+
+def decode_validates_only_completed_prefill(config: Config, state: State) -> bool:
+    """Decode validates, reads and answers a request only after that request's own prefill
+    completed; an answer with output comes from a read."""
+    present = (*state.network, *state.lost)
+    for r, req in enumerate(state.requests):
+        validated = req.d in ("validated", "generated", "answered")
+        if (validated or req.read is not None or req.accepted_full is not None) and (
+            req.p != "completed"
+        ):
+            return False
+        if req.d in ("generated", "answered") and req.read is None:
+            return False
+        if req.answer is not None and req.answer.ok and req.read is None:
+            return False
+        if any(m.kind == "completion" and m.request == r for m in present):
+            if req.p != "completed":
+                return False
+    return True
+
+
 def rejected_requests_are_never_completed(config: Config, state: State) -> bool:
     """A request not admitted as sent: prefill never writes or completes it, decode never
     validates it, and the client never gets output for it."""
@@ -184,6 +221,16 @@ INVARIANTS: tuple[Invariant, ...] = (
         "validated_pages_hold_own_data",
         "a validated request's pages all hold its own data for its generation",
         validated_pages_hold_own_data,
+    ),
+    Invariant(
+        "unsubmitted_requests_are_untouched",
+        "nothing happens to a request before the router submits it",
+        unsubmitted_requests_are_untouched,
+    ),
+    Invariant(
+        "decode_validates_only_completed_prefill",
+        "decode validates, reads and answers a request only after its own prefill completed",
+        decode_validates_only_completed_prefill,
     ),
     Invariant(
         "rejected_requests_are_never_completed",
