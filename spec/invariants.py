@@ -21,7 +21,12 @@ Read them as the protocol's proof sketch:
    data in every granted page; by 2 the digest names the request itself; by 3 nothing else lands
    in those pages before they are read. So what decode reads is the request's own data.
 5. `rejected_requests_are_never_completed`: a request some side did not admit as sent is never
-   granted to prefill's writer and never validated, so nothing is written or generated for it.
+   granted to prefill's writer and never validated, so nothing is written or generated for it;
+   `decode_validates_only_completed_prefill` and `unsubmitted_requests_are_untouched` are the
+   bookkeeping that argument needs (decode's progress follows prefill's, nothing precedes submit).
+6. `fenced_writes_land_in_held_pages` (`ONE_SIDED_INVARIANTS`, for one-sided designs with a drain
+   fence): with no receiver check, the fence must keep every live write aimed at a page its own
+   request still holds.
 
 Every invariant is a pure function `(config, state) -> bool`, like the properties. They are
 checked three ways: on every state the explorer reaches (`tests/model_checker`), as k-induction
