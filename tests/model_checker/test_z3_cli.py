@@ -99,6 +99,7 @@ def test_matrix_expectations() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # about 15 minutes on 2 shared cores
 def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
