@@ -116,6 +116,25 @@ def print_result(result: CheckResult, variant: Variant) -> None:
         elif r.detail:
             extra = f"  ({r.detail})"
         print(f"  {label}  {r.property}{extra}")
+    for name, why in result.extra.get("not_checked", {}).items():
+        print(f"  not checked  {name}  ({why})")
+    if "obligations_total" in result.extra:
+        print(
+            f"  {result.extra['obligations_proved']}/{result.extra['obligations_total']} proof "
+            f"obligations discharged (scope: {result.extra.get('scope')})"
+        )
+        for o in result.extra.get("failed_obligations", [])[:5]:
+            where = f" under {o['action']}" if o["action"] else ""
+            print(f"  FAILED obligation: {o['kind']} of {o['invariant']}{where}")
+    elif result.extra.get("scope"):
+        print(f"  scope: {result.extra['scope']}")
+    if result.extra.get("cti"):
+        cti = result.extra["cti"]
+        if "action" in cti:
+            print(
+                f"  counterexample to induction: {cti['action']} {' '.join(cti['args'])} "
+                f"breaks {', '.join(cti['fails'])}"
+            )
     if result.witnesses:
         missing = [k for k, ok in result.witnesses.items() if not ok]
         reached = len(result.witnesses) - len(missing)

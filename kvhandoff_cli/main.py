@@ -20,6 +20,7 @@ EXIT_INCONCLUSIVE = 3
 # `func(args) -> int` returns the exit code.
 COMMAND_MODULES = [
     "kvhandoff_cli.cmd_check",
+    "kvhandoff_cli.cmd_matrix",
     "kvhandoff_cli.cmd_check_config",
     "kvhandoff_cli.cmd_serve",
     "kvhandoff_cli.cmd_explain",

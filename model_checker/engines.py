@@ -37,4 +37,43 @@ def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckR
     return explore(variant, config, max_states=options.max_states)
 
 
-ENGINES: dict[str, Engine] = {"explore": _explore}
+def _z3(run: Callable[[], CheckResult]) -> CheckResult:
+    from model_checker.z3_encoding import CannotEncode
+
+    try:
+        return run()
+    except CannotEncode as exc:
+        raise EngineCannotEncode(str(exc)) from exc
+
+
+def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
+    from model_checker.z3_engines import bmc_cached
+
+    return _z3(lambda: bmc_cached(variant, config, depth=options.depth, timeout=options.timeout))
+
+
+def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
+    from model_checker.z3_engines import kinduction
+
+    return _z3(lambda: kinduction(variant, config, depth=options.depth, timeout=options.timeout))
+
+
+def _prove(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
+    from model_checker.prove import prove
+
+    return _z3(lambda: prove(variant, config, timeout=options.timeout, depth=options.depth))
+
+
+def _spacer(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
+    from model_checker.z3_engines import spacer
+
+    return _z3(lambda: spacer(variant, config, timeout=options.timeout))
+
+
+ENGINES: dict[str, Engine] = {
+    "explore": _explore,
+    "bmc": _bmc,
+    "kind": _kind,
+    "prove": _prove,
+    "spacer": _spacer,
+}

@@ -1,0 +1,188 @@
+"""`kvhandoff matrix`: the mutation kill matrix, every variant x every engine.
+
+Each cell says whether the engine caught the variant (a property violated, which one, at which
+counterexample length, in how long), found it safe, or was inconclusive. Variants with no
+expected breaks (the reference, `one_sided_fenced`) must be safe under every engine; every other
+variant must be caught by at least one engine. Variants whose only expected break is
+`every_request_terminates` (a liveness property only the explorer checks) are caught by explore
+only; the Z3 engines report them safe on the safety properties, which is expected.
+
+Exit 0 when every expectation holds, 1 otherwise (a variant not caught, or an expected-safe variant
+not proved safe by some engine), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvhandoff_cli.main import EXIT_OK, EXIT_VIOLATED, UsageError
+from model_checker.engines import ENGINES, EngineCannotEncode, EngineOptions
+from model_checker.result import CheckResult
+from spec.config import Config, ConfigError, default_config, parse_set
+from spec.properties import TERMINATION
+from spec.variants import VARIANTS, Variant
+
+LIVENESS_ONLY = frozenset({TERMINATION.name})
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "matrix",
+        help="run every variant under every engine: the mutation kill matrix",
+        description=(
+            "Run every catalogued variant under every engine. Exit 0 when every expected-safe "
+            "variant is safe under every engine and every other variant is caught by at least "
+            "one engine, 1 otherwise, 2 on bad usage."
+        ),
+    )
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help=f"comma-separated engines (default: {','.join(ENGINES)})",
+    )
+    p.add_argument("--variants", help="comma-separated variant names (default: the catalogue)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--depth", type=int, help="depth for bounded engines")
+    p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
+    p.add_argument(
+        "--spacer-timeout",
+        type=float,
+        default=30.0,
+        help="seconds Spacer may take per variant (default 30; it then reports unknown)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--markdown", metavar="FILE", help="also write the matrix as a Markdown table")
+    p.set_defaults(func=run_matrix)
+
+
+@dataclass
+class Cell:
+    variant: str
+    engine: str
+    verdict: str  # safe, violated, unknown, cannot_encode
+    caught_by: str | None
+    depth: int | None
+    seconds: float
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "engine": self.engine,
+            "verdict": self.verdict,
+            "caught": self.verdict == "violated",
+            "property": self.caught_by,
+            "depth": self.depth,
+            "seconds": round(self.seconds, 3),
+            "detail": self.detail,
+        }
+
+    def text(self) -> str:
+        if self.verdict == "violated":
+            return f"caught: {self.caught_by} @{self.depth} ({self.seconds:.1f} s)"
+        if self.verdict == "safe":
+            return f"safe ({self.seconds:.1f} s)"
+        if self.verdict == "cannot_encode":
+            return "cannot encode"
+        return f"unknown ({self.seconds:.1f} s)"
+
+
+def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptions) -> Cell:
+    started = time.perf_counter()
+    try:
+        result: CheckResult = ENGINES[engine](variant, config, options)
+    except EngineCannotEncode as exc:
+        return Cell(variant.name, engine, "cannot_encode", None, None, 0.0, str(exc))
+    seconds = time.perf_counter() - started
+    violated = result.violated()
+    if violated:
+        preferred = [r for r in violated if r.property in variant.breaks] or violated
+        first = min(preferred, key=lambda r: r.depth if r.depth is not None else 10**9)
+        return Cell(variant.name, engine, "violated", first.property, first.depth, seconds)
+    return Cell(variant.name, engine, result.verdict, None, None, seconds)
+
+
+def expectation(variant: Variant, cells: list[Cell]) -> tuple[bool, str]:
+    """Does the row meet its expectation? And what was expected."""
+    if not variant.breaks:
+        ok = all(c.verdict == "safe" for c in cells)
+        return ok, "safe under every engine"
+    if set(variant.breaks) <= LIVENESS_ONLY:
+        ok = any(c.verdict == "violated" for c in cells if c.engine == "explore")
+        return ok, "caught by explore (liveness only)"
+    return any(c.verdict == "violated" for c in cells), "caught by at least one engine"
+
+
+def markdown(rows: list[tuple[Variant, list[Cell], bool, str]], engines: list[str]) -> str:
+    head = "| variant | expected | " + " | ".join(engines) + " | ok |"
+    sep = "|---" * (len(engines) + 3) + "|"
+    lines = [head, sep]
+    for variant, cells, ok, expected in rows:
+        by = {c.engine: c.text() for c in cells}
+        lines.append(
+            f"| {variant.name} | {expected} | "
+            + " | ".join(by[e] for e in engines)
+            + f" | {'yes' if ok else '**NO**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_matrix(args: argparse.Namespace) -> int:
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or not engines:
+        raise UsageError(f"--engines: unknown {unknown}; known: {', '.join(ENGINES)}")
+    try:
+        config = parse_set(default_config(), args.set)
+    except (ConfigError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+    variants = list(VARIANTS)
+    if args.variants:
+        names = [v.strip() for v in args.variants.split(",")]
+        known = {v.name: v for v in VARIANTS}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise UsageError(f"--variants: unknown {missing}")
+        variants = [known[n] for n in names]
+    options = EngineOptions(depth=args.depth, timeout=args.timeout)
+    spacer = EngineOptions(depth=args.depth, timeout=args.spacer_timeout)
+    rows = []
+    for variant in variants:
+        cells = [
+            run_cell(variant, e, config, spacer if e == "spacer" else options) for e in engines
+        ]
+        ok, expected = expectation(variant, cells)
+        rows.append((variant, cells, ok, expected))
+        if not args.json:
+            status = "ok" if ok else "NOT AS EXPECTED"
+            print(f"{variant.name:34s} {status}: {expected}", flush=True)
+            for c in cells:
+                print(f"    {c.engine:8s} {c.text()}", flush=True)
+    all_ok = all(ok for _, _, ok, _ in rows)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(rows, engines))
+    if args.json:
+        out = {
+            "config": config.to_json(),
+            "engines": engines,
+            "ok": all_ok,
+            "rows": [
+                {
+                    "variant": v.name,
+                    "breaks": list(v.breaks),
+                    "expected": expected,
+                    "ok": ok,
+                    "cells": [c.to_json() for c in cells],
+                }
+                for v, cells, ok, expected in rows
+            ],
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"matrix: {'every expectation met' if all_ok else 'SOME EXPECTATIONS NOT MET'}")
+    return EXIT_OK if all_ok else EXIT_VIOLATED

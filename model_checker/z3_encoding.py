@@ -1,0 +1,1315 @@
+"""The spec's state machine as Z3 formulas, for one fixed configuration.
+
+This is the encoding behind the `bmc`, `kind` and `spacer` engines. DESIGN.md §2 rule 2: Z3 takes
+its meaning from `spec/`; here each spec action has a hand-written encoder with the same snake_case
+name (`decode_reserve_pages`, ...), reading the variant's `Design` options exactly where
+`spec/machine.py` reads them, and a test compares the encoded transition relation with every edge of
+the explicit explorer's graph.
+
+State (one copy per time step, named `r{i}.field`, `pg{j}.field` and plain global names):
+
+* per request: the router/prefill/decode fields of `ReqState` (phases as small Ints, page tuples as
+  one Bool per page: every page tuple in the spec is ascending, so a set determines it), the answer
+  (`ans_set`, `ans_ok`, `ans_reason` as an index into `REASONS`), and the ghost `read` and
+  `accepted_full`;
+* per request, one *slot* per message kind (`g` grant, `c` completion, `f` failure, `a` abort,
+  `k` abort ack): the message's fields plus its multiplicity in the network (`net`) and among the
+  lost messages (`lost`). A request sends at most one distinct message of each kind, so a slot is a
+  faithful multiset (the decoder checks it);
+* per request and page, a write in flight (`w{j}`): its room, generation, data and epoch are the
+  request's own prefill fields, which no longer change once prefill holds a grant;
+* per page: owner, content tag and last tenant; globals: generation counter, epochs, faults, ghost.
+
+Integers are Z3 Ints (no wrap-around); their ranges are invariants, not assumptions.
+
+The transition relation, in the pysmt `examples/model_checking.py` style::
+
+    T(s, a, s') =  0 <= a < N
+                 /\\ AND_i (a = i  ->  guard_i(s))
+                 /\\ AND_v  v' = ite(a = i1, e_{i1,v}(s), ite(a = i2, ..., v))
+
+where `i` ranges over action *instances* (an action and its arguments: a request, a page, a
+message slot), and only the instances that change `v` appear in its ite chain (frame: `v' = v`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from spec.actions import (
+    Action,
+    ClientCancelRequest,
+    DecodeAdmitRequest,
+    DecodeAnswer,
+    DecodeDetectPrefillRestart,
+    DecodeGenerate,
+    DecodeReceiveAbortAck,
+    DecodeReceiveCompletion,
+    DecodeReceiveFailure,
+    DecodeReceiveWrite,
+    DecodeRejectRequest,
+    DecodeReleasePages,
+    DecodeReleaseTimeout,
+    DecodeReservePages,
+    DecodeRestart,
+    DecodeWaitingTimeout,
+    NetworkDropMessage,
+    NetworkDuplicateMessage,
+    PrefillAbortRequest,
+    PrefillAdmitRequest,
+    PrefillDetectDecodeRestart,
+    PrefillReceiveAbort,
+    PrefillReceiveGrant,
+    PrefillRejectRequest,
+    PrefillRestart,
+    PrefillSendAbortAck,
+    PrefillSendCompletion,
+    PrefillWritePage,
+    RetransmitMessage,
+    RouterSubmitRequest,
+    snake_case,
+)
+from spec.config import Config
+from spec.state import (
+    Answer,
+    Faults,
+    Ghost,
+    Message,
+    PageState,
+    ReqState,
+    State,
+    Tag,
+    Write,
+)
+from spec.variants import Variant
+
+
+class EncodingError(AssertionError):
+    """The Z3 encoding disagrees with the spec: a bug in this module, never a verdict."""
+
+
+class CannotEncode(Exception):
+    """The variant has extra actions or step overrides this encoder cannot translate."""
+
+
+P_PHASES = ("none", "received", "admitted", "rejected", "granted", "completed", "aborted", "lost")
+D_PHASES = (
+    "none",
+    "received",
+    "admitted",
+    "rejected",
+    "reserved",
+    "validated",
+    "generated",
+    "answered",
+    "failed",
+    "released",
+    "lost",
+)
+P = {name: i for i, name in enumerate(P_PHASES)}
+D = {name: i for i, name in enumerate(D_PHASES)}
+REASONS = (
+    "",
+    "prompt over the context window",
+    "rejected by prefill: prompt over its limit",
+    "aborted by prefill: prompt over its limit",
+    "rejected by decode: prompt over its limit",
+    "completion failed validation",
+    "prefill reported failure: rejected",
+    "prefill reported failure: aborted",
+    "prefill restarted",
+    "cancelled by the client",
+    "timed out waiting for prefill",
+    "aborted by prefill",
+    "decode restarted",
+)
+REASON = {text: i for i, text in enumerate(REASONS)}
+KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
+SLOT = {"grant": "g", "completion": "c", "failure": "f", "abort": "a", "abort_ack": "k"}
+FAULT_FIELDS = ("crashes", "drops", "duplicates", "timeouts", "cancels", "prefill_aborts")
+GHOST_FIELDS = (
+    "late_landing",
+    "refused_write",
+    "drain_acked",
+    "cross_tenant_reuse",
+    "page_reuse",
+    "scrubbed_written_page",
+    "cancelled_mid_transfer",
+    "ok_after_crash",
+    "ok_after_loss",
+)
+
+SymState = dict[str, Any]
+"""One time step's variables (or concrete values, for evaluation), by name."""
+
+
+def _in(x: Any, names: Sequence[str], table: dict[str, int]) -> Any:
+    return z3.Or([x == table[n] for n in names])
+
+
+def _sum_bools(bools: Sequence[Any], zero: Any, one: Any) -> Any:
+    if not bools:
+        return zero
+    return z3.Sum([z3.If(b, one, zero) for b in bools])
+
+
+class Effect:
+    """A state being updated, like the spec's chain of `replace` calls: reads see earlier writes."""
+
+    def __init__(self, s: SymState) -> None:
+        self.s = s
+        self.new: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.new.get(name, self.s[name])
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.new[name] = value
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An action with its arguments: `args` is `(r,)`, `(r, page)`, `(kind, r)` or `()`."""
+
+    name: str
+    args: tuple[Any, ...]
+    fault: bool
+
+
+class Encoding:
+    """The Z3 encoding of `variant` on `config`. See the module docstring for the layout."""
+
+    def __init__(self, variant: Variant, config: Config, width: int | None = 5) -> None:
+        if not variant.is_pure_design:
+            names = sorted(variant.step_overrides)
+            if variant.extra_actions is not None:
+                hook = getattr(variant.extra_actions, "__name__", repr(variant.extra_actions))
+                names.append(f"extra_actions hook {hook}")
+            raise CannotEncode(
+                f"variant {variant.name!r} overrides or adds actions the Z3 encoding cannot "
+                f"translate: {', '.join(names)}"
+            )
+        self.variant = variant
+        self.design = variant.design
+        self.config = config
+        self.n = len(config.requests)
+        self.np = config.decode_pages
+        self.rooms = [r.room for r in config.requests]
+        self.lens = [r.pages for r in config.requests]
+        tenants = config.tenants
+        self.tenant_names = tenants
+        self.tid = [tenants.index(r.tenant) for r in config.requests]
+        self.width = width
+        """Bit-vector width of every integer (None: unbounded Ints). Values must stay in
+        [0, 2**(width-1)) (`in_range`): BMC proves they do within its bound, or widens."""
+        self.fields = self._declare()
+        self._template: Any = None
+        self._states: dict[tuple[int, str], SymState] = {}
+        self._template_vars: list[Any] = []
+        self.instances = self._instances()
+        self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
+            name: getattr(self, name) for name in {i.name for i in self.instances}
+        }
+
+    # --- variables ------------------------------------------------------------------------------
+
+    def _declare(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        pages = range(self.np)
+        for r in range(self.n):
+            for f in ("submitted", "ans_set", "ans_ok"):
+                out.append((f"r{r}.{f}", "B"))
+            out.append((f"r{r}.ans_reason", "I"))
+            for f in ("p", "p_len", "p_gen", "p_wrote", "p_epoch"):
+                out.append((f"r{r}.{f}", "I"))
+            out += [(f"r{r}.p_pages{j}", "B") for j in pages]
+            for f in ("d", "d_gen", "d_epoch"):
+                out.append((f"r{r}.{f}", "I"))
+            out += [(f"r{r}.d_pages{j}", "B") for j in pages]
+            for f in ("d_awaiting", "not_as_is", "read_set", "acc_set", "acc_full"):
+                out.append((f"r{r}.{f}", "B"))
+            out += [(f"r{r}.read_pages{j}", "B") for j in pages]
+            for j in pages:
+                out += [(f"r{r}.rc{j}_has", "B"), (f"r{r}.rc{j}_req", "I")]
+                out.append((f"r{r}.rc{j}_gen", "I"))
+            for kind in KINDS:
+                k = SLOT[kind]
+                out += [(f"r{r}.{k}_net", "I"), (f"r{r}.{k}_lost", "I"), (f"r{r}.{k}_gen", "I")]
+            out += [(f"r{r}.g_pages{j}", "B") for j in pages]
+            out += [(f"r{r}.g_epoch", "I"), (f"r{r}.c_count", "I"), (f"r{r}.c_digest", "B")]
+            out += [(f"r{r}.c_dpages{j}", "B") for j in pages]
+            out.append((f"r{r}.f_aborted", "B"))
+            out += [(f"r{r}.w{j}", "B") for j in pages]
+            out += [(f"r{r}.pa", "B"), (f"r{r}.pa_gen", "I")]
+            out += [(f"r{r}.orph", "B"), (f"r{r}.orph_gen", "I")]
+        for j in pages:
+            out += [(f"pg{j}.own", "B"), (f"pg{j}.own_req", "I"), (f"pg{j}.own_gen", "I")]
+            out += [(f"pg{j}.has", "B"), (f"pg{j}.c_req", "I"), (f"pg{j}.c_gen", "I")]
+            out += [(f"pg{j}.lt_set", "B"), (f"pg{j}.lt", "I")]
+        out += [
+            ("next_gen", "I"),
+            ("prefill_epoch", "I"),
+            ("decode_epoch", "I"),
+            ("dsp", "I"),
+            ("psd", "I"),
+        ]
+        out += [(f"f.{f}", "I") for f in FAULT_FIELDS]
+        out += [(f"gh.{g}", "B") for g in GHOST_FIELDS]
+        return out
+
+    def K(self, x: int) -> Any:
+        """An integer constant of the encoding's integer sort."""
+        return z3.IntVal(x) if self.width is None else z3.BitVecVal(x, self.width)
+
+    def _count(self, bools: Sequence[Any]) -> Any:
+        return _sum_bools(bools, self.K(0), self.K(1))
+
+    def _int(self, name: str) -> Any:
+        return z3.Int(name) if self.width is None else z3.BitVec(name, self.width)
+
+    def state_at(self, t: int, prefix: str = "") -> SymState:
+        """`at_time`: the variables of step `t`."""
+        key = (t, prefix)
+        if key not in self._states:
+            self._states[key] = self._new_state(t, prefix)
+        return self._states[key]
+
+    def _new_state(self, t: int, prefix: str) -> SymState:
+        return {
+            name: z3.Bool(f"{prefix}{name}@{t}")
+            if kind == "B"
+            else self._int(f"{prefix}{name}@{t}")
+            for name, kind in self.fields
+        }
+
+    def action_at(self, t: int, prefix: str = "") -> Any:
+        """The action instance taken from step t to t+1 (an index into `instances`)."""
+        if self.width is None:
+            return z3.Int(f"{prefix}act@{t}")
+        return z3.BitVec(f"{prefix}act@{t}", self.act_width)
+
+    @property
+    def act_width(self) -> int:
+        return max(8, len(self.instances).bit_length() + 1)
+
+    def in_range(self, s: SymState) -> Any:
+        """Every integer is non-negative (and, as a bit-vector, below 2**(width-1)): no wrap."""
+        return z3.And([s[name] >= 0 for name, kind in self.fields if kind == "I"])
+
+    # --- init -----------------------------------------------------------------------------------
+
+    def init(self, s: SymState) -> Any:
+        """I(s): every Bool false, every Int 0, but the generation counter at 1."""
+        cs = []
+        for name, kind in self.fields:
+            if name == "next_gen":
+                cs.append(s[name] == 1)
+            elif kind == "B":
+                cs.append(z3.Not(s[name]))
+            else:
+                cs.append(s[name] == 0)
+        return z3.And(cs)
+
+    # --- instances ------------------------------------------------------------------------------
+
+    def _instances(self) -> list[Instance]:
+        d = self.design
+        n, reqs = self.n, range(self.n)
+        out: list[Instance] = []
+
+        def add(name: str, args: tuple[Any, ...] = (), fault: bool = False) -> None:
+            out.append(Instance(name, args, fault))
+
+        for r in reqs:
+            add("router_submit_request", (r,))
+        for r in reqs:
+            add(
+                "prefill_admit_request"
+                if self.lens[r] <= self.config.prefill_max_prompt
+                else "prefill_reject_request",
+                (r,),
+            )
+        for r in reqs:
+            add(
+                "decode_admit_request"
+                if self.lens[r] <= self.config.decode_max_prompt
+                else "decode_reject_request",
+                (r,),
+            )
+        for r in reqs:
+            add("decode_reserve_pages", (r,))
+        for r in reqs:
+            add("prefill_receive_grant", ("grant", r))
+        for r in reqs:
+            add("prefill_write_page", (r,))
+        for r in reqs:
+            for j in range(self.np):
+                add("decode_receive_write", (r, j))
+        for r in reqs:
+            add("prefill_send_completion", (r,))
+        for r in reqs:
+            add("decode_receive_completion", ("completion", r))
+        for r in reqs:
+            add("decode_receive_failure", ("failure", r))
+        for r in reqs:
+            add("decode_generate", (r,))
+        for r in reqs:
+            add("decode_answer", (r,))
+        for r in reqs:
+            add("decode_release_pages", (r,))
+        for r in reqs:
+            add("prefill_receive_abort", ("abort", r))
+        # Abort acks exist only where release waits for them: elsewhere no pending ack is ever
+        # recorded, so these instances (and every abort_ack slot) are never enabled.
+        acks = d.release_fence in ("drain_ack", "ack_or_timeout")
+        kinds = KINDS if acks else tuple(k for k in KINDS if k != "abort_ack")
+        if acks:
+            for r in reqs:
+                add("prefill_send_abort_ack", (r,))
+            for r in reqs:
+                add("decode_receive_abort_ack", ("abort_ack", r))
+        if d.release_fence == "ack_or_timeout":
+            for r in reqs:
+                add("decode_release_timeout", (r,))
+        add("decode_detect_prefill_restart")
+        add("prefill_detect_decode_restart")
+        for kind in kinds:
+            for r in reqs:
+                add("retransmit_message", (kind, r))
+        for r in reqs:
+            add("client_cancel_request", (r,), True)
+        for r in reqs:
+            add("decode_waiting_timeout", (r,), True)
+        for r in reqs:
+            add("prefill_abort_request", (r,), True)
+        add("prefill_restart", (), True)
+        add("decode_restart", (), True)
+        for kind in kinds:
+            for r in reqs:
+                add("network_drop_message", (kind, r), True)
+        for kind in kinds:
+            for r in reqs:
+                add("network_duplicate_message", (kind, r), True)
+        assert n >= 1
+        return out
+
+    # --- helpers over a state -------------------------------------------------------------------
+
+    def _answer_error(self, e: Effect, r: int, reason: str) -> None:
+        was = e[f"r{r}.ans_set"]
+        e[f"r{r}.ans_ok"] = z3.And(was, e[f"r{r}.ans_ok"])
+        e[f"r{r}.ans_reason"] = z3.If(was, e[f"r{r}.ans_reason"], REASON[reason])
+        e[f"r{r}.ans_set"] = z3.BoolVal(True)
+
+    def _send(self, e: Effect, kind: str, r: int, **fields: Any) -> None:
+        k = SLOT[kind]
+        e[f"r{r}.{k}_net"] = e[f"r{r}.{k}_net"] + 1
+        for name, value in fields.items():
+            e[f"r{r}.{k}_{name}"] = value
+
+    def _decode_fail(self, e: Effect, r: int, reason: str, abort: bool) -> None:
+        reserved = e[f"r{r}.d"] == D["reserved"]
+        if abort:
+            self._send(e, "abort", r, gen=z3.If(reserved, e[f"r{r}.d_gen"], 0))
+            fenced = self.design.release_fence in ("drain_ack", "ack_or_timeout")
+            awaiting = z3.And(reserved, z3.BoolVal(fenced))
+        else:
+            awaiting = z3.BoolVal(False)
+        self._answer_error(e, r, reason)
+        e[f"r{r}.d"] = self.K(D["failed"])
+        e[f"r{r}.d_awaiting"] = awaiting
+
+    def _target(self, e: Effect | SymState, r: int) -> Any:
+        """`_prefill_target_pages`: min(p_len, len(p_pages))."""
+        granted = self._count([e[f"r{r}.p_pages{j}"] for j in range(self.np)])
+        plen = e[f"r{r}.p_len"]
+        return z3.If(plen < granted, plen, granted)
+
+    def _writes_in_flight(self, s: Effect | SymState, room: int, gen: Any) -> Any:
+        """Any write in flight for (room, generation), whoever issued it."""
+        out = []
+        for q in range(self.n):
+            if self.rooms[q] != room:
+                continue
+            any_w = z3.Or([s[f"r{q}.w{j}"] for j in range(self.np)])
+            out.append(z3.And(any_w, s[f"r{q}.p_gen"] == gen))
+        return z3.Or(out) if out else z3.BoolVal(False)
+
+    def _room_of(self, req: Any) -> Any:
+        """The room of a request given as an Int expression."""
+        expr: Any = self.K(self.rooms[-1])
+        for q in range(self.n - 2, -1, -1):
+            expr = z3.If(req == q, self.rooms[q], expr)
+        return expr
+
+    def _rank(self, e: Effect | SymState, prefix: str, j: int) -> Any:
+        """How many pages below page j are in the set `prefix{*}` (position in the tuple)."""
+        return self._count([e[f"{prefix}{q}"] for q in range(j)])
+
+    # --- one encoder per spec action (same snake_case names) ------------------------------------
+
+    def router_submit_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        c = self.config
+        active = self._count(
+            [z3.And(s[f"r{q}.submitted"], z3.Not(s[f"r{q}.ans_set"])) for q in range(self.n)]
+        )
+        order: Any = z3.BoolVal(True)
+        if c.submit_in_order and r > 0:
+            order = s[f"r{r - 1}.submitted"]
+        guard = z3.And(z3.Not(s[f"r{r}.submitted"]), active < c.max_active, order)
+        e = Effect(s)
+        e[f"r{r}.submitted"] = z3.BoolVal(True)
+        if self.lens[r] > c.context_window:
+            e[f"r{r}.ans_set"] = z3.BoolVal(True)
+            e[f"r{r}.ans_ok"] = z3.BoolVal(False)
+            e[f"r{r}.ans_reason"] = self.K(REASON["prompt over the context window"])
+            e[f"r{r}.not_as_is"] = z3.BoolVal(True)
+        else:
+            e[f"r{r}.p"] = self.K(P["received"])
+            e[f"r{r}.d"] = self.K(D["received"])
+            e[f"r{r}.p_epoch"] = s["decode_epoch"]
+            e[f"r{r}.d_epoch"] = s["prefill_epoch"]
+        return guard, e
+
+    def prefill_admit_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.p"] = z3.If(s[f"r{r}.p_gen"] != 0, self.K(P["granted"]), self.K(P["admitted"]))
+        e[f"r{r}.p_len"] = self.K(self.lens[r])
+        return s[f"r{r}.p"] == P["received"], e
+
+    def prefill_reject_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        d = self.design
+        e = Effect(s)
+        e[f"r{r}.not_as_is"] = z3.BoolVal(True)
+        regranted = z3.If(s[f"r{r}.p_gen"] != 0, self.K(P["granted"]), self.K(P["admitted"]))
+        if d.oversize == "reject":
+            e[f"r{r}.p"] = self.K(P["rejected"])
+            if d.router_honours_prefill_error:
+                self._answer_error(e, r, "rejected by prefill: prompt over its limit")
+            self._send(e, "failure", r, gen=self.K(0), aborted=z3.BoolVal(False))
+        elif d.oversize == "placeholder":
+            e[f"r{r}.p"] = regranted
+            e[f"r{r}.p_len"] = self.K(1)
+            if d.placeholder_reports_error and d.router_honours_prefill_error:
+                self._answer_error(e, r, "aborted by prefill: prompt over its limit")
+        else:
+            e[f"r{r}.p"] = regranted
+            e[f"r{r}.p_len"] = self.K(max(1, self.config.prefill_max_prompt))
+        return s[f"r{r}.p"] == P["received"], e
+
+    def decode_admit_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.d"] = self.K(D["admitted"])
+        return s[f"r{r}.d"] == D["received"], e
+
+    def decode_reject_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        self._answer_error(e, r, "rejected by decode: prompt over its limit")
+        e[f"r{r}.d"] = self.K(D["rejected"])
+        e[f"r{r}.not_as_is"] = z3.BoolVal(True)
+        self._send(e, "abort", r, gen=self.K(0))
+        return s[f"r{r}.d"] == D["received"], e
+
+    def decode_reserve_pages(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        free = [z3.Not(s[f"pg{j}.own"]) for j in range(self.np)]
+        need = self.lens[r]
+        guard = z3.And(s[f"r{r}.d"] == D["admitted"], self._count(free) >= need)
+        e = Effect(s)
+        gen = s["next_gen"]
+        reuse, cross = [], []
+        for j in range(self.np):
+            chosen = z3.And(free[j], self._count(free[:j]) < need)
+            reuse.append(z3.And(chosen, s[f"pg{j}.lt_set"]))
+            cross.append(z3.And(chosen, s[f"pg{j}.lt_set"], s[f"pg{j}.lt"] != self.tid[r]))
+            e[f"pg{j}.own"] = z3.Or(s[f"pg{j}.own"], chosen)
+            e[f"pg{j}.own_req"] = z3.If(chosen, r, s[f"pg{j}.own_req"])
+            e[f"pg{j}.own_gen"] = z3.If(chosen, gen, s[f"pg{j}.own_gen"])
+            e[f"pg{j}.lt_set"] = z3.Or(s[f"pg{j}.lt_set"], chosen)
+            e[f"pg{j}.lt"] = z3.If(chosen, self.tid[r], s[f"pg{j}.lt"])
+            e[f"r{r}.d_pages{j}"] = chosen
+            e[f"r{r}.g_pages{j}"] = chosen
+        e["gh.page_reuse"] = z3.Or(s["gh.page_reuse"], *reuse)
+        e["gh.cross_tenant_reuse"] = z3.Or(s["gh.cross_tenant_reuse"], *cross)
+        e[f"r{r}.d"] = self.K(D["reserved"])
+        e[f"r{r}.d_gen"] = gen
+        self._send(e, "grant", r, gen=gen, epoch=s["decode_epoch"])
+        e["next_gen"] = gen + 1
+        return guard, e
+
+    def prefill_receive_grant(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.g_net"] = s[f"r{r}.g_net"] - 1
+        p = s[f"r{r}.p"]
+        take = z3.And(_in(p, ("received", "admitted"), P), s[f"r{r}.p_gen"] == 0)
+        e[f"r{r}.p"] = z3.If(z3.And(take, p == P["admitted"]), P["granted"], p)
+        e[f"r{r}.p_gen"] = z3.If(take, s[f"r{r}.g_gen"], s[f"r{r}.p_gen"])
+        e[f"r{r}.p_epoch"] = z3.If(take, s[f"r{r}.g_epoch"], s[f"r{r}.p_epoch"])
+        for j in range(self.np):
+            e[f"r{r}.p_pages{j}"] = z3.If(take, s[f"r{r}.g_pages{j}"], s[f"r{r}.p_pages{j}"])
+        if self.design.prefill_adopts_unknown_grant:
+            adopt = z3.And(z3.Not(take), z3.Not(_in(p, ("admitted", "granted"), P)))
+            e[f"r{r}.orph"] = z3.Or(s[f"r{r}.orph"], adopt)
+            e[f"r{r}.orph_gen"] = z3.If(adopt, s[f"r{r}.g_gen"], s[f"r{r}.orph_gen"])
+        return s[f"r{r}.g_net"] > 0, e
+
+    def prefill_write_page(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        guard = z3.And(s[f"r{r}.p"] == P["granted"], s[f"r{r}.p_wrote"] < self._target(s, r))
+        e = Effect(s)
+        for j in range(self.np):
+            is_next = z3.And(
+                s[f"r{r}.p_pages{j}"], self._rank(s, f"r{r}.p_pages", j) == s[f"r{r}.p_wrote"]
+            )
+            e[f"r{r}.w{j}"] = z3.Or(s[f"r{r}.w{j}"], is_next)
+        e[f"r{r}.p_wrote"] = s[f"r{r}.p_wrote"] + 1
+        return guard, e
+
+    def decode_receive_write(self, s: SymState, r: int, j: int) -> tuple[Any, Effect]:
+        d = self.design
+        e = Effect(s)
+        e[f"r{r}.w{j}"] = z3.BoolVal(False)
+        gen = s[f"r{r}.p_gen"]
+        own, own_req, own_gen = s[f"pg{j}.own"], s[f"pg{j}.own_req"], s[f"pg{j}.own_gen"]
+        matches = z3.And(own, self._room_of(own_req) == self.rooms[r], own_gen == gen)
+        if d.write_path == "receiver_checked":
+            refused = z3.Not(matches)
+        elif d.release_fence != "none":
+            refused = s[f"r{r}.p_epoch"] != s["decode_epoch"]
+        else:
+            refused = z3.BoolVal(False)
+        lands = z3.Not(refused)
+        e["gh.refused_write"] = z3.Or(s["gh.refused_write"], refused)
+        e[f"pg{j}.has"] = z3.Or(s[f"pg{j}.has"], lands)
+        e[f"pg{j}.c_req"] = z3.If(lands, r, s[f"pg{j}.c_req"])
+        e[f"pg{j}.c_gen"] = z3.If(lands, gen, s[f"pg{j}.c_gen"])
+        own_is_data = z3.And(own, own_req == r, own_gen == gen)
+        e["gh.late_landing"] = z3.Or(s["gh.late_landing"], z3.And(lands, z3.Not(own_is_data)))
+        return s[f"r{r}.w{j}"], e
+
+    def prefill_send_completion(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        d = self.design
+        gen = s[f"r{r}.p_gen"]
+        guard = z3.And(
+            s[f"r{r}.p"] == P["granted"],
+            s[f"r{r}.p_wrote"] == self._target(s, r),
+            z3.Not(self._writes_in_flight(s, self.rooms[r], gen)),
+        )
+        e = Effect(s)
+        e[f"r{r}.p"] = self.K(P["completed"])
+        granted = self._count([s[f"r{r}.p_pages{j}"] for j in range(self.np)])
+        count = granted if d.completion == "local" else s[f"r{r}.p_wrote"]
+        fields: dict[str, Any] = {"gen": gen, "count": count}
+        fields["digest"] = z3.BoolVal(d.prefill_sends_digest)
+        for j in range(self.np):
+            fields[f"dpages{j}"] = z3.And(
+                s[f"r{r}.p_pages{j}"], self._rank(s, f"r{r}.p_pages", j) < s[f"r{r}.p_wrote"]
+            )
+        self._send(e, "completion", r, **fields)
+        return guard, e
+
+    def decode_receive_completion(self, s: SymState, kind: str, rs: int) -> tuple[Any, Effect]:
+        """Target: the first request t in index order that is `reserved` on the sender's room
+        (and generation, with `check_generation`). Valid per `Design.validation`."""
+        d = self.design
+        e = Effect(s)
+        e[f"r{rs}.c_net"] = s[f"r{rs}.c_net"] - 1
+        mgen = s[f"r{rs}.c_gen"]
+        earlier: list[Any] = []
+        for t in range(self.n):
+            if self.rooms[t] != self.rooms[rs]:
+                continue
+            cond = s[f"r{t}.d"] == D["reserved"]
+            if d.check_generation:
+                cond = z3.And(cond, s[f"r{t}.d_gen"] == mgen)
+            is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
+            earlier.append(cond)
+            dp = [s[f"r{t}.d_pages{j}"] for j in range(self.np)]
+            count_ok = s[f"r{rs}.c_count"] == self._count(dp)
+            digest_ok = z3.And(
+                s[f"r{rs}.c_digest"],
+                *[
+                    z3.And(
+                        s[f"r{rs}.c_dpages{j}"] == dp[j],
+                        z3.Implies(
+                            dp[j],
+                            z3.And(
+                                s[f"pg{j}.has"],
+                                s[f"pg{j}.c_req"] == rs,
+                                s[f"pg{j}.c_gen"] == mgen,
+                            ),
+                        ),
+                    )
+                    for j in range(self.np)
+                ],
+            )
+            if d.validation == "none":
+                valid: Any = z3.BoolVal(True)
+            elif d.validation == "count_only":
+                valid = count_ok
+            else:
+                if d.validation == "digest_optional":
+                    digest_ok = z3.Or(digest_ok, z3.Not(s[f"r{rs}.c_digest"]))
+                valid = z3.And(count_ok, digest_ok)
+            fail = Effect(s)
+            self._decode_fail(fail, t, "completion failed validation", abort=False)
+            full = z3.And(
+                [
+                    z3.Implies(
+                        dp[j],
+                        z3.And(
+                            s[f"pg{j}.has"],
+                            s[f"pg{j}.c_req"] == t,
+                            s[f"pg{j}.c_gen"] == s[f"r{t}.d_gen"],
+                        ),
+                    )
+                    for j in range(self.np)
+                ]
+            )
+            ok = {
+                f"r{t}.d": self.K(D["validated"]),
+                f"r{t}.acc_set": z3.BoolVal(True),
+                f"r{t}.acc_full": full,
+            }
+            for name in set(fail.new) | set(ok):
+                if_ok = ok.get(name, s[name])
+                if_fail = fail.new.get(name, s[name])
+                e[name] = z3.If(is_t, z3.If(valid, if_ok, if_fail), e[name])
+        return s[f"r{rs}.c_net"] > 0, e
+
+    def decode_receive_failure(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.f_net"] = s[f"r{r}.f_net"] - 1
+        mgen = s[f"r{r}.f_gen"]
+        applies = z3.And(
+            _in(s[f"r{r}.d"], ("received", "admitted", "reserved"), D),
+            z3.Or(mgen == 0, s[f"r{r}.d_gen"] == mgen),
+        )
+        for reason, aborted in (("rejected", False), ("aborted", True)):
+            fail = Effect(s)
+            self._decode_fail(fail, r, f"prefill reported failure: {reason}", abort=False)
+            cond = z3.And(applies, s[f"r{r}.f_aborted"] == aborted)
+            for name, value in fail.new.items():
+                e[name] = z3.If(cond, value, e[name])
+        return s[f"r{r}.f_net"] > 0, e
+
+    def decode_generate(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.d"] = self.K(D["generated"])
+        e[f"r{r}.read_set"] = z3.BoolVal(True)
+        for j in range(self.np):
+            e[f"r{r}.read_pages{j}"] = s[f"r{r}.d_pages{j}"]
+            e[f"r{r}.rc{j}_has"] = s[f"pg{j}.has"]
+            e[f"r{r}.rc{j}_req"] = s[f"pg{j}.c_req"]
+            e[f"r{r}.rc{j}_gen"] = s[f"pg{j}.c_gen"]
+        return s[f"r{r}.d"] == D["validated"], e
+
+    def decode_answer(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        fresh = z3.Not(s[f"r{r}.ans_set"])
+        e[f"r{r}.ans_set"] = z3.BoolVal(True)
+        e[f"r{r}.ans_ok"] = z3.Or(fresh, s[f"r{r}.ans_ok"])
+        e[f"r{r}.ans_reason"] = z3.If(fresh, 0, s[f"r{r}.ans_reason"])
+        e["gh.ok_after_crash"] = z3.Or(s["gh.ok_after_crash"], z3.And(fresh, s["f.crashes"] > 0))
+        e["gh.ok_after_loss"] = z3.Or(s["gh.ok_after_loss"], z3.And(fresh, s["f.drops"] > 0))
+        e[f"r{r}.d"] = self.K(D["answered"])
+        return s[f"r{r}.d"] == D["generated"], e
+
+    def decode_release_pages(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        dp = [s[f"r{r}.d_pages{j}"] for j in range(self.np)]
+        guard = z3.And(
+            _in(s[f"r{r}.d"], ("answered", "failed"), D),
+            z3.Or(dp),
+            z3.Not(s[f"r{r}.d_awaiting"]),
+        )
+        e = Effect(s)
+        scrubbed = []
+        for j in range(self.np):
+            e[f"pg{j}.own"] = z3.And(s[f"pg{j}.own"], z3.Not(dp[j]))
+            if self.design.scrub:
+                scrubbed.append(z3.And(dp[j], s[f"pg{j}.has"]))
+                e[f"pg{j}.has"] = z3.And(s[f"pg{j}.has"], z3.Not(dp[j]))
+            e[f"r{r}.d_pages{j}"] = z3.BoolVal(False)
+        if scrubbed:
+            e["gh.scrubbed_written_page"] = z3.Or(s["gh.scrubbed_written_page"], *scrubbed)
+        e[f"r{r}.d"] = self.K(D["released"])
+        e[f"r{r}.d_awaiting"] = z3.BoolVal(False)
+        return guard, e
+
+    def prefill_receive_abort(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.a_net"] = s[f"r{r}.a_net"] - 1
+        p, mgen = s[f"r{r}.p"], s[f"r{r}.a_gen"]
+        stop = z3.Or(
+            _in(p, ("received", "admitted"), P),
+            z3.And(p == P["granted"], s[f"r{r}.p_gen"] == mgen),
+        )
+        e[f"r{r}.p"] = z3.If(stop, P["aborted"], p)
+        if self.design.release_fence in ("drain_ack", "ack_or_timeout"):
+            add = mgen != 0
+            e[f"r{r}.pa"] = z3.Or(s[f"r{r}.pa"], add)
+            e[f"r{r}.pa_gen"] = z3.If(add, mgen, s[f"r{r}.pa_gen"])
+        return s[f"r{r}.a_net"] > 0, e
+
+    def prefill_send_abort_ack(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        room, gen = self.rooms[r], s[f"r{r}.pa_gen"]
+        guard = z3.And(s[f"r{r}.pa"], z3.Not(self._writes_in_flight(s, room, gen)))
+        e = Effect(s)
+        for q in range(self.n):
+            if self.rooms[q] != room:
+                continue
+            same = z3.And(s[f"r{q}.pa"], s[f"r{q}.pa_gen"] == gen)
+            e[f"r{q}.k_net"] = z3.If(same, s[f"r{q}.k_net"] + 1, s[f"r{q}.k_net"])
+            e[f"r{q}.k_gen"] = z3.If(same, s[f"r{q}.pa_gen"], s[f"r{q}.k_gen"])
+            e[f"r{q}.pa"] = z3.And(s[f"r{q}.pa"], z3.Not(same))
+        return guard, e
+
+    def decode_receive_abort_ack(self, s: SymState, kind: str, rs: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{rs}.k_net"] = s[f"r{rs}.k_net"] - 1
+        mgen = s[f"r{rs}.k_gen"]
+        earlier: list[Any] = []
+        for t in range(self.n):
+            if self.rooms[t] != self.rooms[rs]:
+                continue
+            cond = z3.And(s[f"r{t}.d_awaiting"], s[f"r{t}.d_gen"] == mgen)
+            is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
+            earlier.append(cond)
+            e[f"r{t}.d_awaiting"] = z3.And(e[f"r{t}.d_awaiting"], z3.Not(is_t))
+            e["gh.drain_acked"] = z3.Or(e["gh.drain_acked"], is_t)
+        return s[f"r{rs}.k_net"] > 0, e
+
+    def decode_release_timeout(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.d_awaiting"] = z3.BoolVal(False)
+        return s[f"r{r}.d_awaiting"], e
+
+    def decode_detect_prefill_restart(self, s: SymState) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e["dsp"] = s["prefill_epoch"]
+        for r in range(self.n):
+            fail = Effect(s)
+            self._decode_fail(fail, r, "prefill restarted", abort=True)
+            stale = z3.And(
+                _in(s[f"r{r}.d"], ("received", "admitted", "reserved"), D),
+                s[f"r{r}.d_epoch"] != s["prefill_epoch"],
+            )
+            resend = z3.And(z3.Not(stale), s[f"r{r}.d_awaiting"])
+            names = set(fail.new) | {f"r{r}.a_net", f"r{r}.a_gen"}
+            for name in names:
+                if name == f"r{r}.a_net":
+                    again = s[name] + 1
+                elif name == f"r{r}.a_gen":
+                    again = s[f"r{r}.d_gen"]
+                else:
+                    again = s[name]
+                e[name] = z3.If(stale, fail.new.get(name, s[name]), z3.If(resend, again, s[name]))
+        return s["dsp"] != s["prefill_epoch"], e
+
+    def prefill_detect_decode_restart(self, s: SymState) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e["psd"] = s["decode_epoch"]
+        for r in range(self.n):
+            p = s[f"r{r}.p"]
+            stale = z3.And(
+                _in(p, ("received", "admitted", "granted"), P),
+                s[f"r{r}.p_epoch"] != s["decode_epoch"],
+            )
+            e[f"r{r}.p"] = z3.If(stale, P["aborted"], p)
+        return s["psd"] != s["decode_epoch"], e
+
+    def retransmit_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        k = SLOT[kind]
+        e = Effect(s)
+        e[f"r{r}.{k}_lost"] = s[f"r{r}.{k}_lost"] - 1
+        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] + 1
+        return s[f"r{r}.{k}_lost"] > 0, e
+
+    # Faults: each guard also needs the fault budget (see `_fault_guard`).
+
+    def _fault_guard(self, s: SymState, kind: str) -> Any:
+        c = self.config
+        total = z3.Sum([s[f"f.{f}"] for f in FAULT_FIELDS])
+        limit = {
+            "crashes": c.max_crashes,
+            "drops": c.max_drops,
+            "duplicates": c.max_duplicates,
+            "timeouts": c.max_timeouts,
+            "cancels": c.max_cancels,
+            "prefill_aborts": c.max_prefill_aborts,
+        }[kind]
+        return z3.And(total < c.max_faults, s[f"f.{kind}"] < limit)
+
+    def _spend(self, e: Effect, kind: str) -> None:
+        e[f"f.{kind}"] = e.s[f"f.{kind}"] + 1
+
+    def client_cancel_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        guard = z3.And(
+            self._fault_guard(s, "cancels"),
+            s[f"r{r}.submitted"],
+            z3.Not(s[f"r{r}.ans_set"]),
+        )
+        e = Effect(s)
+        self._spend(e, "cancels")
+        mid = z3.And(s[f"r{r}.p"] == P["granted"], s[f"r{r}.p_wrote"] > 0)
+        e["gh.cancelled_mid_transfer"] = z3.Or(s["gh.cancelled_mid_transfer"], mid)
+        dphase = s[f"r{r}.d"]
+        early = _in(dphase, ("received", "admitted", "reserved"), D)
+        late = _in(dphase, ("validated", "generated"), D)
+        with_abort, without, plain = Effect(s), Effect(s), Effect(s)
+        self._decode_fail(with_abort, r, "cancelled by the client", abort=True)
+        self._decode_fail(without, r, "cancelled by the client", abort=False)
+        self._answer_error(plain, r, "cancelled by the client")
+        for name in set(with_abort.new) | set(without.new) | set(plain.new):
+            e[name] = z3.If(
+                early,
+                with_abort.new.get(name, s[name]),
+                z3.If(late, without.new.get(name, s[name]), plain.new.get(name, s[name])),
+            )
+        return guard, e
+
+    def decode_waiting_timeout(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        guard = z3.And(self._fault_guard(s, "timeouts"), s[f"r{r}.d"] == D["reserved"])
+        e = Effect(s)
+        self._spend(e, "timeouts")
+        self._decode_fail(e, r, "timed out waiting for prefill", abort=True)
+        return guard, e
+
+    def prefill_abort_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        d = self.design
+        gen = s[f"r{r}.p_gen"]
+        guard = z3.And(
+            self._fault_guard(s, "prefill_aborts"),
+            _in(s[f"r{r}.p"], ("admitted", "granted"), P),
+            z3.Not(self._writes_in_flight(s, self.rooms[r], gen)),
+        )
+        e = Effect(s)
+        self._spend(e, "prefill_aborts")
+        e[f"r{r}.p"] = self.K(P["aborted"])
+        if d.router_honours_prefill_error:
+            self._answer_error(e, r, "aborted by prefill")
+        if d.prefill_abort_notifies_decode:
+            self._send(e, "failure", r, gen=gen, aborted=z3.BoolVal(True))
+        return guard, e
+
+    def prefill_restart(self, s: SymState) -> tuple[Any, Effect]:
+        e = Effect(s)
+        self._spend(e, "crashes")
+        for r in range(self.n):
+            p = s[f"r{r}.p"]
+            terminal = _in(p, ("none", "rejected", "completed", "aborted", "lost"), P)
+            e[f"r{r}.p"] = z3.If(terminal, p, P["lost"])
+            e[f"r{r}.pa"] = z3.BoolVal(False)
+            e[f"r{r}.orph"] = z3.BoolVal(False)
+        e["prefill_epoch"] = s["prefill_epoch"] + 1
+        return self._fault_guard(s, "crashes"), e
+
+    def decode_restart(self, s: SymState) -> tuple[Any, Effect]:
+        e = Effect(s)
+        self._spend(e, "crashes")
+        for r in range(self.n):
+            dp = [s[f"r{r}.d_pages{j}"] for j in range(self.np)]
+            keep = z3.And(
+                _in(s[f"r{r}.d"], ("none", "rejected", "released", "lost"), D),
+                z3.Not(z3.Or(dp)),
+            )
+            lost = Effect(s)
+            self._answer_error(lost, r, "decode restarted")
+            lost[f"r{r}.d"] = self.K(D["lost"])
+            lost[f"r{r}.d_awaiting"] = z3.BoolVal(False)
+            for j in range(self.np):
+                lost[f"r{r}.d_pages{j}"] = z3.BoolVal(False)
+            for name, value in lost.new.items():
+                e[name] = z3.If(keep, s[name], value)
+        for j in range(self.np):
+            e[f"pg{j}.own"] = z3.BoolVal(False)
+            if self.design.scrub:
+                e[f"pg{j}.has"] = z3.BoolVal(False)
+        e["decode_epoch"] = s["decode_epoch"] + 1
+        if not self.design.generations_persist:
+            e["next_gen"] = self.K(1)
+        return self._fault_guard(s, "crashes"), e
+
+    def network_drop_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        k = SLOT[kind]
+        e = Effect(s)
+        self._spend(e, "drops")
+        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] - 1
+        e[f"r{r}.{k}_lost"] = s[f"r{r}.{k}_lost"] + 1
+        return z3.And(self._fault_guard(s, "drops"), s[f"r{r}.{k}_net"] > 0), e
+
+    def network_duplicate_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        k = SLOT[kind]
+        e = Effect(s)
+        self._spend(e, "duplicates")
+        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] + 1
+        return z3.And(self._fault_guard(s, "duplicates"), s[f"r{r}.{k}_net"] > 0), e
+
+    # --- the transition relation ----------------------------------------------------------------
+
+    def rule(self, s: SymState, i: int) -> tuple[Any, dict[str, Any]]:
+        """Guard and updated variables of instance i on state s."""
+        inst = self.instances[i]
+        guard, e = self._rules[inst.name](s, *inst.args)
+        return guard, e.new
+
+    def trans(self, s: SymState, act: Any, s2: SymState) -> Any:
+        """T(s, act, s2); see the module docstring."""
+        guards = []
+        chains: dict[str, list[tuple[int, Any]]] = {}
+        for i in range(len(self.instances)):
+            guard, new = self.rule(s, i)
+            guards.append(z3.Implies(act == i, guard))
+            for name, value in new.items():
+                chains.setdefault(name, []).append((i, value))
+        eqs = []
+        for name, _kind in self.fields:
+            expr = s[name]
+            for i, value in reversed(chains.get(name, [])):
+                expr = z3.If(act == i, value, expr)
+            eqs.append(s2[name] == expr)
+        if self.width is None:
+            in_range = z3.And(act >= 0, act < len(self.instances))
+        else:
+            in_range = z3.ULT(act, len(self.instances))
+        return z3.And(in_range, *guards, *eqs)
+
+    def trans_at(self, t: int, prefix: str = "") -> Any:
+        """T(s_t, a_t, s_{t+1}), by renaming one symbolic copy of T (built once)."""
+        if self._template is None:
+            s, a, s2 = self.state_at(0, "tpl_"), self.action_at(0, "tpl_"), self.state_at(1, "tpl_")
+            self._template = self.trans(s, a, s2)
+            self._template_vars = [*s.values(), a, *s2.values()]
+        s, a, s2 = self.state_at(t, prefix), self.action_at(t, prefix), self.state_at(t + 1, prefix)
+        pairs = list(zip(self._template_vars, [*s.values(), a, *s2.values()], strict=True))
+        return z3.substitute(self._template, *pairs)
+
+    def get_unrolling(self, k: int, prefix: str = "") -> Iterator[Any]:
+        """T(s_0, a_0, s_1), ..., T(s_{k-1}, a_{k-1}, s_k)."""
+        for t in range(k):
+            yield self.trans_at(t, prefix)
+
+    # --- properties -----------------------------------------------------------------------------
+
+    def properties(self, s: SymState) -> dict[str, Any]:
+        """The `ALWAYS` properties of spec/properties.py over one state."""
+        n, np_ = self.n, self.np
+        reads, tenants, coverage, fail_closed = [], [], [], []
+        for r in range(n):
+            for j in range(np_):
+                pre = z3.And(s[f"r{r}.read_set"], s[f"r{r}.read_pages{j}"])
+                own = z3.And(
+                    s[f"r{r}.rc{j}_has"],
+                    s[f"r{r}.rc{j}_req"] == r,
+                    s[f"r{r}.rc{j}_gen"] == s[f"r{r}.d_gen"],
+                )
+                reads.append(z3.Implies(pre, own))
+                same_tenant = z3.Or(
+                    [s[f"r{r}.rc{j}_req"] == q for q in range(n) if self.tid[q] == self.tid[r]]
+                )
+                tenants.append(z3.Implies(z3.And(pre, s[f"r{r}.rc{j}_has"]), same_tenant))
+            coverage.append(z3.Implies(s[f"r{r}.acc_set"], s[f"r{r}.acc_full"]))
+            fail_closed.append(
+                z3.Implies(
+                    s[f"r{r}.not_as_is"],
+                    z3.And(
+                        s[f"r{r}.p_wrote"] == 0,
+                        z3.Not(z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_ok"])),
+                    ),
+                )
+            )
+        owner = []
+        for j in range(np_):
+            holders = [s[f"r{r}.d_pages{j}"] for r in range(n)]
+            owner.append(z3.AtMost(*holders, 1) if n > 1 else z3.BoolVal(True))
+            for r in range(n):
+                owner.append(
+                    z3.Implies(
+                        holders[r],
+                        z3.And(
+                            s[f"pg{j}.own"],
+                            s[f"pg{j}.own_req"] == r,
+                            s[f"pg{j}.own_gen"] == s[f"r{r}.d_gen"],
+                        ),
+                    )
+                )
+            owner.append(z3.Implies(s[f"pg{j}.own"], z3.Or(holders)))
+        freed = [z3.Implies(z3.Not(s[f"pg{j}.own"]), z3.Not(s[f"pg{j}.has"])) for j in range(np_)]
+        return {
+            "decode_reads_only_validated_pages": z3.And(reads),
+            "no_cross_tenant_read": z3.And(tenants),
+            "accepted_completion_implies_full_coverage": z3.And(coverage),
+            "rejected_request_gets_error_not_output": z3.And(fail_closed),
+            "page_has_single_owner": z3.And(owner),
+            "no_late_write_lands_in_reallocated_page": z3.Not(s["gh.late_landing"]),
+            "freed_pages_hold_no_readable_data": z3.And(freed),
+        }
+
+    # --- concrete values: abstraction (spec -> Z3) and concretization (Z3 -> spec) --------------
+
+    def abstract(self, state: State) -> dict[str, Any]:
+        """The values of the encoding's variables for a spec state (absent slots read 0/False)."""
+        v: dict[str, Any] = {name: (False if kind == "B" else 0) for name, kind in self.fields}
+        c = self.config
+        for r, q in enumerate(state.requests):
+            v[f"r{r}.submitted"] = q.submitted
+            if q.answer is not None:
+                v[f"r{r}.ans_set"] = True
+                v[f"r{r}.ans_ok"] = q.answer.ok
+                v[f"r{r}.ans_reason"] = REASON[q.answer.reason]
+            v[f"r{r}.p"] = P[q.p]
+            v[f"r{r}.p_len"], v[f"r{r}.p_gen"] = q.p_len, q.p_gen
+            v[f"r{r}.p_wrote"], v[f"r{r}.p_epoch"] = q.p_wrote, q.p_epoch
+            for j in q.p_pages:
+                v[f"r{r}.p_pages{j}"] = True
+            v[f"r{r}.d"], v[f"r{r}.d_gen"], v[f"r{r}.d_epoch"] = D[q.d], q.d_gen, q.d_epoch
+            for j in q.d_pages:
+                v[f"r{r}.d_pages{j}"] = True
+            v[f"r{r}.d_awaiting"] = q.d_awaiting_ack
+            v[f"r{r}.not_as_is"] = q.not_as_is
+            if q.read is not None:
+                v[f"r{r}.read_set"] = True
+                # Decode read its pages in page order; once it released them, which pages they
+                # were no longer matters (only the sequence of tags does): use the first ones.
+                read_at = q.d_pages if q.d_pages else tuple(range(len(q.read)))
+                if len(q.read) != len(read_at):
+                    raise EncodingError(f"request {r}: read {q.read} but pages {q.d_pages}")
+                for j, tag in zip(read_at, q.read, strict=True):
+                    v[f"r{r}.read_pages{j}"] = True
+                    if tag is not None:
+                        v[f"r{r}.rc{j}_has"] = True
+                        v[f"r{r}.rc{j}_req"], v[f"r{r}.rc{j}_gen"] = tag.request, tag.generation
+            if q.accepted_full is not None:
+                v[f"r{r}.acc_set"], v[f"r{r}.acc_full"] = True, q.accepted_full
+        for where, bag in (("net", state.network), ("lost", state.lost)):
+            seen: dict[tuple[str, int], Message] = {}
+            for m in bag:
+                key = (m.kind, m.request)
+                if key in seen and seen[key] != m:
+                    raise EncodingError(f"two distinct {m.kind} messages of request {m.request}")
+                seen[key] = m
+                k = SLOT[m.kind]
+                v[f"r{m.request}.{k}_{where}"] += 1
+                v[f"r{m.request}.{k}_gen"] = m.generation
+                if m.kind == "grant":
+                    v[f"r{m.request}.g_epoch"] = m.epoch
+                    for j in m.pages:
+                        v[f"r{m.request}.g_pages{j}"] = True
+                if m.kind == "completion":
+                    v[f"r{m.request}.c_count"] = m.count
+                    v[f"r{m.request}.c_digest"] = m.digest is not None
+                    for j, _req, _gen in m.digest or ():
+                        v[f"r{m.request}.c_dpages{j}"] = True
+                if m.kind == "failure":
+                    v[f"r{m.request}.f_aborted"] = m.reason == "aborted"
+        for w in state.writes:
+            q = state.requests[w.data.request]
+            r = w.data.request
+            expected = Write(
+                c.requests[r].room,
+                q.p_gen,
+                w.page,
+                Tag(r, q.p_gen, c.requests[r].tenant),
+                q.p_epoch,
+            )
+            if w != expected:
+                raise EncodingError(f"write {w} is not derivable from request {r}'s prefill state")
+            v[f"r{r}.w{w.page}"] = True
+        for _room, gen, r in state.pending_acks:
+            v[f"r{r}.pa"], v[f"r{r}.pa_gen"] = True, gen
+        for room, gen in state.orphans:
+            rs = [r for r in range(self.n) if self.rooms[r] == room]
+            v[f"r{rs[0]}.orph"], v[f"r{rs[0]}.orph_gen"] = True, gen
+        for j, page in enumerate(state.pages):
+            if page.owner is not None:
+                v[f"pg{j}.own"] = True
+                v[f"pg{j}.own_req"], v[f"pg{j}.own_gen"] = page.owner
+            if page.content is not None:
+                v[f"pg{j}.has"] = True
+                v[f"pg{j}.c_req"] = page.content.request
+                v[f"pg{j}.c_gen"] = page.content.generation
+            if page.last_tenant is not None:
+                v[f"pg{j}.lt_set"] = True
+                v[f"pg{j}.lt"] = self.tenant_names.index(page.last_tenant)
+        v["next_gen"] = state.next_generation
+        v["prefill_epoch"], v["decode_epoch"] = state.prefill_epoch, state.decode_epoch
+        v["dsp"], v["psd"] = state.decode_sees_prefill_epoch, state.prefill_sees_decode_epoch
+        for f in FAULT_FIELDS:
+            v[f"f.{f}"] = getattr(state.faults, f)
+        for g in GHOST_FIELDS:
+            v[f"gh.{g}"] = getattr(state.ghost, g)
+        return v
+
+    def values(self, model: Any, s: SymState) -> dict[str, Any]:
+        """Concrete Python values of a time step's variables in a Z3 model."""
+        out: dict[str, Any] = {}
+        for name, kind in self.fields:
+            val = model.eval(s[name], model_completion=True)
+            if kind == "B":
+                out[name] = z3.is_true(val)
+            else:
+                out[name] = val.as_long() if self.width is None else val.as_signed_long()
+        return out
+
+    def _tag(self, r: int, gen: int) -> Tag:
+        return Tag(r, gen, self.config.requests[r].tenant)
+
+    def message(self, v: dict[str, Any], kind: str, r: int) -> Message:
+        """The message held in slot (kind, r)."""
+        k, room = SLOT[kind], self.rooms[r]
+        gen = v[f"r{r}.{k}_gen"]
+        if kind == "grant":
+            pages = tuple(j for j in range(self.np) if v[f"r{r}.g_pages{j}"])
+            return Message("grant", room, gen, r, pages=pages, epoch=v[f"r{r}.g_epoch"])
+        if kind == "completion":
+            digest = None
+            if v[f"r{r}.c_digest"]:
+                digest = tuple((j, r, gen) for j in range(self.np) if v[f"r{r}.c_dpages{j}"])
+            return Message("completion", room, gen, r, count=v[f"r{r}.c_count"], digest=digest)
+        if kind == "failure":
+            reason = "aborted" if v[f"r{r}.f_aborted"] else "rejected"
+            return Message("failure", room, gen, r, reason=reason)
+        return Message(kind, room, gen, r)  # type: ignore[arg-type]
+
+    def write(self, v: dict[str, Any], r: int, j: int) -> Write:
+        gen = v[f"r{r}.p_gen"]
+        return Write(self.rooms[r], gen, j, self._tag(r, gen), v[f"r{r}.p_epoch"])
+
+    def concretize(self, v: dict[str, Any]) -> State:
+        """The spec state a time step's values stand for."""
+
+        def pages_of(prefix: str) -> tuple[int, ...]:
+            return tuple(j for j in range(self.np) if v[f"{prefix}{j}"])
+
+        reqs = []
+        for r in range(self.n):
+            read = None
+            if v[f"r{r}.read_set"]:
+                read = tuple(
+                    self._tag(v[f"r{r}.rc{j}_req"], v[f"r{r}.rc{j}_gen"])
+                    if v[f"r{r}.rc{j}_has"]
+                    else None
+                    for j in pages_of(f"r{r}.read_pages")
+                )
+            answer = None
+            if v[f"r{r}.ans_set"]:
+                if v[f"r{r}.ans_ok"]:
+                    answer = Answer(ok=True, tags=read or ())
+                else:
+                    answer = Answer(ok=False, reason=REASONS[v[f"r{r}.ans_reason"]])
+            reqs.append(
+                ReqState(
+                    submitted=v[f"r{r}.submitted"],
+                    answer=answer,
+                    p=P_PHASES[v[f"r{r}.p"]],  # type: ignore[arg-type]
+                    p_len=v[f"r{r}.p_len"],
+                    p_gen=v[f"r{r}.p_gen"],
+                    p_pages=pages_of(f"r{r}.p_pages"),
+                    p_wrote=v[f"r{r}.p_wrote"],
+                    p_epoch=v[f"r{r}.p_epoch"],
+                    d=D_PHASES[v[f"r{r}.d"]],  # type: ignore[arg-type]
+                    d_gen=v[f"r{r}.d_gen"],
+                    d_pages=pages_of(f"r{r}.d_pages"),
+                    d_awaiting_ack=v[f"r{r}.d_awaiting"],
+                    d_epoch=v[f"r{r}.d_epoch"],
+                    not_as_is=v[f"r{r}.not_as_is"],
+                    read=read,
+                    accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
+                )
+            )
+        network: list[Message] = []
+        lost: list[Message] = []
+        for r in range(self.n):
+            for kind in KINDS:
+                k = SLOT[kind]
+                if v[f"r{r}.{k}_net"] < 0 or v[f"r{r}.{k}_lost"] < 0:
+                    raise EncodingError(f"negative message count in slot {kind} of request {r}")
+                m = self.message(v, kind, r) if v[f"r{r}.{k}_net"] + v[f"r{r}.{k}_lost"] else None
+                network += [m] * v[f"r{r}.{k}_net"]  # type: ignore[list-item]
+                lost += [m] * v[f"r{r}.{k}_lost"]  # type: ignore[list-item]
+        writes = [
+            self.write(v, r, j) for r in range(self.n) for j in range(self.np) if v[f"r{r}.w{j}"]
+        ]
+        pages = []
+        for j in range(self.np):
+            owner = (v[f"pg{j}.own_req"], v[f"pg{j}.own_gen"]) if v[f"pg{j}.own"] else None
+            content = self._tag(v[f"pg{j}.c_req"], v[f"pg{j}.c_gen"]) if v[f"pg{j}.has"] else None
+            lt = self.tenant_names[v[f"pg{j}.lt"]] if v[f"pg{j}.lt_set"] else None
+            pages.append(PageState(owner=owner, content=content, last_tenant=lt))
+        pending = sorted(
+            (self.rooms[r], v[f"r{r}.pa_gen"], r) for r in range(self.n) if v[f"r{r}.pa"]
+        )
+        orphans = sorted(
+            {(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]}
+        )
+        return State(
+            requests=tuple(reqs),
+            pages=tuple(pages),
+            network=tuple(sorted(network)),
+            lost=tuple(sorted(lost)),
+            writes=tuple(sorted(writes)),
+            next_generation=v["next_gen"],
+            prefill_epoch=v["prefill_epoch"],
+            decode_epoch=v["decode_epoch"],
+            decode_sees_prefill_epoch=v["dsp"],
+            prefill_sees_decode_epoch=v["psd"],
+            pending_acks=tuple(pending),
+            orphans=tuple(orphans),
+            faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
+            ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
+        )
+
+    def action(self, v: dict[str, Any], i: int) -> Action:
+        """The spec action of instance i, taken in the state with values v."""
+        inst = self.instances[i]
+        cls = _CLASSES[inst.name]
+        if inst.name == "decode_receive_write":
+            r, j = inst.args
+            return DecodeReceiveWrite(self.write(v, r, j))
+        if inst.name == "prefill_send_abort_ack":
+            (r,) = inst.args
+            return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"])
+        if inst.args and isinstance(inst.args[0], str):
+            kind, r = inst.args
+            action: Action = cls(self.message(v, kind, r))
+            return action
+        action = cls(*inst.args)
+        return action
+
+
+_CLASSES: dict[str, Any] = {
+    snake_case(cls.__name__): cls
+    for cls in (
+        RouterSubmitRequest,
+        PrefillAdmitRequest,
+        PrefillRejectRequest,
+        DecodeAdmitRequest,
+        DecodeRejectRequest,
+        DecodeReservePages,
+        PrefillReceiveGrant,
+        PrefillWritePage,
+        DecodeReceiveWrite,
+        PrefillSendCompletion,
+        DecodeReceiveCompletion,
+        DecodeReceiveFailure,
+        DecodeGenerate,
+        DecodeAnswer,
+        DecodeReleasePages,
+        PrefillReceiveAbort,
+        PrefillSendAbortAck,
+        DecodeReceiveAbortAck,
+        DecodeReleaseTimeout,
+        DecodeDetectPrefillRestart,
+        PrefillDetectDecodeRestart,
+        RetransmitMessage,
+        ClientCancelRequest,
+        DecodeWaitingTimeout,
+        PrefillAbortRequest,
+        PrefillRestart,
+        DecodeRestart,
+        NetworkDropMessage,
+        NetworkDuplicateMessage,
+    )
+}

@@ -1,0 +1,129 @@
+"""Checks on the checker: Z3 encoding vs the spec and the explorer, invariants vs reachable states."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import z3
+
+from model_checker import z3_prove
+from model_checker.explore import build_graph, explore
+from model_checker.z3_crosscheck import accepted_non_edges, constants, edge_mismatches
+from model_checker.z3_encoding import Encoding
+from model_checker.z3_engines import bmc
+from model_checker.z3_invariants import fixed_invariants
+from spec.config import Config, RequestSpec
+from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+from spec.properties import ALWAYS
+from spec.state import PageState
+from spec.variants import REFERENCE, VARIANTS, get_variant
+
+SMALL = Config(
+    decode_pages=2,
+    requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
+    context_window=2,
+    prefill_max_prompt=1,
+    decode_max_prompt=2,
+)
+
+
+def _sample(states: list, k: int) -> list:  # type: ignore[type-arg]
+    return states[:: max(1, len(states) // k)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_z3_transition_relation_takes_exactly_the_explorers_edges(variant) -> None:  # type: ignore[no-untyped-def]
+    graph, _, _ = build_graph(variant, SMALL)
+    assert edge_mismatches(variant, SMALL, _sample(graph.states, 12)) == []
+    assert accepted_non_edges(variant, SMALL, graph.states, samples=3) == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_z3_properties_agree_with_the_spec_on_sampled_states(variant) -> None:  # type: ignore[no-untyped-def]
+    """Must-fail per property: wherever the spec says a property fails, so does Z3."""
+    graph, first, _ = build_graph(variant, SMALL)
+    enc = Encoding(variant, SMALL)
+    picks = _sample(graph.states, 20) + [graph.states[i] for i in first.values()]
+    for state in picks:
+        formulas = enc.properties(constants(enc, enc.abstract(state)))
+        for prop in ALWAYS:
+            assert z3.is_true(z3.simplify(formulas[prop.name])) == prop.holds(SMALL, state)
+
+
+def test_every_property_has_a_state_where_z3_says_it_fails() -> None:
+    seen: set[str] = set()
+    runs = [(v, SMALL) for v in VARIANTS] + [(get_variant("incident"), Config())]
+    for variant, config in runs:
+        graph, first, _ = build_graph(variant, config)
+        enc = Encoding(variant, config)
+        for name, i in first.items():
+            formulas = enc.properties(constants(enc, enc.abstract(graph.states[i])))
+            assert z3.is_false(z3.simplify(formulas[name]))
+            seen.add(name)
+    # No catalogued variant double-books a page; break the page table by hand for that one.
+    state = build_graph(REFERENCE, SMALL)[0].states[0]
+    bad = state.__class__(requests=state.requests, pages=(PageState(owner=(0, 1)), PageState()))
+    enc = Encoding(REFERENCE, SMALL)
+    formulas = enc.properties(constants(enc, enc.abstract(bad)))
+    assert z3.is_false(z3.simplify(formulas["page_has_single_owner"]))
+    seen.add("page_has_single_owner")
+    assert seen == {p.name for p in ALWAYS}
+
+
+@pytest.fixture(scope="module")
+def reference_states() -> list:  # type: ignore[type-arg]
+    return build_graph(REFERENCE, Config())[0].states
+
+
+def test_the_reference_invariants_hold_on_every_reachable_state(reference_states) -> None:  # type: ignore[no-untyped-def]
+    for state in reference_states:
+        for inv in INVARIANTS:
+            assert inv.holds(Config(), state), inv.name
+
+
+def test_the_one_sided_fenced_invariants_hold_on_every_reachable_state_of_that_design() -> None:
+    variant = get_variant("one_sided_fenced")
+    for state in build_graph(variant, Config())[0].states:
+        for inv in INVARIANTS + ONE_SIDED_INVARIANTS:
+            assert inv.holds(Config(), state), inv.name
+
+
+def test_z3_invariants_hold_on_sampled_reachable_states_and_share_the_spec_names(
+    reference_states,  # type: ignore[no-untyped-def]
+) -> None:
+    enc = Encoding(REFERENCE, Config(), width=None)
+    invs = fixed_invariants(enc)
+    # The same invariants, by name, in Python, on the fixed config and for any size.
+    assert set(invs) - {"well_formed"} == {i.name for i in INVARIANTS}
+    assert set(z3_prove.invariants(z3_prove.state())) == set(invs)
+    for state in _sample(reference_states, 60):
+        s = constants(enc, enc.abstract(state))
+        for name, f in invs.items():
+            assert z3.is_true(z3.simplify(f(s))), name
+
+
+def test_spec_stays_pure() -> None:
+    for path in Path("spec").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in {"z3", "networkx", "torch", "grpc"}, path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_explorer_and_bmc_agree_on_every_verdict_on_a_small_config(variant) -> None:  # type: ignore[no-untyped-def]
+    by_explorer = explore(variant, SMALL)
+    depth = by_explorer.extra["max_depth"]
+    by_bmc = bmc(variant, SMALL, depth=depth)  # the explorer's depth: BMC is complete here
+    for r in by_bmc.results:
+        assert r.verdict == by_explorer.result_for(r.property).verdict, r.property
+        if r.verdict == "violated":
+            assert r.depth == by_explorer.result_for(r.property).depth
