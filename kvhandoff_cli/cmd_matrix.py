@@ -42,8 +42,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--engines",
-        default=",".join(ENGINES),
-        help=f"comma-separated engines (default: {','.join(ENGINES)})",
+        default=",".join(e for e in ENGINES if e != "spacer"),
+        help=(
+            f"comma-separated engines from {','.join(ENGINES)} (default: all but spacer, which "
+            "times out on the default configuration and so reports unknown)"
+        ),
     )
     p.add_argument("--variants", help="comma-separated variant names (default: the catalogue)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -110,8 +113,11 @@ def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptio
 def expectation(variant: Variant, cells: list[Cell]) -> tuple[bool, str]:
     """Does the row meet its expectation? And what was expected."""
     if not variant.breaks:
-        ok = all(c.verdict == "safe" for c in cells)
-        return ok, "safe under every engine"
+        # An engine that says it cannot encode the variant (exit 3 in `check`) has not called it
+        # unsafe; every engine that ran must say safe, and at least one must have run.
+        ran = [c for c in cells if c.verdict != "cannot_encode"]
+        ok = bool(ran) and all(c.verdict == "safe" for c in ran)
+        return ok, "safe under every engine that encodes it"
     if set(variant.breaks) <= LIVENESS_ONLY:
         ok = any(c.verdict == "violated" for c in cells if c.engine == "explore")
         return ok, "caught by explore (liveness only)"

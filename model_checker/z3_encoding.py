@@ -193,6 +193,13 @@ class Encoding:
                 f"variant {variant.name!r} overrides or adds actions the Z3 encoding cannot "
                 f"translate: {', '.join(names)}"
             )
+        if variant.design.transfer != "push":
+            # The pull path's read-time data, lease expiry and failed reads have no encoders yet;
+            # encoding the variant as if it were push would silently check another protocol.
+            raise CannotEncode(
+                f"variant {variant.name!r} uses the pull path (transfer='pull'), which the Z3 "
+                "encoding does not translate yet; use --engine explore"
+            )
         self.variant = variant
         self.design = variant.design
         self.config = config

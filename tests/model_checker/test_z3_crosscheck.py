@@ -20,6 +20,9 @@ from spec.properties import ALWAYS
 from spec.state import PageState
 from spec.variants import REFERENCE, VARIANTS, get_variant
 
+# The pull path is not encoded for Z3 yet (the encoder refuses it; see the last test).
+PUSH_VARIANTS = [v for v in VARIANTS if v.design.transfer == "push"]
+
 SMALL = Config(
     decode_pages=2,
     requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
@@ -33,14 +36,14 @@ def _sample(states: list, k: int) -> list:  # type: ignore[type-arg]
     return states[:: max(1, len(states) // k)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", PUSH_VARIANTS, ids=lambda v: v.name)
 def test_z3_transition_relation_takes_exactly_the_explorers_edges(variant) -> None:  # type: ignore[no-untyped-def]
     graph, _, _ = build_graph(variant, SMALL)
     assert edge_mismatches(variant, SMALL, _sample(graph.states, 12)) == []
     assert accepted_non_edges(variant, SMALL, graph.states, samples=3) == []
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", PUSH_VARIANTS, ids=lambda v: v.name)
 def test_z3_properties_agree_with_the_spec_on_sampled_states(variant) -> None:  # type: ignore[no-untyped-def]
     """Must-fail per property: wherever the spec says a property fails, so does Z3."""
     graph, first, _ = build_graph(variant, SMALL)
@@ -54,7 +57,7 @@ def test_z3_properties_agree_with_the_spec_on_sampled_states(variant) -> None:  
 
 def test_every_property_has_a_state_where_z3_says_it_fails() -> None:
     seen: set[str] = set()
-    runs = [(v, SMALL) for v in VARIANTS] + [(get_variant("incident"), Config())]
+    runs = [(v, SMALL) for v in PUSH_VARIANTS] + [(get_variant("incident"), Config())]
     for variant, config in runs:
         graph, first, _ = build_graph(variant, config)
         enc = Encoding(variant, config)
@@ -118,7 +121,7 @@ def test_spec_stays_pure() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", PUSH_VARIANTS, ids=lambda v: v.name)
 def test_explorer_and_bmc_agree_on_every_verdict_on_a_small_config(variant) -> None:  # type: ignore[no-untyped-def]
     by_explorer = explore(variant, SMALL)
     depth = by_explorer.extra["max_depth"]
@@ -127,3 +130,15 @@ def test_explorer_and_bmc_agree_on_every_verdict_on_a_small_config(variant) -> N
         assert r.verdict == by_explorer.result_for(r.property).verdict, r.property
         if r.verdict == "violated":
             assert r.depth == by_explorer.result_for(r.property).depth
+
+
+@pytest.mark.parametrize(
+    "variant", [v for v in VARIANTS if v.design.transfer == "pull"], ids=lambda v: v.name
+)
+def test_the_encoding_refuses_the_pull_path_rather_than_checking_another_protocol(
+    variant: object,
+) -> None:
+    from model_checker.z3_encoding import CannotEncode, Encoding
+
+    with pytest.raises(CannotEncode, match="pull path"):
+        Encoding(variant, Config())  # type: ignore[arg-type]
