@@ -39,9 +39,11 @@ def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckR
 
 def _z3(run: Callable[[], CheckResult]) -> CheckResult:
     from model_checker.z3_encoding import CannotEncode
+    from model_checker.z3_thread_guard import z3_on_this_thread
 
     try:
-        return run()
+        with z3_on_this_thread():
+            return run()
     except CannotEncode as exc:
         raise EngineCannotEncode(str(exc)) from exc
 
