@@ -107,7 +107,12 @@ def run(
     cfg = config or campaign_config()
     out = out_dir or Path("kvhandoff-report")
     if target is None:
-        target = make_target(target_name)
+        # A target made here is released here: a gRPC target keeps its servers between traces.
+        owned = make_target(target_name)
+        try:
+            return run(target_name, mode, traces, steps, seed, cfg, out_dir, owned)
+        finally:
+            owned.shutdown()
     if not target.fine_grained:
         from conformance.grpc_target import run_coarse_campaign
 

@@ -130,7 +130,12 @@ def replay_trace(
     elif isinstance(trace, str):
         trace = load_trace(trace)
     if isinstance(target, str):
-        target = make_target(target)
+        # A target made here is released here: a gRPC target keeps its servers between traces.
+        owned = make_target(target)
+        try:
+            return replay_trace(trace, owned, mode)
+        finally:
+            owned.shutdown()
     if mode is None:
         named = trace.header.get("mode") or trace.header.get("variant")
         mode = named if isinstance(named, str) and named in MODES else "reference"

@@ -136,6 +136,10 @@ class Target(abc.ABC):
         """Stop whatever `start` started."""
         return None
 
+    def shutdown(self) -> None:
+        """Release everything the target holds (after the last trace); default: `close`."""
+        self.close()
+
 
 def canary_prompt(tenant: str, r: int, tokens: int) -> list[int]:
     """A prompt of `tokens` byte tokens that only tenant `tenant` ever sends: its canary."""
