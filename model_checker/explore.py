@@ -26,7 +26,7 @@ from spec.actions import Action, action_name, is_fault
 from spec.config import Config
 from spec.machine import enabled, init, step
 from spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
-from spec.state import State, all_done
+from spec.state import PREFILL_TERMINAL, State, all_done
 from spec.trace import replay
 from spec.variants import Variant
 
@@ -240,7 +240,7 @@ def _stuck_detail(config: Config, state: State) -> str:
         parts = []
         if req.answer is None:
             parts.append("no answer")
-        if req.p not in ("none", "rejected", "completed", "aborted", "lost"):
+        if req.p not in PREFILL_TERMINAL:
             parts.append(f"prefill {req.p}")
         if req.d_pages:
             parts.append(f"decode {req.d} holding pages {list(req.d_pages)}")
