@@ -249,7 +249,10 @@ class PrefillCore:
         self.config = config
         self._b = config.behaviour
         self._requests: dict[RequestId, _Request] = {}
-        self._parked: dict[Room, _Grant] = {}
+        # Keyed by (request, room), not by room alone: rooms may be shared (client-chosen rooms,
+        # fan-outs), and a stale grant parked for a request prefill forgot in a restart must not
+        # block the next request that reuses its room.
+        self._parked: dict[tuple[RequestId, Room], _Grant] = {}
         self._finished: OrderedDict[RequestId, str] = OrderedDict()
 
     @property
@@ -308,7 +311,7 @@ class PrefillCore:
                 cmds.append(Log("prefill_admit_request", {**base, "truncated_to": limit}))
             else:
                 self._remember_finished(ev.request_id, "rejected")
-                self._parked.pop(ev.room, None)
+                self._parked.pop((ev.request_id, ev.room), None)
                 return [
                     Log("prefill_reject_request", {**base, "reason": reason, "placeholder": False}),
                     SendRejection(ev.request_id, ev.room, Status.OUT_OF_RANGE, reason),
@@ -318,11 +321,12 @@ class PrefillCore:
             cmds.append(Log("prefill_admit_request", base))
         req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder)
         self._requests[ev.request_id] = req
-        parked = self._parked.get(ev.room)
-        if parked is not None and (
-            parked.request_id == ev.request_id or self._b.accept_orphan_grants
-        ):
-            del self._parked[ev.room]
+        key = (ev.request_id, ev.room)
+        if key not in self._parked and self._b.accept_orphan_grants:
+            # M18: any grant parked for the room is adopted, whoever it was issued for.
+            key = next((k for k in self._parked if k[1] == ev.room), key)
+        parked = self._parked.pop(key, None)
+        if parked is not None:
             cmds += self._attach(req, parked)
         return cmds
 
@@ -359,19 +363,22 @@ class PrefillCore:
                     ),
                     Reply(Status.FAILED_PRECONDITION, f"request {ev.request_id!r} is {finished}"),
                 ]
-            parked = self._parked.get(ev.room)
-            if (
-                parked is not None
-                and parked.request_id == ev.request_id
-                and parked.generation == ev.generation
-            ):
+            key = (ev.request_id, ev.room)
+            parked = self._parked.get(key)
+            if parked is not None and parked.generation == ev.generation:
                 return [Reply(Status.OK)]  # duplicate delivery of the parked grant
-            if parked is not None:
+            if parked is not None and parked.generation > ev.generation:
+                # Generations only grow, across decode restarts too: this one is stale.
                 return [
-                    Reply(Status.ALREADY_EXISTS, f"a grant for room {ev.room} is already parked")
+                    Reply(
+                        Status.FAILED_PRECONDITION,
+                        f"grant generation {ev.generation} for request {ev.request_id!r} is older "
+                        f"than the parked generation {parked.generation}",
+                    )
                 ]
             if (
-                len(self._parked) >= self.config.max_parked_grants
+                parked is None
+                and len(self._parked) >= self.config.max_parked_grants
                 and not self._b.accept_orphan_grants
             ):
                 return [
@@ -380,7 +387,7 @@ class PrefillCore:
                         f"{len(self._parked)} grants already wait for their requests",
                     )
                 ]
-            self._parked[ev.room] = grant
+            self._parked[key] = grant  # a newer generation replaces the parked one
             return [Log("prefill_receive_grant", {**args, "outcome": "parked"}), Reply(Status.OK)]
         if ev.room != req.room:
             return [
@@ -537,13 +544,13 @@ class PrefillCore:
             "generation": ev.generation,
         }
         req = self._requests.get(ev.request_id)
-        parked = self._parked.get(ev.room)
+        parked = self._parked.get((ev.request_id, ev.room))
         if (
             parked is not None
             and parked.generation == ev.generation
             and not self._b.accept_orphan_grants
         ):
-            del self._parked[ev.room]  # M18 keeps the orphan's transfer state regardless
+            del self._parked[(ev.request_id, ev.room)]  # M18 keeps the orphan's transfer state regardless
         ack = SendAbortAck(ev.request_id, ev.room, ev.generation)
         if req is None or req.grant is None or req.grant.generation != ev.generation:
             cmds: list[PrefillCommand] = [
@@ -599,10 +606,11 @@ class PrefillCore:
 
     def _on_tick(self, ev: Tick) -> list[PrefillCommand]:
         cmds: list[PrefillCommand] = []
-        for room, grant in list(self._parked.items()):
+        for key, grant in list(self._parked.items()):
             if grant.deadline is None or ev.now < grant.deadline:
                 continue
-            del self._parked[room]
+            del self._parked[key]
+            room = grant.room
             reason = f"no request {grant.request_id!r} was submitted to prefill for this grant"
             cmds += [
                 Log(

@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from impl.core import decode as dc
+from impl.core import prefill as pc
 from impl.core import router as rc
-from impl.core.common import Generation, Reply, RequestId, Room, Status, Tenant
+from impl.core.common import Generation, PageId, Reply, RequestId, Room, Status, Tenant
 from impl.core.inprocess import InProcessCluster
 from impl.errors import ConfigError
 from impl.modes import MODES, NOT_APPLICABLE, Behaviour, get_mode
@@ -318,6 +319,33 @@ def test_m18_keeps_orphan_grants_forever_and_hands_them_to_a_later_request_of_th
         assert (n.prefill.parked_grants == 1) is kept
         if not kept:
             assert "orphan" not in n.decode.active_requests()
+
+
+def test_a_stale_parked_grant_does_not_block_a_later_request_of_the_same_room() -> None:
+    # Found by conformance (seed 3 of the slow campaign): after a prefill restart, a duplicate of
+    # a cancelled request's grant is parked; the next request reusing the room must still get its
+    # own grant through, and a newer generation of one request's grant replaces an older one.
+    core = pc.PrefillCore(pc.PrefillConfig(page_size=16, max_prompt_tokens=64))
+
+    def grant(rid: str, gen: int) -> list[object]:
+        ev = pc.GrantReceived(
+            RequestId(rid), Room(1), Generation(gen), (PageId(0),), b"t", 8, 0.0
+        )
+        return list(core.handle(ev))
+
+    def status(cmds: list[object]) -> Status:
+        return next(c.status for c in cmds if isinstance(c, Reply))
+
+    assert status(grant("stale", 1)) is Status.OK
+    assert status(grant("next", 2)) is Status.OK  # the room is not blocked by "stale"'s grant
+    assert core.parked_grants == 2
+    assert status(grant("next", 3)) is Status.OK  # newer generation replaces the parked one
+    assert status(grant("next", 2)) is Status.FAILED_PRECONDITION  # older one is stale
+    assert core.parked_grants == 2
+    cmds = core.handle(pc.SubmitRequest(RequestId("next"), Tenant("t"), Room(1), 8, 0.0))
+    writes = [c for c in cmds if isinstance(c, pc.StartWrites)]
+    assert [w.generation for w in writes] == [3]
+    assert core.parked_grants == 1  # only the stale grant waits, for its orphan deadline
 
 
 def test_m20_leaves_released_pages_readable() -> None:
