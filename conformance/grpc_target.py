@@ -293,9 +293,9 @@ def run_coarse_campaign(
                     target.cancel(action.request)
                 elif isinstance(action, PrefillRestart):
                     if not crash_in_flight:
-                        # Known finding (see docs/conformance.md): a hand-over to prefill that
-                        # crosses a crash *after* an early cancel is admitted by the new prefill
-                        # and held forever. By default crashes wait for answers in flight.
+                        # Crashes between requests keep the default campaign's programs
+                        # replayable step by step; `crash_in_flight` (slow test) lets a crash
+                        # hit requests in flight.
                         for r in submitted:
                             target.wait_answered(r)
                     target.restart_prefill()

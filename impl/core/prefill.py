@@ -550,7 +550,9 @@ class PrefillCore:
             and parked.generation == ev.generation
             and not self._b.accept_orphan_grants
         ):
-            del self._parked[(ev.request_id, ev.room)]  # M18 keeps the orphan's transfer state regardless
+            del self._parked[
+                (ev.request_id, ev.room)
+            ]  # M18 keeps the orphan's transfer state regardless
         ack = SendAbortAck(ev.request_id, ev.room, ev.generation)
         if req is None or req.grant is None or req.grant.generation != ev.generation:
             cmds: list[PrefillCommand] = [

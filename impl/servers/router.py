@@ -52,6 +52,9 @@ class RouterServer(BaseServer):
         self._prompts: dict[RequestId, list[int]] = {}
         self._answers: dict[RequestId, list[int]] = {}
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
+        # Submits prefill has not received yet. They wait for prefill to be ready, so one can
+        # still be on its way when the client cancels (see CancelAtPrefill below).
+        self._prefill_submits: dict[RequestId, Any] = {}
 
     def _register(self, server: grpc.aio.Server) -> None:
         rpc.add_router(self, server)
@@ -69,6 +72,14 @@ class RouterServer(BaseServer):
                 case rc.ForwardToDecode():
                     self.spawn(self._to_decode(cmd))
                 case rc.CancelAtPrefill():
+                    # A Submit still waiting for prefill must not be delivered after the cancel:
+                    # if prefill restarted in between, the new prefill has no memory of the
+                    # cancel and would admit the request and hold it, waiting for a grant that
+                    # decode (already aborted) never sends. The Cancel RPC still goes, for a
+                    # Submit prefill already has.
+                    pending = self._prefill_submits.get(cmd.request_id)
+                    if pending is not None:
+                        pending.cancel()
                     self.spawn(
                         call_quietly(
                             self._prefill().Cancel(
@@ -102,20 +113,33 @@ class RouterServer(BaseServer):
 
     async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
         prompt = self._prompts.get(cmd.request_id, [])
+        call = self._prefill().Submit(
+            pb.PrefillSubmitRequest(
+                request_id=cmd.request_id,
+                tenant=cmd.tenant,
+                room=cmd.room,
+                prompt_tokens=prompt,
+            ),
+            timeout=self.common.rpc_timeout_s,
+            wait_for_ready=True,
+        )
+        self._prefill_submits[cmd.request_id] = call
         try:
-            await self._prefill().Submit(
-                pb.PrefillSubmitRequest(
-                    request_id=cmd.request_id,
-                    tenant=cmd.tenant,
-                    room=cmd.room,
-                    prompt_tokens=prompt,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+            # Prefill sends its initial metadata once it holds the request; after that, a
+            # cancelled call would look to prefill like a router that went away, so the call is
+            # no longer withdrawn on a client cancel (the Cancel RPC stops it).
+            await call.initial_metadata()
+            self._prefill_submits.pop(cmd.request_id, None)
+            await call
             status, message = Status.OK, ""
         except grpc.RpcError as exc:
             status, message = status_of(exc)
+        except asyncio.CancelledError:
+            if not call.cancelled():
+                raise  # the server is stopping: this task itself was cancelled
+            status, message = Status.CANCELLED, "cancelled by the client before prefill got it"
+        finally:
+            self._prefill_submits.pop(cmd.request_id, None)
         if not self._stopping:
             self.feed(rc.PrefillFinished(cmd.request_id, status, message))
 

@@ -328,9 +328,7 @@ def test_a_stale_parked_grant_does_not_block_a_later_request_of_the_same_room() 
     core = pc.PrefillCore(pc.PrefillConfig(page_size=16, max_prompt_tokens=64))
 
     def grant(rid: str, gen: int) -> list[object]:
-        ev = pc.GrantReceived(
-            RequestId(rid), Room(1), Generation(gen), (PageId(0),), b"t", 8, 0.0
-        )
+        ev = pc.GrantReceived(RequestId(rid), Room(1), Generation(gen), (PageId(0),), b"t", 8, 0.0)
         return list(core.handle(ev))
 
     def status(cmds: list[object]) -> Status:
