@@ -18,11 +18,12 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from impl.core.common import Log, Reply, Status
+from impl.core.common import Log, Reply, RequestId, Status
 from impl.errors import ConfigError
 from impl.eventlog import EventLog
 from impl.metrics import Metrics
 from impl.modes import Mode
+from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 from impl.tls import TlsFiles
 
 T = TypeVar("T")
@@ -114,6 +115,31 @@ class BaseServer:
 
     async def _on_tick(self, now: float) -> None:
         """Feed the core a Tick; subclasses override."""
+
+    # -------------------------------------------------------------- RPCs every role serves
+
+    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+        """Feed the core this role's cancel event; subclasses override."""
+        raise NotImplementedError
+
+    def info_fields(self) -> dict[str, int]:
+        """The role's limits for `Info`; subclasses override."""
+        raise NotImplementedError
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        reply = self.cancel(RequestId(request.request_id), request.reason)
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+        return pb.CancelResponse()
+
+    async def Info(
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfo:
+        return pb.ServerInfo(
+            role=self.role, mode=self.mode.name, boot_epoch=self.boot_epoch, **self.info_fields()
+        )
 
     async def start(self) -> None:
         server = grpc.aio.server(options=channel_options(self.common.max_message_bytes))

@@ -415,29 +415,15 @@ class DecodeServer(BaseServer):
         )
         return pb.AbortAckResponse()
 
-    async def Cancel(
-        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
-    ) -> pb.CancelResponse:
-        reply = self.reply_of(
-            self.feed(
-                dc.CancelRequest(
-                    RequestId(request.request_id), request.reason or "cancelled", time.monotonic()
-                )
-            )
+    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+        return self.reply_of(
+            self.feed(dc.CancelRequest(request_id, reason or "cancelled", time.monotonic()))
         )
-        if reply.status is not Status.OK:
-            await abort_with(context, reply)
-        return pb.CancelResponse()
 
-    async def Info(
-        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ServerInfo:
-        return pb.ServerInfo(
-            role=self.role,
-            mode=self.mode.name,
-            boot_epoch=self.boot_epoch,
-            max_prompt_tokens=self.settings.max_prompt_tokens,
-            context_window=self.settings.context_window,
-            page_size=self.settings.shape.page_size,
-            num_pages=self.settings.num_pages,
-        )
+    def info_fields(self) -> dict[str, int]:
+        return {
+            "max_prompt_tokens": self.settings.max_prompt_tokens,
+            "context_window": self.settings.context_window,
+            "page_size": self.settings.shape.page_size,
+            "num_pages": self.settings.num_pages,
+        }

@@ -68,7 +68,7 @@ class RouterServer(BaseServer):
                 case Reply():
                     reply = cmd
                 case rc.ForwardToPrefill():
-                    self.spawn(self._to_prefill(cmd))
+                    self.spawn(self._to_prefill(cmd, self._submit_to_prefill(cmd)))
                 case rc.ForwardToDecode():
                     self.spawn(self._to_decode(cmd))
                 case rc.CancelAtPrefill():
@@ -111,19 +111,24 @@ class RouterServer(BaseServer):
     def _decode(self) -> Any:
         return rpc.decode_stub(self.channel(self.settings.decode_address))
 
-    async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
-        prompt = self._prompts.get(cmd.request_id, [])
+    def _submit_to_prefill(self, cmd: rc.ForwardToPrefill) -> Any:
+        # Started here, in the same step as the command, not in the task that awaits it: a
+        # client cancel handled before that task first ran would otherwise find nothing to
+        # withdraw, and the Submit would go out after the cancel.
         call = self._prefill().Submit(
             pb.PrefillSubmitRequest(
                 request_id=cmd.request_id,
                 tenant=cmd.tenant,
                 room=cmd.room,
-                prompt_tokens=prompt,
+                prompt_tokens=self._prompts.get(cmd.request_id, []),
             ),
             timeout=self.common.rpc_timeout_s,
             wait_for_ready=True,
         )
         self._prefill_submits[cmd.request_id] = call
+        return call
+
+    async def _to_prefill(self, cmd: rc.ForwardToPrefill, call: Any) -> None:
         try:
             # Prefill sends its initial metadata once it holds the request; after that, a
             # cancelled call would look to prefill like a router that went away, so the call is
@@ -228,23 +233,11 @@ class RouterServer(BaseServer):
             await abort_with(context, Reply(status, message))
         return pb.GenerateResponse(request_id=rid, tokens=tokens)
 
-    async def Cancel(
-        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
-    ) -> pb.CancelResponse:
-        reply = self.feed(
-            rc.ClientCancel(RequestId(request.request_id), request.reason or "client cancelled")
-        )
-        if reply.status is not Status.OK:
-            await abort_with(context, reply)
-        return pb.CancelResponse()
+    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+        return self.feed(rc.ClientCancel(request_id, reason or "client cancelled"))
 
-    async def Info(
-        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ServerInfo:
-        return pb.ServerInfo(
-            role=self.role,
-            mode=self.mode.name,
-            boot_epoch=self.boot_epoch,
-            max_prompt_tokens=self.settings.context_window,
-            context_window=self.settings.context_window,
-        )
+    def info_fields(self) -> dict[str, int]:
+        return {
+            "max_prompt_tokens": self.settings.context_window,
+            "context_window": self.settings.context_window,
+        }
