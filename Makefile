@@ -36,9 +36,11 @@ test-slow: venv
 test-render: venv
 	$(BIN)/python -m pytest -q -m slow tests/render
 
-# Regenerate the committed gRPC code under impl/proto/gen (tests check it is up to date).
+# Regenerate the committed gRPC code under impl/proto/gen and conformance/proto/gen (the harness
+# service); tests check both are up to date.
 proto: venv
 	$(BIN)/python -m impl.proto.build
+	$(BIN)/python -m conformance.proto.build
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache

@@ -23,7 +23,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from conformance.lockstep import Divergence, run_program
-from conformance.target import Target
+from conformance.target import Target, TargetError
 from spec.actions import Action
 from spec.config import Config, default_config
 from spec.trace import dump_trace
@@ -34,7 +34,8 @@ class UnknownTarget(ValueError):
 
 
 def make_target(name: str) -> Target:
-    """`inproc`, `grpc` (real servers on loopback), or `HOST:PORT` (a harness service)."""
+    """`inproc`, `grpc` (real servers on loopback), or `HOST:PORT` (a harness service: a
+    `conformance.remote_target.RemoteTarget`; a malformed address is an `UnknownTarget`)."""
     if name == "inproc":
         from conformance.inproc import InProcTarget
 
@@ -44,11 +45,25 @@ def make_target(name: str) -> Target:
 
         return GrpcTarget()
     if ":" in name:
-        raise UnknownTarget(
-            f"target {name!r}: the gRPC harness service is not implemented in this version; "
-            "implement conformance.target.Target in Python (docs/conformance.md)"
-        )
+        from conformance.remote_target import AddressError, RemoteTarget
+
+        try:
+            # Nothing is sent yet: the first operation (or `connect()`) reaches the engine.
+            return RemoteTarget(name)
+        except AddressError as exc:
+            raise UnknownTarget(
+                f"target {exc} (targets: inproc, grpc, HOST:PORT of a harness service)"
+            ) from exc
     raise UnknownTarget(f"unknown target {name!r}; targets: inproc, grpc, HOST:PORT")
+
+
+class _TargetFailed(BaseException):
+    """Carries a `TargetError` out of Hypothesis. Hypothesis shrinks any `Exception` as a test
+    failure, but lets other `BaseException`s (like KeyboardInterrupt) stop the run at once."""
+
+    def __init__(self, error: TargetError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def campaign_config() -> Config:
@@ -76,6 +91,8 @@ class CampaignReport:
     seconds: float = 0.0
     step_count: int = 0
     """Spec steps driven in all (for steps/s)."""
+    not_covered: dict[str, str] = field(default_factory=dict)
+    """Operations the target said it cannot perform (skipped, not failed): operation -> why."""
 
     @property
     def conforms(self) -> bool:
@@ -90,6 +107,7 @@ class CampaignReport:
             "verdict": self.verdict,
             "failures": [asdict(f) for f in self.failures],
             "seconds": round(self.seconds, 3),
+            "not_covered": dict(sorted(self.not_covered.items())),
         }
 
 
@@ -119,6 +137,7 @@ def run(
         coarse: CampaignReport = run_coarse_campaign(
             target, target_name, mode, traces, steps, seed, cfg, out
         )
+        coarse.not_covered = target.not_covered()
         return coarse
     program: list[Action] = []
     counters = {"traces": 0, "steps": 0}
@@ -147,14 +166,20 @@ def run(
         # The length is drawn first so that a failure shrinks to a short program.
         length = data.draw(st.integers(min_value=1, max_value=steps))
         try:
-            run_program(target, cfg, mode, choose, length)
-        finally:
-            target.close()
+            try:
+                run_program(target, cfg, mode, choose, length)
+            finally:
+                target.close()
+        except TargetError as exc:
+            # A target that fails (not diverges) must not be shrunk as if it were a bug.
+            raise _TargetFailed(exc) from exc
 
     start = time.perf_counter()
     failures: list[Failure] = []
     try:
         one_program()
+    except _TargetFailed as stop:
+        raise stop.error from None
     except Divergence as exc:
         path = save_failure(out, target_name, mode, seed, cfg, list(program), exc)
         failures.append(Failure(exc.kind, exc.property, str(path), exc.message))
@@ -168,6 +193,7 @@ def run(
         failures=failures,
         seconds=seconds,
         step_count=counters["steps"],
+        not_covered=target.not_covered(),
     )
 
 

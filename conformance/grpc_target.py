@@ -258,11 +258,12 @@ def run_coarse_campaign(
     crash_in_flight: bool = False,
 ) -> Any:
     """Random (seeded) request-level programs; each judged on its merged event log, answers and
-    canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`."""
+    canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`.
+    Any coarse target works (ours, or an engine behind the harness service): it is driven and
+    judged through the `Target` API only, its servers' log headers read from `last_headers`."""
     from conformance.campaign import CampaignReport, Failure
     from spec.trace import dump_trace
 
-    assert isinstance(target, GrpcTarget)
     start = time.perf_counter()
     failures: list[Failure] = []
     done = 0
@@ -301,13 +302,15 @@ def run_coarse_campaign(
                     target.restart_prefill()
             target.settle()
             done += 1
-            problem = _judge(target, config, submitted)
+            events = target.take_events()
+            headers = log_headers(target, config)
+            problem = _judge(target, submitted, headers, events)
             if problem is not None:
                 kind, prop, message = problem
                 out.mkdir(parents=True, exist_ok=True)
-                path = out / f"conform-grpc-{mode}-seed{seed}-trace{i}.jsonl"
-                headers, events = target.headers_and_events()
-                head = dump_trace(config, program, kind="scenario", mode=mode, target="grpc")
+                safe = target_name.replace(":", "_").replace("/", "_")
+                path = out / f"conform-{safe}-{mode}-seed{seed}-trace{i}.jsonl"
+                head = dump_trace(config, program, kind="scenario", mode=mode, target=target_name)
                 path.write_text(head)
                 log_path = path.with_suffix(".log.jsonl")
                 import json
@@ -334,9 +337,46 @@ def run_coarse_campaign(
     )
 
 
-def _judge(target: GrpcTarget, config: Config, submitted: list[int]) -> tuple[str, str, str] | None:
-    headers, logs = target.headers_and_logs()
-    report = search_logs(headers, logs)
+def log_headers(target: Target, config: Config) -> list[dict[str, Any]]:
+    """The event-log headers of a coarse target's servers (they carry its limits, from which the
+    validator reads the scenario); the scenario's own limits when the target sent none."""
+    headers: list[dict[str, Any]] = list(getattr(target, "last_headers", None) or [])
+    if headers:
+        return headers
+    return [
+        {
+            "kvhandoff_trace": 1,
+            "kind": "event_log",
+            "server": "merged",
+            "config": {
+                "page_size": config.page_size,
+                "decode_pages": config.decode_pages,
+                "context_window": config.context_window * config.page_size,
+                "prefill_max_prompt": config.prefill_max_prompt * config.page_size,
+                "decode_max_prompt": config.decode_max_prompt * config.page_size,
+            },
+        }
+    ]
+
+
+SERVER_ORDER = {"router": 0, "harness": 0, "prefill": 1, "decode": 2}
+
+
+def split_by_server(events: list[Event]) -> list[list[Event]]:
+    """Per-server logs (each in its own order) from a merged list, router, prefill, decode."""
+    by_server: dict[str, list[Event]] = {}
+    for ev in events:
+        by_server.setdefault(str(ev.get("server")), []).append(ev)
+    return [by_server[s] for s in sorted(by_server, key=lambda s: (SERVER_ORDER.get(s, 3), s))]
+
+
+def _judge(
+    target: Target,
+    submitted: list[int],
+    headers: list[dict[str, Any]],
+    events: list[Event],
+) -> tuple[str, str, str] | None:
+    report = search_logs(headers, split_by_server(events))
     answers = target.answers()
     for r, ans in answers.items():
         for writer, tenant in ans.foreign:
@@ -357,4 +397,11 @@ def _judge(target: GrpcTarget, config: Config, submitted: list[int]) -> tuple[st
     return None
 
 
-__all__ = ["COARSE_ACTIONS", "GrpcTarget", "canary_token", "run_coarse_campaign"]
+__all__ = [
+    "COARSE_ACTIONS",
+    "GrpcTarget",
+    "canary_token",
+    "log_headers",
+    "run_coarse_campaign",
+    "split_by_server",
+]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from conformance.grpc_target import log_headers, split_by_server
 from conformance.lockstep import drive
 from conformance.target import Target
 from conformance.validate import Ids, Validator, search_logs
@@ -52,6 +53,8 @@ class ReplayReport:
     """(reader request id, writer request id): an answer carrying another tenant's canary."""
     problems: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    not_covered: dict[str, str] = field(default_factory=dict)
+    """Operations the target said it cannot perform (their steps were not taken)."""
 
     @property
     def verdict(self) -> str:
@@ -71,6 +74,7 @@ class ReplayReport:
             "leaks": [{"reader": r, "writer": w} for r, w in self.leaks],
             "answers": self.answers,
             "problems": self.problems,
+            "not_covered": dict(sorted(self.not_covered.items())),
             "steps": [
                 {
                     "step": s.index,
@@ -98,9 +102,11 @@ class ReplayReport:
             lines.append(f"ISOLATION FAILURE: the answer to {reader} carries {writer}'s canary")
         for p in self.problems:
             lines.append(f"problem: {p}")
+        for op, why in sorted(self.not_covered.items()):
+            lines.append(f"not covered: {op} ({why})")
         for rid, a in sorted(self.answers.items()):
             lines.append(
-                f"  answer {rid}: {'ok' if a['ok'] else 'error ' + a['code']} {a['message']}"
+                f"  answer {rid}: {'ok' if a['ok'] else 'error ' + a['code']} {a['message']}".rstrip()
             )
         return "\n".join(lines)
 
@@ -205,24 +211,9 @@ def replay_trace(
             # searching the interleavings of the per-server logs.
             events = target.take_events()
             report.events.extend(events)
-            by_server: dict[str, list[dict[str, Any]]] = {}
-            for ev in events:
-                by_server.setdefault(str(ev.get("server")), []).append(ev)
-            head = [
-                {
-                    "config": {
-                        "page_size": config.page_size,
-                        "decode_pages": config.decode_pages,
-                        "context_window": config.context_window * config.page_size,
-                        "prefill_max_prompt": config.prefill_max_prompt * config.page_size,
-                        "decode_max_prompt": config.decode_max_prompt * config.page_size,
-                    }
-                }
-            ]
-            last_headers = getattr(target, "last_headers", None)
-            if last_headers:
-                head = list(last_headers)
-            rep = search_logs(head, list(by_server.values()))
+            head = log_headers(target, config)
+            logs = split_by_server(events)
+            rep = search_logs(head, logs)
             if not rep.ok:
                 report.first_divergence = {
                     "step": None,
@@ -232,7 +223,7 @@ def replay_trace(
                     "enabled_there": rep.enabled_there,
                 }
             if predicted is not None and variant is not None:
-                pred = search_logs(head, list(by_server.values()), variant)
+                pred = search_logs(head, logs, variant)
                 for s_ in report.steps:
                     s_.as_predicted = pred.ok
             for s_ in report.steps:
@@ -270,6 +261,7 @@ def replay_trace(
                 report.problems.append(f"{rid} was never answered")
         if not target.quiescent():
             report.problems.append("the target did not settle: " + target.describe())
+        report.not_covered = target.not_covered()
     finally:
         target.close()
     return report

@@ -26,6 +26,14 @@ from spec.config import Config
 
 Event = dict[str, Any]
 
+
+class TargetError(Exception):
+    """The target itself failed, as opposed to diverging from the spec: a harness service that
+    cannot be reached, refuses a call or breaks its contract. A campaign or replay stops at the
+    first one and re-raises it (no verdict: the CLI exits 3, inconclusive); it is never shrunk or
+    reported as a divergence."""
+
+
 # Deliverable steps (`Target.deliver`): the spec action each one performs, by name.
 STEP_KINDS: tuple[str, ...] = (
     "prefill_submit",  # prefill_admit_request / prefill_reject_request
@@ -132,6 +140,12 @@ class Target(abc.ABC):
         """What is still in progress (for reports)."""
         return ""
 
+    def not_covered(self) -> dict[str, str]:
+        """Operations this target said it cannot perform at all (operation -> why), e.g. a
+        remote engine that answers UNIMPLEMENTED for `drop`. The runner skips those steps (the
+        spec moves only on events) and reports them, so a verdict never hides a gap."""
+        return {}
+
     def close(self) -> None:
         """Stop whatever `start` started."""
         return None
@@ -165,6 +179,7 @@ __all__ = [
     "Event",
     "Target",
     "TargetAnswer",
+    "TargetError",
     "canary_owner",
     "canary_prompt",
 ]

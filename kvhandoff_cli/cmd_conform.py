@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_OK, EXIT_VIOLATED, UsageError
+from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 
 def register(sub: Any) -> None:
@@ -18,10 +19,15 @@ def register(sub: Any) -> None:
         description=(
             "Generate lockstep programs (Hypothesis) and run them against a target with the "
             "reference spec as oracle. Exit 0 when the target conforms, 1 when it diverges (the "
-            "shrunk program is written as a trace file), 2 on bad usage."
+            "shrunk program is written as a trace file), 2 on bad usage, 3 when the target "
+            "failed (a harness service that cannot be reached or broke a call)."
         ),
     )
-    p.add_argument("--target", default="inproc", help="inproc (default), grpc, or HOST:PORT")
+    p.add_argument(
+        "--target",
+        default="inproc",
+        help="inproc (default), grpc, or HOST:PORT of a harness service (kvhandoff harness-serve)",
+    )
     p.add_argument("--mode", default="reference", help="implementation mode (impl.modes)")
     p.add_argument("--traces", type=int, default=100, help="programs to run (default 100)")
     p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
@@ -37,11 +43,16 @@ def register(sub: Any) -> None:
         description=(
             "Drive a target with a trace (a model-checker counterexample, a saved conformance "
             "failure, a hand-written scenario) and report where it agrees with the reference "
-            "spec and where it diverges. Exit 0 when it conforms, 1 when not, 2 on bad usage."
+            "spec and where it diverges. Exit 0 when it conforms, 1 when not, 2 on bad usage, "
+            "3 when the target failed."
         ),
     )
     r.add_argument("trace", help="trace file (JSON Lines)")
-    r.add_argument("--target", default="inproc", help="inproc (default), grpc, or HOST:PORT")
+    r.add_argument(
+        "--target",
+        default="inproc",
+        help="inproc (default), grpc, or HOST:PORT of a harness service (kvhandoff harness-serve)",
+    )
     r.add_argument("--mode", help="implementation mode (default: from the trace, else reference)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=run_replay)
@@ -68,16 +79,82 @@ def _check_mode(mode: str) -> None:
         raise UsageError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
 
 
-def run_conform(args: argparse.Namespace) -> int:
+def _make_target(name: str, mode: str | None) -> Any:
+    """The target named by --target; a remote one is reached now (Info) so that an address
+    where nothing answers fails before the run, and its modes checked. Raises UsageError, or
+    TargetError (see `_target_errors`)."""
     from conformance import campaign
+    from conformance.remote_target import RemoteTarget
 
-    _check_mode(args.mode)
-    if args.traces < 1 or args.steps < 1:
-        raise UsageError("--traces and --steps must be at least 1")
     try:
-        target = campaign.make_target(args.target)
+        target = campaign.make_target(name)
     except campaign.UnknownTarget as exc:
         raise UsageError(str(exc)) from exc
+    if isinstance(target, RemoteTarget):
+        modes = target.modes()
+        if mode is not None and modes and mode not in modes:
+            raise UsageError(
+                f"the engine at {name} has no mode {mode!r}; its modes: {', '.join(modes)}"
+            )
+    elif mode is not None:
+        _check_mode(mode)  # a remote engine has its own modes (above)
+    return target
+
+
+def _target_errors(command: str, body: Any) -> int:
+    """Run `body()`; a target that failed (rather than diverged) gives no verdict: exit 3, or 2
+    when the engine refused a value we sent (a mode or scenario it does not accept)."""
+    from conformance.remote_target import HarnessRefused
+    from conformance.target import TargetError
+
+    try:
+        code: int = body()
+    except HarnessRefused as exc:
+        raise UsageError(str(exc)) from exc
+    except TargetError as exc:
+        print(f"kvhandoff {command}: error: {exc}", file=sys.stderr)
+        return EXIT_INCONCLUSIVE
+    return code
+
+
+def _release(command: str, target: Any) -> None:
+    """Release the target after the run; a failure here is a warning, not the run's verdict."""
+    from conformance.target import TargetError
+
+    try:
+        target.shutdown()
+    except TargetError as exc:
+        print(
+            f"kvhandoff {command}: warning: could not shut the target down: {exc}", file=sys.stderr
+        )
+
+
+def _not_covered_lines(not_covered: dict[str, str]) -> list[str]:
+    if not not_covered:
+        return []
+    return [
+        f"  not covered (the target cannot perform these; their steps were skipped): "
+        f"{', '.join(sorted(not_covered))}"
+    ]
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    if args.traces < 1 or args.steps < 1:
+        raise UsageError("--traces and --steps must be at least 1")
+
+    def body() -> int:
+        target = _make_target(args.target, args.mode)
+        try:
+            return _conform(args, target)
+        finally:
+            _release("conform", target)
+
+    return _target_errors("conform", body)
+
+
+def _conform(args: argparse.Namespace, target: Any) -> int:
+    from conformance import campaign
+
     report = campaign.run(
         args.target,
         args.mode,
@@ -99,6 +176,8 @@ def run_conform(args: argparse.Namespace) -> int:
         for f in report.failures:
             print(f"  {f.kind} ({f.property}): {f.message}")
             print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file})")
+        for line in _not_covered_lines(report.not_covered):
+            print(line)
     return EXIT_OK if report.conforms else EXIT_VIOLATED
 
 
@@ -121,22 +200,28 @@ def _write_junit(path: Path, report: Any) -> None:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from conformance import campaign
-    from conformance.replay import replay_trace
     from spec.trace import TraceError, load_trace
 
-    if args.mode is not None:
-        _check_mode(args.mode)
     try:
         trace = load_trace(Path(args.trace).read_text())
     except OSError as exc:
         raise UsageError(f"cannot read {args.trace}: {exc}") from exc
     except TraceError as exc:
         raise UsageError(f"{args.trace}: {exc}") from exc
-    try:
-        target = campaign.make_target(args.target)
-    except campaign.UnknownTarget as exc:
-        raise UsageError(str(exc)) from exc
+
+    def body() -> int:
+        target = _make_target(args.target, args.mode)
+        try:
+            return _replay(args, trace, target)
+        finally:
+            _release("replay", target)
+
+    return _target_errors("replay", body)
+
+
+def _replay(args: argparse.Namespace, trace: Any, target: Any) -> int:
+    from conformance.replay import replay_trace
+
     report = replay_trace(trace, target, args.mode)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True, default=str))

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "kvhandoff_cli.cmd_explain",
     "kvhandoff_cli.cmd_demo",
     "kvhandoff_cli.cmd_conform",
+    "kvhandoff_cli.cmd_harness",
 ]
 
 

@@ -30,8 +30,18 @@ def test_conform_exits_0_when_the_target_conforms(
     )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"target", "mode", "traces", "steps", "verdict", "failures", "seconds"}
+    assert set(out) == {
+        "target",
+        "mode",
+        "traces",
+        "steps",
+        "verdict",
+        "failures",
+        "seconds",
+        "not_covered",
+    }
     assert out["verdict"] == "conforms" and out["target"] == "inproc"
+    assert out["not_covered"] == {}  # the in-process target performs every operation
     assert "<testsuite" in junit.read_text()
 
 

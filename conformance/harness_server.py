@@ -1,0 +1,408 @@
+"""The reference harness server: serves `kvhandoff.harness.v1.Harness` by wrapping a local
+`Target` (`kvhandoff harness-serve --backend inproc|grpc`).
+
+It is the worked example for an engine team: each RPC checks its arguments, calls the one
+`Target` method it mirrors, and answers. It is also how the tests drive the remote path end to
+end (`kvhandoff conform --target HOST:PORT` against it must agree with `--target inproc`).
+
+    server = serve("127.0.0.1:0", "inproc")   # port 0: any free port
+    server.address                            # "127.0.0.1:41234"
+    server.stop()
+
+Rules it follows (harness.proto's header):
+- one session at a time: Reset opens one; a call naming another is FAILED_PRECONDITION;
+- bad values (request index, step or message kind, config, mode) are INVALID_ARGUMENT with a
+  message that names the value and what was expected;
+- an operation the backend cannot perform at all (it does not override that `Target` method:
+  the gRPC cluster cannot drop one message) is UNIMPLEMENTED;
+- the backend raising is INTERNAL, with the exception in the message;
+and after any of them it keeps serving. Calls are serialised: a `Target` is single-threaded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from conformance.proto.rpc import add_harness, pb
+from conformance.remote_target import CHANNEL_OPTIONS, parse_address
+from conformance.target import STEP_KINDS, Target
+from spec.config import Config, ConfigError
+
+BACKENDS = ("inproc", "grpc")
+MESSAGE_KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
+# The grpc backend allocates real KV pools: refuse scenarios that would exhaust the machine.
+MAX_POOL_TOKENS = 1 << 20
+
+R = TypeVar("R")
+
+
+class _Refusal(Exception):
+    """Answer the call with `code` and `message` (raised inside a handler)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def make_backend(name: str) -> Target:
+    if name == "inproc":
+        from conformance.inproc import InProcTarget
+
+        return InProcTarget()
+    if name == "grpc":
+        from conformance.grpc_target import GrpcTarget
+
+        return GrpcTarget()
+    raise ValueError(f"unknown backend {name!r}; backends: {', '.join(BACKENDS)}")
+
+
+def _overrides(target: Target, method: str) -> bool:
+    """Whether the backend implements `method` (the base class's default means "cannot")."""
+    return getattr(type(target), method) is not getattr(Target, method)
+
+
+class HarnessServicer:
+    """The service methods; gRPC calls them on its worker threads."""
+
+    def __init__(self, backend: str, factory: Callable[[], Target] | None = None) -> None:
+        self.backend = backend
+        self._factory = factory or (lambda: make_backend(backend))
+        # Made now, started by Reset (a gRPC backend starts its cluster only then).
+        self._target: Target | None = self._factory()
+        self._fine_grained = self._target.fine_grained
+        self._lock = threading.Lock()
+        self._session = ""
+        self._config: Config | None = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _serve(self, rpc: str, context: Any, body: Callable[[], R]) -> R:
+        """Run `body` under the lock; turn refusals and backend failures into statuses."""
+        try:
+            with self._lock:
+                return body()
+        except _Refusal as exc:
+            context.abort(exc.code, exc.message)
+        except Exception as exc:  # the backend failed: report it, keep serving
+            print(f"harness-serve: {rpc} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"{rpc}: the {self.backend} backend failed: {type(exc).__name__}: {exc}",
+            )
+        raise AssertionError("unreachable: context.abort raises")
+
+    def _check_session(self, session: str) -> Target:
+        if self._target is None or not self._session:
+            raise _Refusal(grpc.StatusCode.FAILED_PRECONDITION, "no session: call Reset first")
+        if session != self._session:
+            raise _Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"session {session!r} is not the current one ({self._session!r}): another client "
+                "reset the target since (one run at a time)",
+            )
+        return self._target
+
+    def _check_request(self, r: int) -> None:
+        assert self._config is not None
+        n = len(self._config.requests)
+        if not 0 <= r < n:
+            raise _Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request {r} is out of range: the scenario has {n} requests (0..{n - 1})",
+            )
+
+    def _capable(self, target: Target, method: str, rpc: str) -> None:
+        if not _overrides(target, method):
+            raise _Refusal(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"the {self.backend} backend cannot perform {rpc} "
+                f"({'fine-grained' if target.fine_grained else 'coarse'} target: Target."
+                f"{method} is not implemented)",
+            )
+
+    def _kind(self, kind: str, allowed: tuple[str, ...], what: str) -> None:
+        if kind not in allowed:
+            raise _Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown {what} {kind!r}; expected one of: {', '.join(allowed)}",
+            )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def Info(self, request: Any, context: Any) -> Any:
+        # Without the lock: a client may ask who we are while another call (a long Settle) runs.
+        from impl.modes import MODES
+
+        return pb.InfoResponse(
+            name=self.backend,
+            fine_grained=self._fine_grained,
+            modes=list(MODES),
+            event_log_version=1,
+        )
+
+    def Reset(self, request: Any, context: Any) -> Any:
+        from impl.modes import MODES
+
+        def body() -> Any:
+            try:
+                data = json.loads(request.config_json)
+            except json.JSONDecodeError as exc:
+                raise _Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"config_json is not JSON: {exc}"
+                ) from None
+            if not isinstance(data, dict):
+                raise _Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"config_json must be a JSON object (a trace header's config), got "
+                    f"{type(data).__name__}",
+                )
+            try:
+                config = Config.from_json(data)
+            except (ConfigError, TypeError) as exc:
+                raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"config_json: {exc}") from None
+            pool = max(config.decode_pages, sum(q.pages for q in config.requests))
+            if pool * config.page_size > MAX_POOL_TOKENS:
+                raise _Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"config_json: a pool of {pool} pages of {config.page_size} tokens is over "
+                    f"this server's limit of {MAX_POOL_TOKENS} tokens",
+                )
+            if request.mode not in MODES:
+                raise _Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"unknown mode {request.mode!r}; modes: {', '.join(MODES)}",
+                )
+            if self._target is None:
+                self._target = self._factory()
+            self._session = ""  # the old session ends even if start fails
+            self._config = config
+            self._target.start(config, request.mode)
+            self._session = uuid.uuid4().hex
+            return pb.ResetResponse(
+                session=self._session,
+                request_ids=[self._target.request_id(r) for r in range(len(config.requests))],
+            )
+
+        return self._serve("Reset", context, body)
+
+    def Close(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            self._check_session(request.session).close()
+            return pb.Done()
+
+        return self._serve("Close", context, body)
+
+    def Shutdown(self, request: Any, context: Any) -> Any:
+        # Releases the backend (a gRPC cluster stops); the service keeps serving, and the next
+        # Reset starts a fresh backend.
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._session = ""
+            self._target = None
+            target.shutdown()
+            return pb.Done()
+
+        return self._serve("Shutdown", context, body)
+
+    # ------------------------------------------------------------------ operations
+
+    def _on_request(self, rpc: str, method: str, request: Any, context: Any) -> Any:
+        """An operation on one request: Submit, Cancel, FireTimeout, PrefillAbort, WaitAnswered."""
+
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._check_request(request.request)
+            if method in ("fire_timeout", "prefill_abort"):
+                self._capable(target, method, rpc)
+            result = getattr(target, method)(request.request)
+            if isinstance(result, bool):
+                return pb.Performed(performed=result)
+            return pb.Done()
+
+        return self._serve(rpc, context, body)
+
+    def Submit(self, request: Any, context: Any) -> Any:
+        return self._on_request("Submit", "submit", request, context)
+
+    def Cancel(self, request: Any, context: Any) -> Any:
+        return self._on_request("Cancel", "cancel", request, context)
+
+    def FireTimeout(self, request: Any, context: Any) -> Any:
+        return self._on_request("FireTimeout", "fire_timeout", request, context)
+
+    def PrefillAbort(self, request: Any, context: Any) -> Any:
+        return self._on_request("PrefillAbort", "prefill_abort", request, context)
+
+    def WaitAnswered(self, request: Any, context: Any) -> Any:
+        return self._on_request("WaitAnswered", "wait_answered", request, context)
+
+    def Deliver(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._kind(request.kind, STEP_KINDS, "step kind")
+            self._check_request(request.request)
+            self._capable(target, "deliver", "Deliver")
+            page = request.page if request.HasField("page") else None
+            if request.kind == "write" and page is None:
+                raise _Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT, "Deliver of kind 'write' needs a page"
+                )
+            return pb.Performed(performed=target.deliver(request.kind, request.request, page))
+
+        return self._serve("Deliver", context, body)
+
+    def _message_fault(self, rpc: str, method: str, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._kind(request.kind, MESSAGE_KINDS, "message kind")
+            self._check_request(request.request)
+            self._capable(target, method, rpc)
+            performed = getattr(target, method)(request.kind, request.request)
+            return pb.Performed(performed=bool(performed))
+
+        return self._serve(rpc, context, body)
+
+    def Drop(self, request: Any, context: Any) -> Any:
+        return self._message_fault("Drop", "drop", request, context)
+
+    def Retransmit(self, request: Any, context: Any) -> Any:
+        return self._message_fault("Retransmit", "retransmit", request, context)
+
+    def Duplicate(self, request: Any, context: Any) -> Any:
+        return self._message_fault("Duplicate", "duplicate", request, context)
+
+    def _on_target(self, rpc: str, method: str, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            getattr(self._check_session(request.session), method)()
+            return pb.Done()
+
+        return self._serve(rpc, context, body)
+
+    def RestartPrefill(self, request: Any, context: Any) -> Any:
+        return self._on_target("RestartPrefill", "restart_prefill", request, context)
+
+    def RestartDecode(self, request: Any, context: Any) -> Any:
+        return self._on_target("RestartDecode", "restart_decode", request, context)
+
+    def Settle(self, request: Any, context: Any) -> Any:
+        return self._on_target("Settle", "settle", request, context)
+
+    # ------------------------------------------------------------------ results
+
+    def Events(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            target = self._check_session(request.session)
+            events = target.take_events()
+            # A coarse backend's scenario is read from its servers' log headers (GrpcTarget
+            # keeps the last ones it read); a fine-grained one has none.
+            headers = getattr(target, "last_headers", None) or []
+            return pb.EventsResponse(
+                headers=[json.dumps(h, sort_keys=True) for h in headers],
+                events=[json.dumps(e, sort_keys=True) for e in events],
+            )
+
+        return self._serve("Events", context, body)
+
+    def Answers(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            answers = self._check_session(request.session).answers()
+            return pb.AnswersResponse(
+                answers=[
+                    pb.Answer(
+                        request=r,
+                        ok=a.ok,
+                        code=a.code,
+                        message=a.message,
+                        read=[
+                            pb.PageRead(tenant=t) if t is not None else pb.PageRead()
+                            for t in a.read
+                        ],
+                        foreign=[pb.ForeignCanary(writer=w, tenant=t) for w, t in a.foreign],
+                    )
+                    for r, a in sorted(answers.items())
+                ]
+            )
+
+        return self._serve("Answers", context, body)
+
+    def Quiescent(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            return pb.QuiescentResponse(quiescent=self._check_session(request.session).quiescent())
+
+        return self._serve("Quiescent", context, body)
+
+    def Describe(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            return pb.DescribeResponse(text=self._check_session(request.session).describe())
+
+        return self._serve("Describe", context, body)
+
+    def release(self) -> None:
+        """Release the backend (server stop)."""
+        with self._lock:
+            target, self._target, self._session = self._target, None, ""
+        if target is not None:
+            target.shutdown()
+
+
+@dataclass
+class HarnessServer:
+    server: grpc.Server
+    servicer: HarnessServicer
+    address: str
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self.server.stop(grace).wait()
+        self.servicer.release()
+
+
+class ListenError(ValueError):
+    """The listening address is malformed or cannot be bound."""
+
+
+def serve(
+    listen: str = "127.0.0.1:0",
+    backend: str = "inproc",
+    factory: Callable[[], Target] | None = None,
+) -> HarnessServer:
+    """Start serving on `listen` (port 0: any free port); returns at once (threads serve)."""
+    from conformance.remote_target import AddressError
+
+    try:
+        host, _ = parse_address(listen, allow_port_zero=True)
+    except AddressError as exc:
+        raise ListenError(f"--listen {exc}") from exc
+    if backend not in BACKENDS and factory is None:
+        raise ListenError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+    servicer = HarnessServicer(backend, factory)
+    # A few workers so Info answers while a long Settle runs; the servicer's lock keeps the
+    # backend single-threaded.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=CHANNEL_OPTIONS)
+    add_harness(servicer, server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:  # grpc's way of saying the address is unusable
+        raise ListenError(f"cannot listen on {listen}: {exc}") from exc
+    server.start()
+    return HarnessServer(server, servicer, f"{host}:{port}")
+
+
+__all__ = [
+    "BACKENDS",
+    "MESSAGE_KINDS",
+    "HarnessServer",
+    "HarnessServicer",
+    "ListenError",
+    "make_backend",
+    "serve",
+]

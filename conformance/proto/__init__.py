@@ -1,0 +1,1 @@
+"""The conformance harness service (harness.proto) and its generated code under gen/."""

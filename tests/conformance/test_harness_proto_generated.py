@@ -1,0 +1,37 @@
+"""The committed harness-service code under conformance/proto/gen is exactly what `make proto`
+generates (the same check as tests/impl/test_proto_generated.py for impl/proto/gen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conformance.proto.build import PROTO_ROOT, generate
+
+
+def test_committed_harness_code_matches_a_fresh_generation(tmp_path: Path) -> None:
+    fresh = generate(tmp_path / "gen")
+    committed_root = PROTO_ROOT / "gen"
+    assert fresh, "protoc produced nothing"
+    for path in fresh:
+        rel = path.relative_to(tmp_path / "gen")
+        committed = committed_root / rel
+        assert committed.exists(), f"{rel} is not committed; run `make proto`"
+        assert committed.read_text() == path.read_text(), f"{rel} is stale; run `make proto`"
+    committed_files = {
+        p.relative_to(committed_root)
+        for p in committed_root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert committed_files == {p.relative_to(tmp_path / "gen") for p in fresh}
+
+
+def test_every_target_operation_has_its_rpc() -> None:
+    # The service mirrors the Target API one to one (harness.proto's header, the guide's table).
+    from conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2
+
+    rpcs = set(harness_pb2.DESCRIPTOR.services_by_name["Harness"].methods_by_name)
+    assert rpcs == {
+        "Info", "Reset", "Submit", "Cancel", "Deliver", "Drop", "Retransmit", "Duplicate",
+        "FireTimeout", "PrefillAbort", "RestartPrefill", "RestartDecode", "Settle", "Events",
+        "Answers", "Quiescent", "Describe", "WaitAnswered", "Close", "Shutdown",
+    }  # fmt: skip
