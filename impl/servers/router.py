@@ -18,7 +18,14 @@ from impl.eventlog import EventLog
 from impl.modes import Mode
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.servers.base import (
+    BaseServer,
+    CommonSettings,
+    abort_with,
+    answered,
+    call_quietly,
+    status_of,
+)
 from impl.tokenizer import VOCAB_SIZE
 
 MAX_TENANT = 128
@@ -113,11 +120,12 @@ class RouterServer(BaseServer):
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
             )
-            status, message = Status.OK, ""
+            status, message, broken = Status.OK, "", False
         except grpc.RpcError as exc:
             status, message = status_of(exc)
+            broken = not answered(exc)
         if not self._stopping:
-            self.feed(rc.PrefillFinished(cmd.request_id, status, message))
+            self.feed(rc.PrefillFinished(cmd.request_id, status, message, broken))
 
     async def _to_decode(self, cmd: rc.ForwardToDecode) -> None:
         try:
