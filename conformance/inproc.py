@@ -229,12 +229,17 @@ class InProcTarget(Target):
         rid = RequestId(self.request_id(r))
         for key, w in list(self.writers.items()):
             if key[0] == rid and w.in_flight == 0:
+                # Writing: its write stream breaks.
                 del self.writers[key]
                 self._drop_stream(key)
                 self._to_prefill(
                     pc.WritesFinished(rid, w.start.generation, Status.UNAVAILABLE, "injected")
                 )
                 return True
+        if self.prefill.active_requests().get(rid) == pc.PrefillState.ADMITTED.value:
+            # Waiting for its grant: prefill's scheduler gives up on it.
+            reply = self._to_prefill(pc.FailRequest(rid, Status.ABORTED, "injected"))
+            return reply.status is Status.OK
         return False
 
     def restart_prefill(self) -> None:
@@ -261,7 +266,9 @@ class InProcTarget(Target):
             if rid not in {p.rid for p in held} and rid not in self.prefill_done
         ]
         for rid in broken:
-            self._to_router(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted"))
+            self._to_router(
+                rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill restarted", broken=True)
+            )
         # The router withdraws them from decode at once (as for a client cancel).
         # (With them, any withdrawal the router already had on the way to decode: the spec's
         # decode fails every request of the old prefill epoch when it detects the restart.)

@@ -76,10 +76,12 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "prefill_admit_request",
         "prefill",
-        "prefill_admit_request",
-        "request_id; pages_for(truncated_to or prompt_tokens) == the request's pages",
-        "a truncated admission (m6) matches nothing; a stutter when the spec's prefill lost the "
-        "request in a crash (the router's hand-over was in flight across the restart)",
+        "prefill_admit_request | prefill_reject_request",
+        "request_id; pages_for(prompt_tokens) == the request's pages; truncated_to -> "
+        "prefill_reject_request whose p_len == pages_for(truncated_to)",
+        "a truncated admission (m6) is the spec's answer to an over-limit prompt, explained only "
+        "where the protocol truncates (never by the reference); a stutter when the spec's prefill "
+        "lost the request in a crash (the router's hand-over was in flight across the restart)",
     ),
     Row(
         "prefill_reject_request",
@@ -93,7 +95,7 @@ MAPPING: tuple[Row, ...] = (
         "prefill_receive_grant",
         "prefill",
         "prefill_receive_grant | stutter",
-        "request_id, generation, pages == grant message; outcome parked/refused/matched",
+        "request_id, generation, pages == grant message; outcome parked/refused/dropped/matched",
         "`matched` after `parked` is a stutter (the spec paired them at the first receipt)",
     ),
     Row(
@@ -106,7 +108,10 @@ MAPPING: tuple[Row, ...] = (
         "prefill_send_completion",
         "prefill",
         "prefill_send_completion",
-        "request_id, generation, page_count == pages written",
+        "request_id, generation, pages_written == pages written; page_count and the digest's "
+        "presence == the spec's completion message",
+        "page_count is what the completion claims: the whole grant under M2; an empty digest is "
+        "no digest (M5)",
     ),
     Row(
         "prefill_receive_abort",
@@ -135,7 +140,9 @@ MAPPING: tuple[Row, ...] = (
         "prefill",
         "stutter | prefill_abort_request",
         "request_id, status",
-        "an error finish is a prefill-side abort (a failed write stream) or the end of an abort",
+        "an error finish is a prefill-side abort (a failed write stream, or giving up before the "
+        "grant) or the end of an abort; never a stutter while the spec's prefill waits for the "
+        "grant",
     ),
     Row("prefill_notice_failed", "prefill", "stutter", "-"),
     Row("decode_restart", "decode", "decode_restart", "boot_epoch -> decode_epoch"),

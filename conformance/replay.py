@@ -10,7 +10,15 @@ counterexample plays out to its end. Two validators watch the target's events: t
 (the reference protocol: where the target stops conforming) and, when the trace names a variant,
 the *trace's own variant* (where the target stops doing what the trace predicted). At the end
 the target settles and the answers are checked: every request answered, no canary of another
-tenant, ok answers generated from the data the spec says.
+tenant, ok answers generated from the data the spec says, and the target quiescent (the reference
+protocol, once faults stop, ends every request and frees every page: `every_request_terminates`).
+
+`ReplayReport.reproduced` names what the target's run broke: an `always` property that every state
+of the trace's own variant explaining the target's events violates (the target did what the
+counterexample shows), and `every_request_terminates` when the target did not settle. The first
+is as good as the events are telling: where the variant differs from the target in state that no
+event shows (say pages the variant leaves unscrubbed on a decode restart), the variant's states
+can break a property that the target did not; read it together with `as_predicted`.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from conformance.target import Target
 from conformance.validate import Ids, Validator, search_logs
 from spec.actions import RouterSubmitRequest, action_name, action_to_json
 from spec.config import Config
+from spec.properties import check_always
 from spec.trace import Trace, TraceError, load_trace
 from spec.trace import replay as spec_replay
 from spec.variants import REFERENCE, UnknownVariantError, Variant, get_variant
@@ -55,6 +64,8 @@ class ReplayReport:
     events: list[dict[str, Any]] = field(default_factory=list)
     not_covered: dict[str, str] = field(default_factory=dict)
     """Operations the target said it cannot perform (their steps were not taken)."""
+    reproduced: list[str] = field(default_factory=list)
+    """Properties the target's run broke (see the module docstring), in the order seen."""
 
     @property
     def verdict(self) -> str:
@@ -75,6 +86,7 @@ class ReplayReport:
             "answers": self.answers,
             "problems": self.problems,
             "not_covered": dict(sorted(self.not_covered.items())),
+            "reproduced": self.reproduced,
             "steps": [
                 {
                     "step": s.index,
@@ -104,6 +116,8 @@ class ReplayReport:
             lines.append(f"problem: {p}")
         for op, why in sorted(self.not_covered.items()):
             lines.append(f"not covered: {op} ({why})")
+        if self.reproduced:
+            lines.append(f"reproduced: {', '.join(self.reproduced)}")
         for rid, a in sorted(self.answers.items()):
             lines.append(
                 f"  answer {rid}: {'ok' if a['ok'] else 'error ' + a['code']} {a['message']}".rstrip()
@@ -175,9 +189,19 @@ def replay_trace(
                         "violated": rep.violated,
                         "enabled_there": rep.enabled_there,
                     }
-                if predicted is not None:
-                    predicted.feed(ev)
+                if predicted is not None and predicted.feed(ev):
+                    note_reproduced(predicted)
             return kinds
+
+        def note_reproduced(v: Validator) -> None:
+            # Broken in *every* state that explains the events: the target's run, not one of
+            # several spec behaviours that fit it, broke the property.
+            states = list(v.frontier)
+            common = {p.name for p in check_always(config, states[0])}
+            for st in states[1:]:
+                common &= {p.name for p in check_always(config, st)}
+            for name in sorted(common - set(report.reproduced)):
+                report.reproduced.append(name)
 
         absorb()
         states = None
@@ -260,7 +284,12 @@ def replay_trace(
             if rid not in report.answers:
                 report.problems.append(f"{rid} was never answered")
         if not target.quiescent():
-            report.problems.append("the target did not settle: " + target.describe())
+            report.problems.append(
+                "every_request_terminates: the target settled (no further faults) with requests "
+                "in progress or pages held, where the spec ends every request and frees its "
+                "pages: " + target.describe()
+            )
+            report.reproduced.append("every_request_terminates")
         report.not_covered = target.not_covered()
     finally:
         target.close()

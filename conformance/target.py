@@ -103,7 +103,8 @@ class Target(abc.ABC):
         return False
 
     def prefill_abort(self, r: int) -> bool:
-        """Prefill fails request r on its own (its write stream breaks)."""
+        """Prefill fails request r on its own: its write stream breaks, or, before its grant,
+        its scheduler gives up on it."""
         return False
 
     @abc.abstractmethod

@@ -200,13 +200,19 @@ class Matchers:
         if r is None:
             return []
         args = ev["args"]
-        tokens = int(args.get("truncated_to", args.get("prompt_tokens", 0)))
-        if -(-tokens // self.ids.page_size) != self.config.requests[r].pages:
+        truncated = "truncated_to" in args
+        tokens = int(args.get("prompt_tokens", 0))
+        if not truncated and -(-tokens // self.ids.page_size) != self.config.requests[r].pages:
             return []
         if s.requests[r].p == "lost":
             # The router's hand-over was still in flight when prefill crashed and reached the new
             # prefill (the spec hands over atomically at submission): a stutter.
             return [Match(())]
+        if truncated:
+            # Prefill kept only part of the prompt: the spec's answer to an over-limit prompt
+            # (`prefill_reject_request`), explained only where the protocol truncates (M6).
+            kept = -(-int(args["truncated_to"]) // self.ids.page_size)
+            return [Match((PrefillRejectRequest(r),), lambda a, b: b.requests[r].p_len == kept)]
         return [Match((PrefillAdmitRequest(r),))]
 
     def m_prefill_reject_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
@@ -255,10 +261,13 @@ class Matchers:
         g = self.ids.gen(ev)
         if r is None or g is None or s.requests[r].p_gen != g:
             return []
-        count = int(ev["args"].get("page_count", -1))
-        if count != s.requests[r].p_wrote:
+        args = ev["args"]
+        count = int(args.get("page_count", -1))
+        if int(args.get("pages_written", count)) != s.requests[r].p_wrote:
             return []
-        return [Match((PrefillSendCompletion(r),))]
+        # What the completion claims (the pages written; the whole grant under M2) and whether
+        # it carries a digest (not under M5) must be what the spec's prefill sends.
+        return [Match((PrefillSendCompletion(r),), _completion_sent(r, g, count, args))]
 
     def m_prefill_receive_abort(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
@@ -278,7 +287,11 @@ class Matchers:
     def m_prefill_finish_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
-        out = [Match(())]
+        # A stutter: the end of a request prefill's log already ended (a received abort, a
+        # rejection), or a write stream that broke because decode refused a write of a request
+        # it had failed (stricter than the spec). A request still waiting for its grant has
+        # neither: its error finish is prefill's own abort.
+        out = [Match(())] if s.requests[r].p != "admitted" else []
         if ev["args"].get("status") != "ok":
             out.append(Match((PrefillAbortRequest(r),)))
         return out
@@ -487,6 +500,22 @@ def _granted(r: int, g: int) -> Callable[[State, State], bool]:
 
 def _parked(r: int, g: int) -> Callable[[State, State], bool]:
     return lambda a, b: b.requests[r].p in ("received", "admitted") and b.requests[r].p_gen == g
+
+
+def _completion_sent(
+    r: int, g: int, count: int, args: dict[str, Any]
+) -> Callable[[State, State], bool]:
+    digest = args.get("digest")
+
+    def sent(a: State, b: State) -> bool:
+        for m in b.network:
+            if m.kind != "completion" or m.request != r or m.generation != g:
+                continue
+            if m.count == count and (digest is None or (m.digest is None) == (digest == "")):
+                return True
+        return False
+
+    return sent
 
 
 def _grant_dropped(r: int) -> Callable[[State, State], bool]:

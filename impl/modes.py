@@ -2,21 +2,26 @@
 
 The table below is the only place a mode is defined. Each mode is a `Behaviour` (named switches
 that the protocol cores read) plus the M-numbers of `reference/engines.md` §7 it reproduces. The
-names are the same as the spec's variants so a conformance run can pair them up.
+names are the same as the spec's variants (`spec/variants.py`), and a mode means the same thing as
+its variant: many bugs are harmless on their own against the reference's other defences, so the
+variant flips the smallest set of options that makes its bug observable, and the mode flips the
+same set (its M-numbers are the combination's). A conformance run can then pair them up: the
+model checker's counterexample for a variant, replayed in the mode of the same name, shows the
+bug (`tests/conformance/test_modes_are_caught.py`).
 
 | mode | what it changes | M |
 |---|---|---|
 | reference | nothing: receiver-checked writes, completion with page count + digest checked before generating, explicit rejection, fenced release, scrubbed pages | - |
 | incident | M1 + M2 + M3 + M20, and default limits in the incident's shape (context window > prefill pool, decode admits more than prefill: M6's asymmetric admission, without truncation) | 1, 2, 3, 6, 20 |
-| m1_placeholder_rejection | prefill swaps an over-limit prompt for a 1-token placeholder and carries on; no rejection notice | 1 |
-| m2_local_completion_count | prefill writes and declares done for its own view of the prompt length, not the grant | 2 |
-| m3_decode_trusts_completion | decode checks only that the completion's room matches | 3 |
-| m5_digest_skipped | decode checks the claimed page count only; no per-page or completion digest, no coverage record | 5 |
-| m6_asymmetric_truncation | prefill silently truncates an over-limit prompt instead of rejecting | 6 |
+| m1_placeholder_rejection | prefill swaps an over-limit prompt for a 1-token placeholder and carries on (writes its page, sends an honest completion); no rejection notice | 1 |
+| m2_local_completion_count | prefill truncates an over-limit prompt (M6), writes the pages of its own view and claims the whole grant (M2); decode checks the page count only | 2, 6 |
+| m3_decode_trusts_completion | decode checks only the completion's room (M3); the placeholder path (M1) is the source of the gap | 3, 1 |
+| m5_digest_skipped | prefill truncates (M6) and claims the whole grant (M2) in a completion without a digest; decode checks the digest only when one came (M5) | 5, 2, 6 |
+| m6_asymmetric_truncation | prefill silently truncates an over-limit prompt instead of rejecting, and writes what it kept | 6 |
 | m7_release_before_drain | decode frees pages on abort/timeout at once and lets writes of released generations land | 7 |
 | m8_release_on_timeout | decode waits for the drain ack but frees on a timeout without it; late writes land | 8 |
 | m10_stale_status_adopted | decode finds a completion by room only, ignoring generation and token | 10 |
-| m15_silent_prefill_abort | a prefill-side abort (cancel, failed write) is not told to decode | 15 |
+| m15_silent_prefill_abort | a prefill-side abort (failed write stream, local abort, router cancel) is told to nobody but the client: no notice to decode, no relay by the router, a later grant acked and dropped | 15 |
 | m16_router_ignores_prefill_error | router answers with decode's result, ignoring prefill's error | 16 |
 | m18_orphan_grant_accepted | prefill keeps transfer state for grants it never admitted, forever, matched by room | 18 |
 | m20_unscrubbed_pages | released pages keep their data | 20 |
@@ -35,16 +40,24 @@ from impl.errors import ConfigError
 class Behaviour:
     """Switches read by the protocol cores; all False/True-as-reference by default."""
 
-    placeholder_rejection: bool = False  # M1 (prefill)
-    local_completion_count: bool = False  # M2 (prefill)
-    decode_trusts_completion: bool = False  # M3 (decode)
-    skip_digest: bool = False  # M5 (decode)
+    # M1 (prefill): an over-limit prompt becomes a 1-token placeholder that bootstraps normally.
+    placeholder_rejection: bool = False
+    # M2 (prefill): after the pages of its own view, the completion claims the whole grant.
+    local_completion_count: bool = False
+    decode_trusts_completion: bool = False  # M3 (decode): nothing but the room is checked
+    # Decode checks the completion's page count only: no coverage, no digest (the spec's
+    # `validation="count_only"`, what m2 needs to be observable).
+    count_only_validation: bool = False
+    omit_completion_digest: bool = False  # M5 (prefill): the completion carries no digest
+    digest_optional: bool = False  # M5 (decode): coverage and digest checked only if one came
     truncate_oversized: bool = False  # M6 (prefill)
     release_before_drain: bool = False  # M7 (decode)
     release_on_ack_timeout: bool = False  # M8 (decode)
     late_writes_land: bool = False  # M7, M8 (decode): writes of released generations are stored
     match_completion_by_room: bool = False  # M10 (decode)
-    silent_prefill_abort: bool = False  # M15 (prefill)
+    # M15 (prefill and router): a prefill-side abort reaches the client only; decode is told
+    # nothing (no notice, no relay by the router, a later grant acked and dropped).
+    silent_prefill_abort: bool = False
     router_ignores_prefill_error: bool = False  # M16 (router)
     accept_orphan_grants: bool = False  # M18 (prefill)
     scrub_on_release: bool = True  # False = M20 (decode)
@@ -88,21 +101,29 @@ _TABLE: tuple[Mode, ...] = (
     ),
     Mode(
         "m2_local_completion_count",
-        "prefill declares done after writing the pages of its own view of the prompt",
-        (2,),
-        Behaviour(local_completion_count=True),
+        "prefill truncates an over-limit prompt, writes its own view's pages and claims the whole "
+        "grant; decode checks the page count only",
+        (2, 6),
+        Behaviour(truncate_oversized=True, local_completion_count=True, count_only_validation=True),
     ),
     Mode(
         "m3_decode_trusts_completion",
-        "decode checks only the completion's room: no generation, token, coverage or digest",
-        (3,),
-        Behaviour(decode_trusts_completion=True),
+        "decode checks only the completion's room (no generation, token, coverage or digest); "
+        "the placeholder path leaves the gap it trusts",
+        (3, 1),
+        Behaviour(placeholder_rejection=True, decode_trusts_completion=True),
     ),
     Mode(
         "m5_digest_skipped",
-        "decode checks the claimed page count but no digest and no per-page coverage",
-        (5,),
-        Behaviour(skip_digest=True),
+        "prefill truncates and claims the whole grant in a completion without a digest; decode "
+        "checks coverage and digest only when a digest came",
+        (5, 2, 6),
+        Behaviour(
+            truncate_oversized=True,
+            local_completion_count=True,
+            omit_completion_digest=True,
+            digest_optional=True,
+        ),
     ),
     Mode(
         "m6_asymmetric_truncation",
@@ -130,7 +151,8 @@ _TABLE: tuple[Mode, ...] = (
     ),
     Mode(
         "m15_silent_prefill_abort",
-        "a prefill-side abort is not told to decode, which holds pages until its timeout",
+        "a prefill-side abort is told to the client only: decode holds the pages until its "
+        "waiting timeout",
         (15,),
         Behaviour(silent_prefill_abort=True),
     ),

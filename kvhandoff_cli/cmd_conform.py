@@ -29,7 +29,13 @@ def register(sub: Any) -> None:
         help="inproc (default), grpc, or HOST:PORT of a harness service (kvhandoff harness-serve)",
     )
     p.add_argument("--mode", default="reference", help="implementation mode (impl.modes)")
-    p.add_argument("--traces", type=int, default=100, help="programs to run (default 100)")
+    p.add_argument(
+        "--traces",
+        type=int,
+        default=100,
+        help="programs to run (default 100); Hypothesis may run a few more than asked (those it "
+        "discards are run too), and the report says how many ran",
+    )
     p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")

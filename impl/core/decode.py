@@ -27,7 +27,8 @@ Rules:
   pages are scrubbed.
 * Pages are allocated lowest id first, so reuse is deterministic (and a stale page is easy to see).
 
-Modes flip these rules one at a time; see `impl.modes`.
+Each `Behaviour` switch flips one of these rules; a mode combines the switches its spec variant
+needs (see `impl.modes`).
 """
 
 from __future__ import annotations
@@ -527,7 +528,7 @@ class DecodeCore:
             )
         if ev.problem:
             return refuse(Status.INVALID_ARGUMENT, "bad_data", ev.problem)
-        checks_digest = not (self._b.skip_digest or self._b.decode_trusts_completion)
+        checks_digest = not (self._b.count_only_validation or self._b.decode_trusts_completion)
         if checks_digest and not hmac.compare_digest(ev.data_digest, ev.claimed_digest):
             return refuse(
                 Status.DATA_LOSS,
@@ -688,8 +689,10 @@ class DecodeCore:
             return None  # M3: the room matched, that is all it checks
         if ev.page_count != len(req.pages):
             return f"completion covers {ev.page_count} pages, {len(req.pages)} were granted"
-        if self._b.skip_digest:
-            return None  # M5: the claimed count is all it checks
+        if self._b.count_only_validation:
+            return None  # the claimed count is all it checks (m2)
+        if self._b.digest_optional and not ev.digest:
+            return None  # M5: no digest came, so neither coverage nor digest is checked
         missing = [p for p in req.pages if p not in req.written]
         if missing:
             return f"pages {missing} were never written in generation {req.generation}"

@@ -19,7 +19,11 @@ Rules:
   (drained), which is what makes decode's release fenced.
 * A grant for a request prefill has not (yet) admitted is parked, keyed by (request, room), until
   a deadline; then it is dropped and decode told.
-* A prefill-side abort (router cancel, failed write stream) is told to decode.
+* A prefill-side abort (router cancel, failed write stream, `FailRequest`) is told to decode.
+
+Modes change these rules; see `impl.modes`. A prompt that prefill itself swapped for a placeholder
+(M1) or truncated (M6) bootstraps normally: prefill writes the pages it has data for and never
+compares its view with the grant's (the reference refuses a grant for another length).
 """
 
 from __future__ import annotations
@@ -126,6 +130,17 @@ class CancelRequest:
 
 
 @dataclass(frozen=True)
+class FailRequest:
+    """Prefill gives up on a request on its own before writing any page: its scheduler aborted
+    it (a failed forward pass, out of memory, an operator's abort). Once the writes started, a
+    failure is the write stream's (`WritesFinished` with an error)."""
+
+    request_id: RequestId
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tick:
     now: float
 
@@ -138,6 +153,7 @@ PrefillEvent = (
     | CompletionAnswered
     | AbortReceived
     | CancelRequest
+    | FailRequest
     | Tick
 )
 
@@ -234,6 +250,7 @@ class _Request:
     room: Room
     prompt_len: int  # prefill's own view (1 for a placeholder, the limit when truncated)
     placeholder: bool
+    truncated: bool = False
     state: PrefillState = PrefillState.ADMITTED
     grant: _Grant | None = None
     sent: list[tuple[PageId, bytes]] = field(default_factory=list)
@@ -278,6 +295,8 @@ class PrefillCore:
                 return self._on_abort(event)
             case CancelRequest():
                 return self._on_cancel(event)
+            case FailRequest():
+                return self._on_fail_request(event)
             case Tick():
                 return self._on_tick(event)
         raise LocalProtocolError(f"prefill core cannot handle {event!r}")
@@ -296,7 +315,7 @@ class PrefillCore:
         if ev.prompt_len < 1:
             return [Reply(Status.INVALID_ARGUMENT, f"prompt length {ev.prompt_len} must be >= 1")]
         limit = self.config.max_prompt_tokens
-        own_len, placeholder = ev.prompt_len, False
+        own_len, placeholder, truncated = ev.prompt_len, False, False
         cmds: list[PrefillCommand] = []
         if ev.prompt_len > limit:
             reason = f"prompt of {ev.prompt_len} tokens exceeds prefill's limit of {limit} tokens"
@@ -307,7 +326,7 @@ class PrefillCore:
                     Log("prefill_reject_request", {**base, "reason": reason, "placeholder": True})
                 )
             elif self._b.truncate_oversized:
-                own_len = limit  # M6: silently keep only what fits
+                own_len, truncated = limit, True  # M6: silently keep only what fits
                 cmds.append(Log("prefill_admit_request", {**base, "truncated_to": limit}))
             else:
                 self._remember_finished(ev.request_id, "rejected")
@@ -319,7 +338,7 @@ class PrefillCore:
                 ]
         else:
             cmds.append(Log("prefill_admit_request", base))
-        req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder)
+        req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder, truncated)
         self._requests[ev.request_id] = req
         key = (ev.request_id, ev.room)
         if key not in self._parked and self._b.accept_orphan_grants:
@@ -356,6 +375,15 @@ class PrefillCore:
         req = self._requests.get(ev.request_id)
         if req is None:
             finished = self._finished.get(ev.request_id)
+            if finished == "failed" and self._b.silent_prefill_abort:
+                # M15: prefill's own failure stays local; the grant is acked and goes nowhere
+                # (SGLang's bootstrap thread stores it), so decode keeps waiting.
+                return [
+                    Log(
+                        "prefill_receive_grant", {**args, "outcome": "dropped", "reason": finished}
+                    ),
+                    Reply(Status.OK),
+                ]
             if finished is not None:
                 return [
                     Log(
@@ -425,7 +453,9 @@ class PrefillCore:
         ]
         own_pages = pages_for(req.prompt_len, self.config.page_size)
         if own_pages != len(grant.pages) or req.prompt_len != grant.prompt_len:
-            if not self._b.local_completion_count:
+            # A prompt prefill swapped (M1) or cut (M6) itself bootstraps like any other, and
+            # M2 never compares its own view with the grant: they write what they have.
+            if not (req.placeholder or req.truncated or self._b.local_completion_count):
                 reason = (
                     f"grant of {len(grant.pages)} pages for {grant.prompt_len} tokens does not "
                     f"match prefill's {req.prompt_len} tokens ({own_pages} pages)"
@@ -443,7 +473,8 @@ class PrefillCore:
                 )
                 cmds += self._fail(req, Status.FAILED_PRECONDITION, reason, tell_decode=True)
                 return cmds
-        # M2 writes (and will count) only its own pages; the reference writes the whole grant.
+        # Prefill writes only pages it has data for: its own view, never more than granted (the
+        # whole grant in the reference, where the two agree).
         targets = grant.pages[: min(own_pages, len(grant.pages))]
         req.state = PrefillState.WRITING
         cmds.append(
@@ -502,6 +533,10 @@ class PrefillCore:
             )
         pages = [p for p, _ in req.sent]
         digest = completion_digest(grant.generation, pages, [d for _, d in req.sent])
+        if self._b.omit_completion_digest:
+            digest = b""  # M5: the integrity check is off on the sending side
+        # M2: "done" by its own view of the prompt, claiming every granted page is covered.
+        count = len(grant.pages) if self._b.local_completion_count else len(pages)
         req.state = PrefillState.COMPLETING
         return [
             Log(
@@ -510,14 +545,13 @@ class PrefillCore:
                     "request_id": req.request_id,
                     "room": req.room,
                     "generation": grant.generation,
-                    "page_count": len(pages),
+                    "page_count": count,
+                    "pages_written": len(pages),
                     "prompt_tokens": req.prompt_len,
                     "digest": digest.hex(),
                 },
             ),
-            SendCompletion(
-                req.request_id, req.room, grant.generation, grant.token, len(pages), digest
-            ),
+            SendCompletion(req.request_id, req.room, grant.generation, grant.token, count, digest),
         ]
 
     def _on_completion_answered(self, ev: CompletionAnswered) -> list[PrefillCommand]:
@@ -605,6 +639,20 @@ class PrefillCore:
             return [*cmds, Reply(Status.OK)]
         cmds += self._fail(req, Status.CANCELLED, "cancelled by the router", tell_decode=True)
         return [*cmds, Reply(Status.OK)]
+
+    def _on_fail_request(self, ev: FailRequest) -> list[PrefillCommand]:
+        req = self._requests.get(ev.request_id)
+        if req is None:
+            return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
+        if req.state is not PrefillState.ADMITTED:
+            return [
+                Reply(
+                    Status.FAILED_PRECONDITION,
+                    f"request {ev.request_id!r} is {req.state.value}: only a request waiting for "
+                    "its grant fails on its own (a write stream fails through WritesFinished)",
+                )
+            ]
+        return [*self._fail(req, ev.status, ev.reason, tell_decode=True), Reply(Status.OK)]
 
     def _on_tick(self, ev: Tick) -> list[PrefillCommand]:
         cmds: list[PrefillCommand] = []

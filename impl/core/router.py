@@ -4,7 +4,8 @@ Like SGLang's router it sends the request to both workers at once (same room) an
 answer. The reference router also honours prefill: it answers OK only when both sides finished OK;
 a prefill error cancels decode and is what the client sees; a decode error cancels prefill.
 A client cancel withdraws the request from both. `m16_router_ignores_prefill_error` answers with
-decode's result alone.
+decode's result alone; `m15_silent_prefill_abort` answers prefill's error but does not relay it
+to decode.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class PrefillFinished:
     request_id: RequestId
     status: Status
     message: str = ""
+    broken: bool = False
+    """The call broke (prefill crashed or cannot be reached) rather than prefill answering."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class _Request:
     tenant: Tenant
     room: Room
     prefill: tuple[Status, str] | None = None
+    prefill_broken: bool = False
     decode: tuple[Status, str] | None = None
     answered: bool = False
 
@@ -129,6 +133,9 @@ class RouterCore:
             case ClientSubmit():
                 return self._on_submit(event)
             case PrefillFinished():
+                req = self._requests.get(event.request_id)
+                if req is not None and req.prefill is None:
+                    req.prefill_broken = event.broken
                 return self._on_side(event.request_id, "prefill", event.status, event.message)
             case DecodeFinished():
                 return self._on_side(event.request_id, "decode", event.status, event.message)
@@ -209,7 +216,12 @@ class RouterCore:
             return self._answer(req, *d) if d is not None else []
         if p is not None and p[0] is not Status.OK:
             cmds: list[RouterCommand] = []
-            if d is None:
+            # Relaying prefill's failure to decode is the reference's second path for prefill's
+            # own notice; M15 has neither (decode keeps waiting until its timeout). A broken call
+            # is relayed even then: it is a prefill crash seen by the router first, which decode
+            # would also detect itself.
+            silent = self._b.silent_prefill_abort and not req.prefill_broken
+            if d is None and not silent:
                 cmds.append(AbortAtDecode(req.request_id, f"prefill failed: {p[1]}"))
             return cmds + self._answer(req, p[0], f"prefill: {p[1]}")
         if d is not None and d[0] is not Status.OK:

@@ -45,6 +45,15 @@ def grpc_code(status: Status) -> grpc.StatusCode:
     return grpc.StatusCode[status.value]
 
 
+def answered(exc: grpc.RpcError) -> bool:
+    """True when the failed call was answered by a kvhandoff server (`abort_with`), False when
+    it broke (peer down, unreachable, deadline)."""
+    if not isinstance(exc, grpc.aio.AioRpcError | grpc.Call):
+        return False
+    metadata = exc.trailing_metadata() or ()
+    return any(key == ANSWERED_KEY for key, _ in metadata)
+
+
 def status_of(exc: grpc.RpcError) -> tuple[Status, str]:
     """Translate a failed call (raised by grpc) into a core Status and a message."""
     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError | grpc.Call) else None
@@ -56,9 +65,16 @@ def status_of(exc: grpc.RpcError) -> tuple[Status, str]:
         return Status.UNKNOWN, str(details or name)
 
 
+ANSWERED_KEY = "kvhandoff-answered"
+"""Trailing metadata on every error a server answers, so a caller can tell an answer from a
+broken call (`answered`)."""
+
+
 async def abort_with(context: grpc.aio.ServicerContext, reply: Reply) -> NoReturn:
     """End the current call with the reply's status (raises, as grpc does)."""
-    await context.abort(grpc_code(reply.status), reply.message)
+    await context.abort(
+        grpc_code(reply.status), reply.message, trailing_metadata=((ANSWERED_KEY, "1"),)
+    )
     raise AssertionError("grpc's abort returned")  # it always raises
 
 

@@ -18,7 +18,14 @@ from impl.eventlog import EventLog
 from impl.modes import Mode
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.servers.base import (
+    BaseServer,
+    CommonSettings,
+    abort_with,
+    answered,
+    call_quietly,
+    status_of,
+)
 from impl.tokenizer import VOCAB_SIZE
 
 MAX_TENANT = 128
@@ -136,17 +143,19 @@ class RouterServer(BaseServer):
             await call.initial_metadata()
             self._prefill_submits.pop(cmd.request_id, None)
             await call
-            status, message = Status.OK, ""
+            status, message, broken = Status.OK, "", False
         except grpc.RpcError as exc:
             status, message = status_of(exc)
+            broken = not answered(exc)
         except asyncio.CancelledError:
             if not call.cancelled():
                 raise  # the server is stopping: this task itself was cancelled
             status, message = Status.CANCELLED, "cancelled by the client before prefill got it"
+            broken = False
         finally:
             self._prefill_submits.pop(cmd.request_id, None)
         if not self._stopping:
-            self.feed(rc.PrefillFinished(cmd.request_id, status, message))
+            self.feed(rc.PrefillFinished(cmd.request_id, status, message, broken))
 
     async def _to_decode(self, cmd: rc.ForwardToDecode) -> None:
         try:

@@ -17,6 +17,7 @@ from impl.core.decode import GrantView
 from impl.pool import DTYPE_NAME, PoolShape, page_digest
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.servers.base import answered
 from impl.tokenizer import encode
 
 PROMPT = encode("HELD-REQUEST-" * 4)  # 52 tokens = 13 pages
@@ -315,3 +316,14 @@ def test_a_client_that_goes_away_mid_request_is_withdrawn_from_both_sides(cluste
     assert cluster.decode_pages()[1] == 0
     with cluster.client() as c:
         assert c.generate("t", encode("next"), 4).status == "ok"
+
+
+def test_an_error_a_server_answers_is_told_apart_from_a_broken_call(cluster: Cluster) -> None:
+    # The router relays a broken call to prefill (a crash) to decode even in m15, where an
+    # error prefill answers stays silent: the two must be told apart.
+    stub = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    ghost = pb.Completion(request_id="ghost", room=1, generation=1)
+    assert answered(refused(lambda: stub.Complete(ghost, timeout=10)))
+    nobody = rpc.decode_stub(grpc.insecure_channel("127.0.0.1:1"))
+    broken = refused(lambda: nobody.Complete(ghost, timeout=5))
+    assert broken.code() is grpc.StatusCode.UNAVAILABLE and not answered(broken)

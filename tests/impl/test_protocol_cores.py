@@ -1,5 +1,6 @@
-"""The sans-I/O cores, driven together in-process: the reference protocol holds, and each mode
-changes exactly the step it names (and shows the consequence that makes it a bug)."""
+"""The sans-I/O cores, driven together in-process: the reference protocol holds, each switch of a
+`Behaviour` changes exactly the step it names, and each mode (the combination its spec variant
+needs) shows the consequence that makes it a bug."""
 
 from __future__ import annotations
 
@@ -152,38 +153,55 @@ def oversized_after(behaviour: Behaviour) -> InProcessCluster:
     return n
 
 
-def test_m1_placeholder_is_caught_by_the_reference_grant_check() -> None:
+def test_m1_placeholder_writes_its_page_and_the_reference_decode_refuses_the_count() -> None:
     n = oversized_after(get_mode("m1_placeholder_rejection").behaviour)
     b_log = [(s, k, a) for s, k, a in n.log if a.get("request_id") == "b"]
     assert any(k == "prefill_reject_request" and a.get("placeholder") for _, k, a in b_log)
-    assert n.answers["b"].status is not Status.OK
+    # The placeholder bootstraps like any prompt: one page written, an honest count sent ...
+    writes = [a for _, k, a in b_log if k == "prefill_write_page"]
+    sent = next(a for _, k, a in b_log if k == "prefill_send_completion")
+    assert len(writes) == 1 and sent["page_count"] == sent["pages_written"] == 1
+    # ... which the reference decode refuses: 1 page for a grant of 25.
+    verdict = next(a for _, k, a in b_log if k == "decode_receive_completion")
+    assert verdict["verdict"] == "failed" and "25 were granted" in str(verdict["reason"])
+    assert n.answers["b"].status is Status.DATA_LOSS
 
 
-def test_m2_writes_only_its_own_pages_and_the_reference_decode_refuses_the_count() -> None:
+def test_local_completion_count_claims_the_grant_and_the_reference_decode_sees_the_gap() -> None:
     b = Behaviour(truncate_oversized=True, local_completion_count=True)
     n = oversized_after(b)
     writes = [a for s, k, a in n.log if k == "prefill_write_page" and a["request_id"] == "b"]
     assert len(writes) == 16  # 64 tokens of its own view, not the 25 granted pages
+    sent = next(a for s, k, a in n.log if k == "prefill_send_completion" and a["request_id"] == "b")
+    assert sent["page_count"] == 25 and sent["pages_written"] == 16  # M2: claims the grant
     verdicts = [
         a for s, k, a in n.log if k == "decode_receive_completion" and a["request_id"] == "b"
     ]
-    assert verdicts[0]["verdict"] == "failed" and "25" in str(verdicts[0]["reason"])
+    assert verdicts[0]["verdict"] == "failed" and "never written" in str(verdicts[0]["reason"])
     assert n.answers["b"].status is Status.DATA_LOSS
 
 
+def test_m2_decode_checks_the_claimed_count_only_and_generates_from_unwritten_pages() -> None:
+    n = oversized_after(get_mode("m2_local_completion_count").behaviour)
+    assert n.answers["b"].status is Status.OK
+    assert None in n.answers["b"].read_tenants  # the 9 granted pages nobody wrote (scrubbed)
+    alarms = [a for s, k, a in n.log if k == "invariant_alarm"]
+    assert alarms[0]["alarm"] == "generating_from_unwritten_pages"
+
+
 def test_m3_decode_trusts_a_short_completion() -> None:
-    short = Behaviour(placeholder_rejection=True, local_completion_count=True)
-    refused = oversized_after(short)
+    placeholder = Behaviour(placeholder_rejection=True)
+    refused = oversized_after(placeholder)
     assert refused.answers["b"].status is Status.DATA_LOSS
-    trusted = oversized_after(replace(short, decode_trusts_completion=True))
+    trusted = oversized_after(get_mode("m3_decode_trusts_completion").behaviour)
     assert trusted.answers["b"].status is Status.OK
     assert None in trusted.answers["b"].read_tenants  # scrubbed, never-written pages
     alarms = [a for s, k, a in trusted.log if k == "invariant_alarm"]
     assert alarms[0]["alarm"] == "generating_from_unwritten_pages"
 
 
-def test_m5_decode_checks_the_count_but_not_the_digest() -> None:
-    for behaviour, ok in ((REF, False), (get_mode("m5_digest_skipped").behaviour, True)):
+def test_count_only_validation_checks_the_count_but_no_digest() -> None:
+    for behaviour, ok in ((REF, False), (Behaviour(count_only_validation=True), True)):
         core = dc.DecodeCore(dc.DecodeConfig(8, 4, 32, behaviour=behaviour))
         cmds = core.handle(dc.SubmitRequest(RequestId("r"), Tenant("t"), Room(1), 8, 2, b"k", 0.0))
         g = next(c for c in cmds if isinstance(c, dc.SendGrant))
@@ -197,11 +215,36 @@ def test_m5_decode_checks_the_count_but_not_the_digest() -> None:
         assert any(isinstance(c, dc.Generate) for c in done) is ok
 
 
-def test_m6_truncates_instead_of_rejecting() -> None:
+def test_m5_decode_checks_the_digest_only_when_one_came() -> None:
+    m5 = get_mode("m5_digest_skipped").behaviour
+    for behaviour, digest, ok in ((REF, b"", False), (m5, b"whatever", False), (m5, b"", True)):
+        core = dc.DecodeCore(dc.DecodeConfig(8, 4, 32, behaviour=behaviour))
+        cmds = core.handle(dc.SubmitRequest(RequestId("r"), Tenant("t"), Room(1), 8, 2, b"k", 0.0))
+        g = next(c for c in cmds if isinstance(c, dc.SendGrant))
+        # Only the first granted page is written; the completion claims both.
+        core.handle(
+            dc.WriteReceived(RequestId("r"), Room(1), g.generation, b"k", g.pages[0], 0, b"x", b"x")
+        )
+        done = core.handle(
+            dc.CompletionReceived(RequestId("r"), Room(1), g.generation, b"k", 2, digest)
+        )
+        assert any(isinstance(c, dc.Generate) for c in done) is ok, (digest, ok)
+
+
+def test_m5_prefill_sends_no_digest_and_decode_generates_from_unwritten_pages() -> None:
+    n = oversized_after(get_mode("m5_digest_skipped").behaviour)
+    sent = next(a for s, k, a in n.log if k == "prefill_send_completion" and a["request_id"] == "b")
+    assert sent["digest"] == "" and sent["page_count"] == 25 and sent["pages_written"] == 16
+    assert n.answers["b"].status is Status.OK and None in n.answers["b"].read_tenants
+
+
+def test_m6_truncates_instead_of_rejecting_and_writes_what_it_kept() -> None:
     n = oversized_after(get_mode("m6_asymmetric_truncation").behaviour)
     admitted = [a for s, k, a in n.log if k == "prefill_admit_request" and a["request_id"] == "b"]
     assert admitted and admitted[0]["truncated_to"] == 64
-    assert n.answers["b"].status is not Status.OK
+    writes = [a for s, k, a in n.log if k == "prefill_write_page" and a["request_id"] == "b"]
+    assert len(writes) == 16  # data moved for a prompt prefill did not admit as sent
+    assert n.answers["b"].status is Status.DATA_LOSS
 
 
 def cancel_with_a_write_in_flight(behaviour: Behaviour) -> tuple[InProcessCluster, list[object]]:
@@ -282,7 +325,78 @@ def test_m15_prefill_abort_is_not_told_to_decode() -> None:
         n.submit("a", "A", 20)
         n.run()
         assert ("decode_receive_rejection" in n.events("decode")) is told
-        assert n.answers["a"].status is not Status.OK
+        assert n.answers["a"].status is Status.UNAVAILABLE  # prefill's error, to the client
+        assert pages_free(n) is told
+
+
+def test_m15_router_answers_prefills_error_without_relaying_it_to_decode() -> None:
+    for behaviour, relayed in (
+        (REF, True),
+        (get_mode("m15_silent_prefill_abort").behaviour, False),
+    ):
+        router = rc.RouterCore(rc.RouterConfig(64, behaviour=behaviour))
+        rid = RequestId("r")
+        router.handle(rc.ClientSubmit(rid, Tenant("t"), Room(1), 4, 4, 0.0))
+        cmds = router.handle(rc.PrefillFinished(rid, Status.ABORTED, "prefill gave up"))
+        assert any(isinstance(c, rc.AbortAtDecode) for c in cmds) is relayed
+        answer = next(c for c in cmds if isinstance(c, rc.AnswerClient))
+        assert answer.status is Status.ABORTED
+
+
+def test_m15_router_still_relays_a_broken_call_to_a_crashed_prefill() -> None:
+    # A crash is not a prefill-side abort: decode detects it itself (the spec's restart
+    # detection), and the router, seeing the call break first, withdraws the request.
+    router = rc.RouterCore(
+        rc.RouterConfig(64, behaviour=get_mode("m15_silent_prefill_abort").behaviour)
+    )
+    rid = RequestId("r")
+    router.handle(rc.ClientSubmit(rid, Tenant("t"), Room(1), 4, 4, 0.0))
+    cmds = router.handle(rc.PrefillFinished(rid, Status.UNAVAILABLE, "prefill crashed", True))
+    assert any(isinstance(c, rc.AbortAtDecode) for c in cmds)
+
+
+def test_m15_holds_decode_pages_until_the_waiting_timeout() -> None:
+    n = net(get_mode("m15_silent_prefill_abort").behaviour, waiting_timeout_s=30.0)
+    n.fail_writes.add(RequestId("a"))
+    n.submit("a", "A", 20)
+    n.run()
+    assert n.answers["a"].status is Status.UNAVAILABLE and n.decode.used_pages > 0
+    n.advance(31.0)
+    n.run()
+    assert "decode_waiting_timeout" in n.events("decode") and pages_free(n)
+
+
+def test_a_prefill_abort_before_the_grant_is_told_to_decode_except_in_m15() -> None:
+    for behaviour, told in ((REF, True), (get_mode("m15_silent_prefill_abort").behaviour, False)):
+        n = net(behaviour)
+        n.hold("to_prefill_grant")
+        n.submit("a", "A", 20)
+        n.run()
+        reply = n.to_prefill(pc.FailRequest(RequestId("a"), Status.ABORTED, "out of memory"))
+        assert reply.status is Status.OK
+        n.release()
+        n.run()
+        assert n.answers["a"].status is Status.ABORTED
+        grant = next(a for s, k, a in n.log if k == "prefill_receive_grant")
+        # The reference refuses the late grant (decode fails the request on it, if nothing
+        # else told it); m15 acks it and drops it, so decode keeps waiting.
+        assert grant["outcome"] == ("refused" if told else "dropped")
+        assert pages_free(n) is told
+
+
+def test_prefill_fails_on_its_own_only_a_request_waiting_for_its_grant() -> None:
+    core = pc.PrefillCore(pc.PrefillConfig(4, 64))
+    unknown = core.handle(pc.FailRequest(RequestId("x"), Status.ABORTED, "oom"))[-1]
+    assert isinstance(unknown, Reply) and unknown.status is Status.NOT_FOUND
+    core.handle(pc.SubmitRequest(RequestId("a"), Tenant("A"), Room(1), 8, 0.0))
+    core.handle(
+        pc.GrantReceived(
+            RequestId("a"), Room(1), Generation(1), (PageId(0), PageId(1)), b"k", 8, 0.0
+        )
+    )
+    reply = core.handle(pc.FailRequest(RequestId("a"), Status.ABORTED, "oom"))[-1]
+    assert isinstance(reply, Reply) and reply.status is Status.FAILED_PRECONDITION
+    assert "writing" in reply.message
 
 
 def test_m15_with_m16_holds_decode_pages_until_the_waiting_timeout() -> None:
@@ -362,9 +476,9 @@ def test_every_mode_named_in_the_issue_exists_with_its_m_numbers() -> None:
         "reference": (),
         "incident": (1, 2, 3, 6, 20),
         "m1_placeholder_rejection": (1,),
-        "m2_local_completion_count": (2,),
-        "m3_decode_trusts_completion": (3,),
-        "m5_digest_skipped": (5,),
+        "m2_local_completion_count": (2, 6),
+        "m3_decode_trusts_completion": (3, 1),
+        "m5_digest_skipped": (5, 2, 6),
         "m6_asymmetric_truncation": (6,),
         "m7_release_before_drain": (7,),
         "m8_release_on_timeout": (8,),
