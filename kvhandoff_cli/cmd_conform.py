@@ -123,6 +123,7 @@ def _write_junit(path: Path, report: Any) -> None:
 def run_replay(args: argparse.Namespace) -> int:
     from conformance import campaign
     from conformance.replay import replay_trace
+    from conformance.target import UnsupportedScenario
     from spec.trace import TraceError, load_trace
 
     if args.mode is not None:
@@ -137,7 +138,10 @@ def run_replay(args: argparse.Namespace) -> int:
         target = campaign.make_target(args.target)
     except campaign.UnknownTarget as exc:
         raise UsageError(str(exc)) from exc
-    report = replay_trace(trace, target, args.mode)
+    try:
+        report = replay_trace(trace, target, args.mode)
+    except UnsupportedScenario as exc:
+        raise UsageError(f"{args.trace}: {exc}") from exc
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True, default=str))
     else:

@@ -17,6 +17,26 @@ Two kinds of fields live here, and the difference matters:
 
 Every collection is a tuple so that states are hashable; multisets (messages, writes) are kept
 sorted so that two states with the same contents compare equal.
+
+Prefill ranks
+-------------
+A prefill instance may run on several *ranks* (`Config.prefill_ranks`, tensor-parallel workers,
+each holding a slice of every layer's KV heads). The ranks compute in lockstep (their collectives
+force it), so prefill's admission, grant and progress are one state per request; but each rank
+moves its own *shard* of every page on its own transfer thread. So, per rank:
+
+* a page write carries a `rank`, and lands in that rank's shard of the page (`PageState.shards`);
+* a rank sends its own completion (`Message.rank`) once its own writes have returned;
+* after an abort, a rank acknowledges the drain of its own writes.
+
+Decode must hear from *every* rank (SGLang's `prefill_response_tracker` against
+`required_prefill_response_num`): a page is only whole when every rank's shard landed.
+
+The three "every rank" steps are kept as **rank sets**: the ranks that have done the step *so
+far* (`ReqState.p_ranks_done`, `ReqState.d_ranks`, `ReqState.d_acks`, `State.acked_ranks`). The
+step that would make a set full moves the request on instead (prefill to `completed`, decode to
+`validated`, the abort's fence lifted) and empties the set. With one rank every set is therefore
+always empty, and the states are exactly those of the one-rank model.
 """
 
 from __future__ import annotations
@@ -128,6 +148,7 @@ class Message:
     digest: tuple[tuple[int, int, int], ...] | None = None
     reason: str = ""
     epoch: int = 0  # on a grant: decode's boot epoch, i.e. which registration of its pool
+    rank: int = 0  # on a completion or an abort ack: the prefill rank that sent it
 
 
 @dataclass(frozen=True, order=True)
@@ -139,15 +160,38 @@ class Write:
     page: int
     data: Tag
     epoch: int = 0  # the decode boot epoch of the grant it writes against
+    rank: int = 0  # the prefill rank writing its shard of the page
 
 
 @dataclass(frozen=True)
 class PageState:
-    """One decode page. `owner` is protocol state (decode's page table); `content` is the data."""
+    """One decode page. `owner` is protocol state (decode's page table); `content` is the data.
+
+    With several prefill ranks the page is made of one shard per rank: `content` is rank 0's
+    shard (the whole page when there is one rank) and `rank_shards` holds ranks 1, 2, ...
+    (always `prefill_ranks - 1` entries). Read them together as `shards`.
+    """
 
     owner: tuple[int, int] | None = None  # (request, generation)
     content: Tag | None = None  # None: zeroed; nothing readable
     last_tenant: str | None = None  # ghost: tenant of the last request granted this page
+    rank_shards: tuple[Tag | None, ...] = ()  # the shards of ranks 1.. (see above)
+
+    @property
+    def shards(self) -> tuple[Tag | None, ...]:
+        """The data of every rank's shard, rank 0 first."""
+        return (self.content, *self.rank_shards)
+
+    def with_shard(self, rank: int, data: Tag | None) -> PageState:
+        """This page with rank `rank`'s shard replaced by `data`."""
+        if rank == 0:
+            return evolve(self, content=data)
+        rest = self.rank_shards
+        return evolve(self, rank_shards=(*rest[: rank - 1], data, *rest[rank:]))
+
+    def zeroed(self) -> PageState:
+        """This page, freed and scrubbed: no owner, every shard zeroed."""
+        return evolve(self, owner=None, content=None, rank_shards=(None,) * len(self.rank_shards))
 
 
 @dataclass(frozen=True)
@@ -175,15 +219,20 @@ class ReqState:
     p_wrote: int = 0  # pages written so far, in grant order
     p_epoch: int = 0  # decode's boot epoch this request was sent with (and its grant names)
     p_lease_expired: bool = False  # pull path: prefill's pinned source blocks were freed
+    p_ranks_done: tuple[int, ...] = ()  # rank set: ranks that sent their completion (see above)
     # Decode's side.
     d: DecodePhase = "none"
     d_gen: int = 0
     d_pages: tuple[int, ...] = ()
     d_awaiting_ack: bool = False  # abort sent; release fenced until prefill's drain ack
     d_epoch: int = 0  # prefill's boot epoch this request was sent with
+    d_ranks: tuple[int, ...] = ()  # rank set: ranks whose completion arrived and validated
+    d_acks: tuple[int, ...] = ()  # rank set: ranks whose drain ack arrived (release fenced)
     # Ghost.
     not_as_is: bool = False  # some side did not admit the prompt as sent (reject/placeholder/trunc)
-    read: tuple[Tag | None, ...] | None = None  # what decode read when it generated
+    # What decode read when it generated: every shard of every page, page by page (with one
+    # rank, one tag per page).
+    read: tuple[Tag | None, ...] | None = None
     accepted_full: bool | None = (
         None  # at completion acceptance: did every granted page hold r's data?
     )
@@ -244,6 +293,8 @@ class State:
     # (room, generation, request) of aborts prefill must acknowledge once their writes drained.
     pending_acks: tuple[tuple[int, int, int], ...] = ()
     orphans: tuple[tuple[int, int], ...] = ()  # transfer state prefill holds for unknown rooms
+    # Rank set of `pending_acks`: (room, generation, rank) of ranks that already acknowledged.
+    acked_ranks: tuple[tuple[int, int, int], ...] = ()
     faults: Faults = Faults()
     ghost: Ghost = Ghost()
 
@@ -251,7 +302,10 @@ class State:
 def initial_state(config: Config) -> State:
     return State(
         requests=tuple(ReqState() for _ in config.requests),
-        pages=tuple(PageState() for _ in range(config.decode_pages)),
+        pages=tuple(
+            PageState(rank_shards=(None,) * (config.prefill_ranks - 1))
+            for _ in range(config.decode_pages)
+        ),
     )
 
 
