@@ -112,12 +112,11 @@ def no_late_write_lands_in_reallocated_page(config: Config, state: State) -> boo
 def freed_pages_hold_no_readable_data(config: Config, state: State) -> bool:
     """Free pages hold nothing readable: whatever was there (every rank's shard) was zeroed when
     it was freed."""
-    for page in state.pages:
-        if page.owner is None and page.content is not None:
-            return False
-        if page.owner is None and page.rank_shards and any(page.rank_shards):
-            return False
-    return True
+    return all(
+        page.content is None and not any(page.rank_shards)
+        for page in state.pages
+        if page.owner is None
+    )
 
 
 # --- sometimes ----------------------------------------------------------------------------------

@@ -41,7 +41,9 @@ always empty, and the states are exactly those of the one-rank model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Literal, TypeVar
 
 from spec.config import Config
@@ -64,7 +66,7 @@ def evolve(obj: _T, **changes: Any) -> _T:
     return new
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELD_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 
 def _cached_hash(self: Any) -> int:
@@ -73,10 +75,11 @@ def _cached_hash(self: Any) -> int:
     cached: int | None = data.get("_hash")
     if cached is None:
         cls = type(self)
-        names = _FIELD_NAMES.get(cls)
-        if names is None:
-            names = _FIELD_NAMES.setdefault(cls, tuple(f.name for f in fields(cls)))
-        cached = hash(tuple([data[n] for n in names]))
+        values = _FIELD_VALUES.get(cls)
+        if values is None:
+            # The tuple of the object's field values, gathered in C (`attrgetter`).
+            values = _FIELD_VALUES.setdefault(cls, attrgetter(*(f.name for f in fields(cls))))
+        cached = hash(values(self))
         data["_hash"] = cached
     return cached
 
@@ -171,6 +174,8 @@ class PageState:
     shard (the whole page when there is one rank) and `rank_shards` holds ranks 1, 2, ...
     (always `prefill_ranks - 1` entries). Read them together as `shards`.
     """
+
+    __hash__ = _cached_hash
 
     owner: tuple[int, int] | None = None  # (request, generation)
     content: Tag | None = None  # None: zeroed; nothing readable
