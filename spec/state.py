@@ -32,11 +32,13 @@ moves its own *shard* of every page on its own transfer thread. So, per rank:
 Decode must hear from *every* rank (SGLang's `prefill_response_tracker` against
 `required_prefill_response_num`): a page is only whole when every rank's shard landed.
 
-The three "every rank" steps are kept as **rank sets**: the ranks that have done the step *so
-far* (`ReqState.p_ranks_done`, `ReqState.d_ranks`, `ReqState.d_acks`, `State.acked_ranks`). The
-step that would make a set full moves the request on instead (prefill to `completed`, decode to
-`validated`, the abort's fence lifted) and empties the set. With one rank every set is therefore
-always empty, and the states are exactly those of the one-rank model.
+These per-rank steps are kept as **rank sets**, the ranks that have done the step *so far*:
+prefill's sent completions (`ReqState.p_ranks_done`), the completions decode accepted
+(`ReqState.d_ranks`), the drain acks prefill sent (`State.acked_ranks`) and decode received
+(`ReqState.d_acks`). The step that would make a set full moves on instead (prefill to
+`completed`, decode to `validated`, the abort's obligation or fence lifted) and empties the set.
+With one rank every set is therefore always empty, and the states are exactly those of the
+one-rank model.
 """
 
 from __future__ import annotations

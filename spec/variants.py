@@ -8,6 +8,8 @@ Every engine (explicit search, Z3, conformance) takes the variant as input and r
 Many real bugs are harmless on their own against the reference protocol's other defences. That is
 the point of defence in depth, and it is also why each catalogue variant below flips *the smallest
 set of options that makes its bug observable*, and says which defence had to go for it to show.
+A bug may also need a scenario to show: a variant can name the config fields its catalogue entry
+is checked with (`config=`, e.g. two prefill ranks for a rank-quorum bug).
 
 To write your own, make a Python file that defines `VARIANT = Variant(...)` (start from
 `REFERENCE.derive(...)`) and pass its path to `kvhandoff check --variant PATH.py`; see
