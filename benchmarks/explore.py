@@ -37,6 +37,7 @@ LADDER: list[tuple[str, str, list[str]]] = [
     ("default scenario", "reference", []),
     ("default scenario, 4 pages", "reference", ["decode_pages=4"]),
     ("default scenario, 2 in flight", "reference", ["max_active=2"]),
+    ("default scenario, 2 prefill ranks", "reference", ["prefill_ranks=2"]),
 ]
 
 CHILD = r"""

@@ -23,7 +23,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from conformance.lockstep import Divergence, run_program
-from conformance.target import Target, TargetError
+from conformance.target import Target, TargetError, require_one_prefill_rank
 from spec.actions import Action
 from spec.config import Config, default_config
 from spec.trace import dump_trace
@@ -123,6 +123,7 @@ def run(
 ) -> CampaignReport:
     """Run a campaign; never raises for a divergence (it is reported)."""
     cfg = config or campaign_config()
+    require_one_prefill_rank(cfg)
     out = out_dir or Path("kvhandoff-report")
     if target is None:
         # A target made here is released here: a gRPC target keeps its servers between traces.

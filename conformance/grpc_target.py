@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.target import Event, Target, TargetAnswer
+from conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
 from conformance.validate import merge_logs, read_log, search_logs
 from spec.actions import (
     Action,
@@ -55,6 +55,7 @@ class GrpcTarget(Target):
     def start(self, config: Config, mode: str) -> None:
         from impl.cluster import start_cluster
 
+        require_one_prefill_rank(config)
         key = (
             mode,
             config.page_size,

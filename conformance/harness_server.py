@@ -34,7 +34,7 @@ import grpc
 
 from conformance.proto.rpc import add_harness, pb
 from conformance.remote_target import CHANNEL_OPTIONS, parse_address
-from conformance.target import STEP_KINDS, Target
+from conformance.target import STEP_KINDS, Target, UnsupportedScenario, require_one_prefill_rank
 from spec.config import Config, ConfigError
 
 BACKENDS = ("inproc", "grpc")
@@ -168,7 +168,8 @@ class HarnessServicer:
                 )
             try:
                 config = Config.from_json(data)
-            except (ConfigError, TypeError) as exc:
+                require_one_prefill_rank(config)
+            except (ConfigError, TypeError, UnsupportedScenario) as exc:
                 raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"config_json: {exc}") from None
             pool = max(config.decode_pages, sum(q.pages for q in config.requests))
             if pool * config.page_size > MAX_POOL_TOKENS:

@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.target import Event, Target, TargetAnswer
+from conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
 from impl.core import decode as dc
 from impl.core import prefill as pc
 from impl.core import router as rc
@@ -53,6 +53,7 @@ class InProcTarget(Target):
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, config: Config, mode: str) -> None:
+        require_one_prefill_rank(config)
         b = get_mode(mode).behaviour
         self.behaviour = b
         self.config = config

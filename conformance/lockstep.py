@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.target import Target
+from conformance.target import Target, require_one_prefill_rank
 from conformance.validate import Ids, ValidationReport, Validator
 from spec.actions import (
     Action,
@@ -137,6 +137,7 @@ class Session:
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        require_one_prefill_rank(self.config)
         self.target.start(self.config, self.mode)
         ids = Ids(self.config.page_size)
         for r in range(len(self.config.requests)):

@@ -29,7 +29,7 @@ from typing import Any
 
 from conformance.grpc_target import log_headers, split_by_server
 from conformance.lockstep import drive
-from conformance.target import Target
+from conformance.target import Target, require_one_prefill_rank
 from conformance.validate import Ids, Validator, search_logs
 from spec.actions import RouterSubmitRequest, action_name, action_to_json
 from spec.config import Config
@@ -160,6 +160,7 @@ def replay_trace(
         named = trace.header.get("mode") or trace.header.get("variant")
         mode = named if isinstance(named, str) and named in MODES else "reference"
     config: Config = trace.config
+    require_one_prefill_rank(config)
     report = ReplayReport(mode=mode, target=target.name)
     target.start(config, mode)
     try:

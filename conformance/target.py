@@ -64,6 +64,22 @@ class TargetAnswer:
     """(request id, tenant) of other tenants' canaries found in the answer."""
 
 
+class UnsupportedScenario(ValueError):
+    """The scenario needs something the implementation does not have (the message says what)."""
+
+
+def require_one_prefill_rank(config: Config) -> None:
+    """Refuse a scenario with several prefill ranks: our implementation has one prefill server,
+    which writes whole pages and sends one completion, so it cannot play one (and a lockstep run
+    against the several-rank spec would diverge at the first write, not find a bug)."""
+    if config.prefill_ranks != 1:
+        raise UnsupportedScenario(
+            f"prefill_ranks={config.prefill_ranks}: the implementation has one prefill server "
+            "(one rank), so conformance runs only scenarios with prefill_ranks=1; check "
+            "several-rank designs with `kvhandoff check --set prefill_ranks=N`"
+        )
+
+
 class Target(abc.ABC):
     """An implementation under test. Subclass it (or speak the harness protocol, docs/conformance.md)."""
 
@@ -181,6 +197,8 @@ __all__ = [
     "Target",
     "TargetAnswer",
     "TargetError",
+    "UnsupportedScenario",
     "canary_owner",
     "canary_prompt",
+    "require_one_prefill_rank",
 ]

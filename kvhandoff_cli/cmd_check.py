@@ -72,6 +72,7 @@ def variant_json(v: Variant) -> dict[str, Any]:
         "explanation": v.explanation,
         "breaks": list(v.breaks),
         "expected": "violated" if v.breaks else "safe",
+        "config": dict(v.config),
     }
 
 
@@ -84,12 +85,17 @@ def run_variants(args: argparse.Namespace) -> int:
         breaks = ", ".join(v.breaks) or "(expected safe)"
         print(f"{v.name:34s} {ms:18s} {v.summary}")
         print(f"{'':34s} {'':18s} breaks: {breaks}")
+        if v.config:
+            sets = " ".join(f"--set {k}={value}" for k, value in v.config.items())
+            print(f"{'':34s} {'':18s} checked with: {sets}")
     return EXIT_OK
 
 
-def load_config(assignments: list[str]) -> Config:
+def load_config(assignments: list[str], variant: Variant | None = None) -> Config:
+    """The default scenario, with the variant's own config fields, then the `--set` overrides."""
     try:
-        return parse_set(default_config(), assignments)
+        base = default_config() if variant is None else variant.scenario(default_config())
+        return parse_set(base, assignments)
     except (ConfigError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
 
@@ -187,7 +193,7 @@ def _first_violated(result: CheckResult, variant: Variant) -> Any:
 
 def run_check(args: argparse.Namespace) -> int:
     variant = _load_variant(args.variant)
-    config = load_config(args.set)
+    config = load_config(args.set, variant)
     if args.engine != "all" and args.engine not in ENGINES:
         raise UsageError(
             f"--engine {args.engine!r}: unknown engine; known: {', '.join([*ENGINES, 'all'])}"

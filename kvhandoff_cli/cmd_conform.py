@@ -111,11 +111,11 @@ def _target_errors(command: str, body: Any) -> int:
     """Run `body()`; a target that failed (rather than diverged) gives no verdict: exit 3, or 2
     when the engine refused a value we sent (a mode or scenario it does not accept)."""
     from conformance.remote_target import HarnessRefused
-    from conformance.target import TargetError
+    from conformance.target import TargetError, UnsupportedScenario
 
     try:
         code: int = body()
-    except HarnessRefused as exc:
+    except (HarnessRefused, UnsupportedScenario) as exc:
         raise UsageError(str(exc)) from exc
     except TargetError as exc:
         print(f"kvhandoff {command}: error: {exc}", file=sys.stderr)

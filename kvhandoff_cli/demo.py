@@ -318,7 +318,8 @@ class MatrixRow:
 
 def _matrix_row(name: str, config_json: dict[str, Any]) -> MatrixRow:
     variant = get_variant(name)
-    result = explore(variant, Config.from_json(config_json))
+    # On the variant's own scenario (e.g. two prefill ranks for a rank-quorum bug).
+    result = explore(variant, variant.scenario(Config.from_json(config_json)))
     return _row(result)
 
 
@@ -346,7 +347,11 @@ def kill_matrix(
     Results in `known` (explicit search on the same config) are reused rather than run again.
     """
     wanted = [v.name for v in VARIANTS if names is None or v.name in names]
-    done = {r.variant: _row(r) for r in known if r.engine == "explore" and r.config == config}
+    done = {
+        r.variant: _row(r)
+        for r in known
+        if r.engine == "explore" and r.config == get_variant(r.variant).scenario(config)
+    }
     todo = [name for name in wanted if name not in done]
     workers = workers or min(len(todo), max(1, os.cpu_count() or 1))
     if todo and workers > 1:

@@ -157,8 +157,10 @@ def tag_text(tag: Tag | None) -> str:
     return f"data of req {tag.request} / tenant {tag.tenant} (gen {tag.generation})"
 
 
-def message_text(m: Message) -> str:
+def message_text(m: Message, ranks: int = 1) -> str:
     parts = [f"{m.kind} room {m.room} gen {m.generation}"]
+    if ranks > 1 and m.kind in ("completion", "abort_ack"):
+        parts[0] += f" from prefill rank {m.rank}"
     if m.pages:
         parts.append(f"pages {_pages(m.pages)}")
     if m.kind == "completion":
@@ -169,8 +171,21 @@ def message_text(m: Message) -> str:
     return ", ".join(parts)
 
 
-def write_text(w: Write) -> str:
-    return f"write to page {w.page} (room {w.room}, gen {w.generation}): {tag_text(w.data)}"
+def write_text(w: Write, ranks: int = 1) -> str:
+    shard = f" shard {w.rank}" if ranks > 1 else ""
+    return f"write to page {w.page}{shard} (room {w.room}, gen {w.generation}): {tag_text(w.data)}"
+
+
+def _page_reads(
+    pages: Sequence[int], read: Sequence[Tag | None], ranks: int
+) -> list[tuple[str, Tag | None]]:
+    """Decode's read, labelled: one entry per page (per page shard when there are several
+    prefill ranks: `read` lists every shard of every page, page by page)."""
+    out = []
+    for i, page in enumerate(pages):
+        for k, tag in enumerate(read[i * ranks : (i + 1) * ranks]):
+            out.append((f"page {page}" + (f" shard {k}" if ranks > 1 else ""), tag))
+    return out
 
 
 def _pages(pages: Sequence[int]) -> str:
@@ -183,12 +198,14 @@ def action_text(action: Action, config: Config) -> str:
     args = []
     for f in fields(action):
         value = getattr(action, f.name)
+        if f.name == "rank" and config.prefill_ranks == 1:
+            continue
         if f.name == "request" and isinstance(value, int):
             args.append(request_label(config, value))
         elif isinstance(value, Message):
-            args.append(message_text(value))
+            args.append(message_text(value, config.prefill_ranks))
         elif isinstance(value, Write):
-            args.append(write_text(value))
+            args.append(write_text(value, config.prefill_ranks))
         else:
             args.append(f"{f.name} {value}")
     fault = " [fault]" if is_fault(action) else ""
@@ -204,11 +221,14 @@ _REQ_FIELDS = {
     "p_wrote": "pages prefill has written",
     "p_epoch": "decode epoch prefill's request carries",
     "p_lease_expired": "prefill's lease expired",
+    "p_ranks_done": "prefill ranks that sent their completion",
     "d": "decode",
     "d_gen": "decode's generation",
     "d_pages": "decode's pages",
     "d_awaiting_ack": "decode waits for the drain ack",
     "d_epoch": "prefill epoch decode's request carries",
+    "d_ranks": "prefill ranks whose completion decode accepted",
+    "d_acks": "prefill ranks whose drain ack decode has",
     "not_as_is": "(ghost) not admitted as sent",
     "accepted_full": "(ghost) the accepted completion covered every granted page",
 }
@@ -236,9 +256,9 @@ def _req_changes(config: Config, r: int, a: ReqState, b: ReqState) -> list[str]:
             out.append(f"{who}: the client gets an error: {b.answer.reason}")
     if a.read != b.read and b.read is not None:
         own = Tag(r, b.d_gen, config.requests[r].tenant)
-        for page, tag in zip(b.d_pages, b.read, strict=False):
+        for where, tag in _page_reads(b.d_pages, b.read, config.prefill_ranks):
             mark = "" if tag == own else "  <-- not this request's data"
-            out.append(f"{who}: decode reads page {page}: {tag_text(tag)}{mark}")
+            out.append(f"{who}: decode reads {where}: {tag_text(tag)}{mark}")
     return out
 
 
@@ -252,11 +272,15 @@ def _page_changes(config: Config, i: int, a: PageState, b: PageState) -> list[st
             r, g = b.owner
             tenant = config.requests[r].tenant if 0 <= r < len(config.requests) else "?"
             out.append(f"page {i}: granted to req {r} (tenant {tenant}) under gen {g}")
-    if a.content != b.content and not (b.owner is None and a.owner != b.owner):
-        if b.content is None:
+    if a.shards != b.shards and not (b.owner is None and a.owner != b.owner):
+        if not any(b.shards):
             out.append(f"page {i}: zeroed")
         else:
-            out.append(f"page {i}: now holds {tag_text(b.content)}")
+            several = len(b.shards) > 1
+            for k, (x, y) in enumerate(zip(a.shards, b.shards, strict=True)):
+                if x != y:
+                    where = f"page {i} shard {k}" if several else f"page {i}"
+                    out.append(f"{where}: now holds {tag_text(y)}")
     return out
 
 
@@ -279,9 +303,17 @@ def state_changes(config: Config, a: State, b: State) -> list[str]:
     for i, (pa, pb) in enumerate(zip(a.pages, b.pages, strict=True)):
         if pa != pb:
             out.extend(_page_changes(config, i, pa, pb))
-    out += _multiset_changes("network:", a.network, b.network, message_text)
-    out += _multiset_changes("lost (sender will retransmit):", a.lost, b.lost, message_text)
-    out += _multiset_changes("in flight:", a.writes, b.writes, write_text)
+    ranks = config.prefill_ranks
+
+    def message(m: Message) -> str:
+        return message_text(m, ranks)
+
+    def write(w: Write) -> str:
+        return write_text(w, ranks)
+
+    out += _multiset_changes("network:", a.network, b.network, message)
+    out += _multiset_changes("lost (sender will retransmit):", a.lost, b.lost, message)
+    out += _multiset_changes("in flight:", a.writes, b.writes, write)
     skip = {"requests", "pages", "network", "lost", "writes", "faults", "ghost"}
     for f in fields(State):
         if f.name in skip:
@@ -414,15 +446,16 @@ def _step_mermaid(story: Story, s: Step, active: set[int]) -> list[str]:
             extra = " (delivered twice)"
         elif isinstance(a, RetransmitMessage):
             extra = " (sent again)"
-        out.append(f"    {src}{arrow}{dst}: {_m(f'{label}: {message_text(msg)}{extra}')}")
+        text = message_text(msg, c.prefill_ranks)
+        out.append(f"    {src}{arrow}{dst}: {_m(f'{label}: {text}{extra}')}")
     elif isinstance(a, DecodeReceiveWrite):
         w = a.write
         page_after = s.after.pages[w.page]
-        landed = page_after != s.before.pages[w.page] or page_after.content == w.data
+        data = page_after.shards[w.rank]
+        landed = page_after != s.before.pages[w.page] or data == w.data
         if landed:
-            out.append(
-                f"    prefill->>page{w.page}: {_m(f'{label}: {tag_text(page_after.content)}')}"
-            )
+            shard = f"shard {w.rank}: " if c.prefill_ranks > 1 else ""
+            out.append(f"    prefill->>page{w.page}: {_m(f'{label}: {shard}{tag_text(data)}')}")
         else:
             out.append(f"    prefill-xpage{w.page}: {_m(f'{label}: refused: {tag_text(w.data)}')}")
     elif isinstance(a, DecodeGenerate):
@@ -430,9 +463,12 @@ def _step_mermaid(story: Story, s: Step, active: set[int]) -> list[str]:
         req = s.after.requests[r]
         out.append(f"    Note over decode: {_m(f'{label}: {request_label(c, r)}')}")
         own = Tag(r, req.d_gen, c.requests[r].tenant)
-        for page, tag in zip(req.d_pages, req.read or (), strict=False):
+        for where, tag in _page_reads(req.d_pages, req.read or (), c.prefill_ranks):
+            page = where.split()[1]
+            shard = where.split(" shard ")[1] if " shard " in where else ""
             bad = "" if tag == own else " NOT ITS OWN"
-            out.append(f"    page{page}-->>decode: {_m(f'read: {tag_text(tag)}{bad}')}")
+            text = f"read{f' shard {shard}' if shard else ''}: {tag_text(tag)}{bad}"
+            out.append(f"    page{page}-->>decode: {_m(text)}")
     elif isinstance(a, RouterSubmitRequest) and s.after.requests[a.request].p == "received":
         text = f"{label}: {request_label(c, a.request)}"
         out.append(f"    router->>prefill: {_m(text)}")
@@ -441,7 +477,9 @@ def _step_mermaid(story: Story, s: Step, active: set[int]) -> list[str]:
         out.append(f"    decode->>router: {_m(f'{label}: {request_label(c, a.request)}')}")
     elif isinstance(a, PrefillWritePage):
         sent = sorted((Counter(s.after.writes) - Counter(s.before.writes)).elements())
-        sent_pages = ", ".join(str(w.page) for w in sent)
+        sent_pages = ", ".join(str(p) for p in sorted({w.page for w in sent}))
+        if c.prefill_ranks > 1:
+            sent_pages += f" (a shard from each of {c.prefill_ranks} ranks)"
         out.append(
             f"    Note over prefill: {_m(f'{label}: req {a.request} sends page {sent_pages}')}"
         )

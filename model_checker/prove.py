@@ -76,12 +76,15 @@ def prove(
 ) -> CheckResult:
     """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails."""
     started = time.perf_counter()
+    if config.prefill_ranks != 1:
+        # The any-size model has one prefill rank; the fixed-config encoding refuses several
+        # (CannotEncode, naming prefill_ranks).
+        Encoding(variant, config)
     why_not = supports(variant.design)
     if why_not is None:
         obligations = prove_any_size(variant.design, timeout=timeout)
         scope = "any-size"
     else:
-        Encoding(variant, config)  # raises CannotEncode for variants it cannot translate
         obligations = prove_fixed(variant, config, timeout=timeout)
         scope = "fixed-config"
     failed = [o for o in obligations if o.verdict != "proved"]

@@ -10,9 +10,12 @@ from spec.config import Config
 from spec.state import Message, Write
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, ranks: int = 1) -> str:
+    """A message or write in a few words; prefill ranks are named only when there are several."""
     if isinstance(value, Message):
         parts = [f"{value.kind}(room={value.room}, gen={value.generation}, req={value.request}"]
+        if ranks > 1 and value.kind in ("completion", "abort_ack"):
+            parts.append(f", rank={value.rank}")
         if value.pages:
             parts.append(f", pages={list(value.pages)}")
         if value.kind == "completion":
@@ -23,8 +26,9 @@ def _short(value: Any) -> str:
         return "".join(parts) + ")"
     if isinstance(value, Write):
         d = value.data
+        shard = f", rank={value.rank}" if ranks > 1 else ""
         return (
-            f"write(page={value.page}, room={value.room}, gen={value.generation}, "
+            f"write(page={value.page}{shard}, room={value.room}, gen={value.generation}, "
             f"data of req {d.request}/tenant {d.tenant})"
         )
     return str(value)
@@ -35,7 +39,9 @@ def describe(action: Action, config: Config) -> str:
     args = []
     for f in fields(action):
         value = getattr(action, f.name)
-        text = _short(value)
+        if f.name == "rank" and config.prefill_ranks == 1:
+            continue
+        text = _short(value, config.prefill_ranks)
         if f.name == "request" and isinstance(value, int) and value < len(config.requests):
             spec = config.requests[value]
             text += f" (tenant {spec.tenant}, {spec.pages} pages, room {spec.room})"

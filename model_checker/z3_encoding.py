@@ -200,6 +200,13 @@ class Encoding:
                 f"variant {variant.name!r} uses the pull path (transfer='pull'), which the Z3 "
                 "encoding does not translate yet; use --engine explore"
             )
+        if config.prefill_ranks != 1:
+            # Per-rank shards, completions and drain acks have no encoders: refuse, rather than
+            # check the one-rank protocol and call it the several-rank one.
+            raise CannotEncode(
+                f"prefill_ranks={config.prefill_ranks}: prefill_ranks>1 is not encoded for Z3 "
+                "(per-rank page shards, completions and drain acks); use --engine explore"
+            )
         self.variant = variant
         self.design = variant.design
         self.config = config

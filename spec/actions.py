@@ -79,7 +79,10 @@ class DecodeReceiveWrite:
 
 @dataclass(frozen=True)
 class PrefillSendCompletion:
+    """One prefill rank reports its shards of the grant: page count and digest."""
+
     request: int
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,12 @@ class PrefillReceiveAbort:
 
 @dataclass(frozen=True)
 class PrefillSendAbortAck:
-    """Once no write of (room, generation) is in flight, prefill acknowledges the abort."""
+    """Once no write of (room, generation) of this rank is in flight, the rank acknowledges the
+    abort (each rank drains and acknowledges its own writes)."""
 
     room: int
     generation: int
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,7 +188,13 @@ class PrefillAbortRequest:
 
 @dataclass(frozen=True)
 class PrefillRestart:
-    """Prefill crashes and restarts: it forgets every request; writes already issued may land."""
+    """Prefill crashes and restarts: it forgets every request; writes already issued may land.
+
+    With several ranks the whole instance restarts: its ranks are processes of one server that
+    run every forward pass together (a collective with a dead rank cannot finish), and SGLang's
+    launcher takes the server down when one of them dies; the health check reports one boot
+    epoch for the instance. So ranks crash together, and a lone rank crash is not modelled.
+    """
 
 
 @dataclass(frozen=True)
@@ -317,6 +328,7 @@ def _message_from_json(data: dict[str, Any]) -> Message:
         digest=None if digest is None else tuple((int(a), int(b), int(c)) for a, b, c in digest),
         reason=str(data.get("reason", "")),
         epoch=int(data.get("epoch", 0)),
+        rank=int(data.get("rank", 0)),
     )
 
 
@@ -328,18 +340,30 @@ def _write_from_json(data: dict[str, Any]) -> Write:
         page=int(data["page"]),
         data=Tag(int(tag["request"]), int(tag["generation"]), str(tag["tenant"])),
         epoch=int(data.get("epoch", 0)),
+        rank=int(data.get("rank", 0)),
     )
 
 
+def _without_rank_0(data: dict[str, Any]) -> dict[str, Any]:
+    """Leave out a `rank` of 0: one-rank traces read exactly as before ranks were modelled."""
+    if data.get("rank") == 0:
+        del data["rank"]
+    return data
+
+
 def action_to_json(action: object) -> dict[str, Any]:
-    """`{"action": snake_case_name, "args": {...}}`: the trace format's step."""
+    """`{"action": snake_case_name, "args": {...}}`: the trace format's step.
+
+    A prefill rank (of an action, message or write) is written only when it is not 0, and read
+    as 0 when absent, so traces of the one-rank model are unchanged.
+    """
     args: dict[str, Any] = {}
     for f in fields(action):  # type: ignore[arg-type]
         value = getattr(action, f.name)
         if isinstance(value, Message | Write):
-            value = asdict(value)
+            value = _without_rank_0(asdict(value))
         args[f.name] = value
-    return {"action": action_name(action), "args": args}
+    return {"action": action_name(action), "args": _without_rank_0(args)}
 
 
 def action_from_json(data: dict[str, Any]) -> Action:

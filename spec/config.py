@@ -64,7 +64,9 @@ class Config:
         RequestSpec("b", 2, 1),
     )
     prefill_ranks: int = 1
-    """Prefill ranks that must each report completion (only 1 is modelled in this version)."""
+    """Prefill ranks (tensor-parallel workers of the one prefill instance): each writes its own
+    shard of every granted page and reports its own completion, and decode accepts the transfer
+    only when every rank's has arrived (see `state.py`, "Prefill ranks"). At most 4."""
     max_active: int = 1
     """Requests the router lets be in progress at once (submitted and not yet answered)."""
     submit_in_order: bool = True
@@ -109,10 +111,11 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.prefill_ranks != 1:
+        ranks = self.prefill_ranks
+        if not isinstance(ranks, int) or not 1 <= ranks <= 4:
             raise ConfigError(
-                f"prefill_ranks={self.prefill_ranks}: only one prefill rank is modelled in this "
-                "version (multi-rank completion is future work)"
+                f"prefill_ranks must be an integer from 1 to 4 (the explicit model is meant for "
+                f"few ranks), got {ranks!r}"
             )
         if self.max_active < 1:
             raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")

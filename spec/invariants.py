@@ -112,24 +112,26 @@ def writes_carry_their_grant(config: Config, state: State) -> bool:
 
 
 def owned_pages_hold_owner_data_or_nothing(config: Config, state: State) -> bool:
-    """A page decode owns for (r, g) holds r's data for g, or nothing."""
+    """A page decode owns for (r, g) holds r's data for g, or nothing (in every rank's shard)."""
     for page in state.pages:
-        if page.owner is None or page.content is None:
+        if page.owner is None:
             continue
         r, g = page.owner
-        if page.content != Tag(r, g, config.requests[r].tenant):
+        own = Tag(r, g, config.requests[r].tenant)
+        if any(shard is not None and shard != own for shard in page.shards):
             return False
     return True
 
 
 def validated_pages_hold_own_data(config: Config, state: State) -> bool:
     """Once decode validated a request's completion, every page it holds for the request holds
-    the request's own data for its generation (so `decode_generate` reads exactly that)."""
+    the request's own data for its generation, in every rank's shard (so `decode_generate`
+    reads exactly that)."""
     for r, req in enumerate(state.requests):
         if req.d != "validated":
             continue
         own = Tag(r, req.d_gen, config.requests[r].tenant)
-        if any(state.pages[p].content != own for p in req.d_pages):
+        if any(shard != own for p in req.d_pages for shard in state.pages[p].shards):
             return False
     return True
 
@@ -153,7 +155,10 @@ def unsubmitted_requests_are_untouched(config: Config, state: State) -> bool:
 
 def decode_validates_only_completed_prefill(config: Config, state: State) -> bool:
     """Decode validates, reads and answers a request only after that request's own prefill
-    completed; an answer with output comes from a read."""
+    completed (every rank reported); an answer with output comes from a read. A completion in
+    the network, or one decode holds in its rank set, was sent by a rank that reported: prefill
+    completed, or lists the rank as done, or stopped since (aborted or lost; with one rank a
+    request that reported is `completed`, which is final)."""
     present = (*state.network, *state.lost)
     for r, req in enumerate(state.requests):
         validated = req.d in ("validated", "generated", "answered")
@@ -165,8 +170,10 @@ def decode_validates_only_completed_prefill(config: Config, state: State) -> boo
             return False
         if req.answer is not None and req.answer.ok and req.read is None:
             return False
-        if any(m.kind == "completion" and m.request == r for m in present):
-            if req.p != "completed":
+        stopped = req.p in ("aborted", "lost")
+        sent = {m.rank for m in present if m.kind == "completion" and m.request == r}
+        for rank in sent | set(req.d_ranks):
+            if req.p != "completed" and rank not in req.p_ranks_done and not stopped:
                 return False
     return True
 
@@ -250,7 +257,8 @@ def fenced_writes_land_in_held_pages(config: Config, state: State) -> bool:
     of the current decode incarnation aimed at a page its own request still holds: a prefill that
     may still write holds the same grant as decode, decode keeps the pages (reserved, or failed
     and awaiting the drain ack) until the writes drained, and once the request is done (answered,
-    failed without a fence, completed, acknowledged) none of its writes is in flight. Writes of an
+    failed without a fence, completed, acknowledged) none of its writes is in flight; with several
+    prefill ranks, neither is any write of a rank that reported or acknowledged. Writes of an
     earlier incarnation are refused by the revoked key, so they do not count."""
     present = (*state.network, *state.lost)
     pending = {r for _room, _gen, r in state.pending_acks}
@@ -273,10 +281,18 @@ def fenced_writes_land_in_held_pages(config: Config, state: State) -> bool:
             req.d in ("validated", "generated", "answered")
             or (req.d == "failed" and not req.d_awaiting_ack)
             or req.p == "completed"
-            or any(m.kind in ("completion", "failure", "abort_ack") for m in mine)
+            or any(m.kind == "failure" for m in mine)
         )
-        if done and current and writes:
-            return False
+        for w in writes if current else ():
+            rank_done = (
+                (w.room, w.generation, w.rank) in state.acked_ranks
+                or w.rank in req.p_ranks_done
+                or w.rank in req.d_ranks
+                or w.rank in req.d_acks
+                or any(m.kind in ("completion", "abort_ack") and m.rank == w.rank for m in mine)
+            )
+            if done or rank_done:
+                return False
         told = r in pending or any(m.kind in ("failure", "abort_ack") for m in mine)
         if told and req.p in ("received", "admitted", "granted"):
             return False

@@ -24,6 +24,13 @@ through health checks, and retransmission of messages whose RPC failed. Faults a
 
 Messages are matched the way real workers match them: by room and generation (generation 0 for
 messages sent before any grant, which are matched by the request id every message carries).
+
+With several prefill ranks (`Config.prefill_ranks`; see `state.py`, "Prefill ranks"), steps 5-7
+happen per rank: `prefill_write_page` queues one write per rank (each rank's shard of the page),
+each rank sends its own completion once its own writes returned, and decode accepts the transfer
+only when every rank's completion arrived and validated. A completion speaks only for its own
+rank's shards: one rank's Success says nothing about the others', which is why decode waits for
+all of them. After an abort each rank acknowledges the drain of its own writes.
 """
 
 from __future__ import annotations
@@ -121,8 +128,22 @@ def _add_write(writes: tuple[Write, ...], write: Write) -> tuple[Write, ...]:
     return tuple(items)
 
 
-def _writes_in_flight(state: State, room: int, generation: int) -> bool:
-    return any(w.room == room and w.generation == generation for w in state.writes)
+def _writes_in_flight(state: State, room: int, generation: int, rank: int | None = None) -> bool:
+    """Is a write of (room, generation) in flight (of prefill rank `rank`, or of any rank)?"""
+    return any(
+        w.room == room and w.generation == generation and (rank is None or w.rank == rank)
+        for w in state.writes
+    )
+
+
+def _stop_prefill(req: ReqState, phase: PrefillPhase) -> ReqState:
+    """Prefill stops working on a request (`aborted` or `lost`): its ranks send nothing more."""
+    return evolve(req, p=phase, p_ranks_done=())
+
+
+def _add_rank(ranks: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """A rank set with one more rank (kept sorted, so equal sets compare equal)."""
+    return tuple(sorted((*ranks, rank)))
 
 
 def _tag(config: Config, r: int, generation: int) -> Tag:
@@ -161,7 +182,7 @@ def _decode_fail(
         generation = req.d_gen if req.d == "reserved" else 0
         network = _send(network, Message("abort", room, generation, r))
         awaiting = req.d == "reserved" and design.release_fence in ("drain_ack", "ack_or_timeout")
-    req = evolve(_answer_error(req, reason), d="failed", d_awaiting_ack=awaiting)
+    req = evolve(_answer_error(req, reason), d="failed", d_awaiting_ack=awaiting, d_ranks=())
     return evolve(_set_req(state, r, req), network=network)
 
 
@@ -176,15 +197,17 @@ def _decode_target(design: Design, config: Config, state: State, message: Messag
     return None
 
 
-def _digest_of_pages(state: State, pages: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
-    """Decode's recomputation of a digest over the data now in `pages`.
+def _digest_of_shards(
+    state: State, pages: tuple[int, ...], rank: int
+) -> tuple[tuple[int, int, int], ...]:
+    """Decode's recomputation of a digest over the data now in rank `rank`'s shard of `pages`.
 
-    A real digest hashes the bytes; two pages hash alike exactly when they hold the same
+    A real digest hashes the bytes; two shards hash alike exactly when they hold the same
     request's data for the same generation, which is what the tag records.
     """
     out = []
     for p in pages:
-        content = state.pages[p].content
+        content = state.pages[p].shards[rank]
         out.append((p, -1, -1) if content is None else (p, content.request, content.generation))
     return tuple(out)
 
@@ -235,12 +258,12 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
         out.append(DecodeReceiveWrite(w))
     for r in range(n):
         req = reqs[r]
-        if (
-            req.p == "granted"
-            and req.p_wrote == _prefill_target_pages(d, req)
-            and not _writes_in_flight(state, config.requests[r].room, req.p_gen)
-        ):
-            out.append(PrefillSendCompletion(r))
+        if req.p == "granted" and req.p_wrote == _prefill_target_pages(d, req):
+            for rank in range(config.prefill_ranks):
+                if rank not in req.p_ranks_done and not _writes_in_flight(
+                    state, config.requests[r].room, req.p_gen, rank
+                ):
+                    out.append(PrefillSendCompletion(r, rank))
     for m in messages:
         if m.kind == "completion":
             out.append(DecodeReceiveCompletion(m))
@@ -261,8 +284,11 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
         if m.kind == "abort":
             out.append(PrefillReceiveAbort(m))
     for room, generation, _r in state.pending_acks:
-        if not _writes_in_flight(state, room, generation):
-            out.append(PrefillSendAbortAck(room, generation))
+        for rank in range(config.prefill_ranks):
+            if (room, generation, rank) not in state.acked_ranks and not _writes_in_flight(
+                state, room, generation, rank
+            ):
+                out.append(PrefillSendAbortAck(room, generation, rank))
     for m in messages:
         if m.kind == "abort_ack":
             out.append(DecodeReceiveAbortAck(m))
@@ -447,11 +473,15 @@ def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGran
 
 
 def _prefill_write(d: Design, c: Config, s: State, a: PrefillWritePage) -> State:
+    # The ranks compute the page together; each then sends its own shard of it.
     r = a.request
     req = s.requests[r]
     page = req.p_pages[req.p_wrote]
-    write = Write(c.requests[r].room, req.p_gen, page, _tag(c, r, req.p_gen), req.p_epoch)
-    s = evolve(s, writes=_add_write(s.writes, write))
+    writes = s.writes
+    for rank in range(c.prefill_ranks):
+        write = Write(c.requests[r].room, req.p_gen, page, _tag(c, r, req.p_gen), req.p_epoch, rank)
+        writes = _add_write(writes, write)
+    s = evolve(s, writes=writes)
     return _set_req(s, r, evolve(req, p_wrote=req.p_wrote + 1))
 
 
@@ -480,7 +510,7 @@ def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite)
         # with is revoked, so the NIC refuses it. Fencing designs rely on this after a crash.
         return evolve(s, ghost=evolve(s.ghost, refused_write=True))
     pages = list(s.pages)
-    pages[w.page] = evolve(page, content=data)
+    pages[w.page] = page.with_shard(w.rank, data)
     s = evolve(s, pages=tuple(pages))
     # Ghost: did the transfer land in a page owned by someone else (or by no one)?
     if page.owner != writer:
@@ -489,13 +519,20 @@ def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite)
 
 
 def _prefill_send_completion(d: Design, c: Config, s: State, a: PrefillSendCompletion) -> State:
+    # Rank a.rank reports its own shards: how many pages it wrote, and a digest of them.
     r = a.request
     req = s.requests[r]
     written = req.p_pages[: req.p_wrote]
     count = len(req.p_pages) if d.completion == "local" else req.p_wrote
     digest = tuple((p, r, req.p_gen) for p in written) if d.prefill_sends_digest else None
-    msg = Message("completion", c.requests[r].room, req.p_gen, r, count=count, digest=digest)
-    return evolve(_set_req(s, r, evolve(req, p="completed")), network=_send(s.network, msg))
+    room = c.requests[r].room
+    msg = Message("completion", room, req.p_gen, r, count=count, digest=digest, rank=a.rank)
+    done = _add_rank(req.p_ranks_done, a.rank)
+    if len(done) == c.prefill_ranks:
+        req = evolve(req, p="completed", p_ranks_done=())  # every rank has reported
+    else:
+        req = evolve(req, p_ranks_done=done)
+    return evolve(_set_req(s, r, req), network=_send(s.network, msg))
 
 
 def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveCompletion) -> State:
@@ -505,22 +542,32 @@ def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveC
     if r is None:
         return s
     req = s.requests[r]
+    if m.rank in req.d_ranks:
+        return s  # this rank already reported: a duplicate
+    # The completion speaks for its own rank's shard of every page.
     count_ok = m.count == len(req.d_pages)
     if d.validation == "none":
         valid = True
     elif d.validation == "count_only":
         valid = count_ok
     else:
-        digest_ok = m.digest == _digest_of_pages(s, req.d_pages)
+        digest_ok = m.digest == _digest_of_shards(s, req.d_pages, m.rank)
         if d.validation == "digest_optional" and m.digest is None:
             digest_ok = True
         valid = count_ok and digest_ok
+    reported = _add_rank(req.d_ranks, m.rank)
     if not valid:
-        # Prefill sent its completion only after its writes returned: nothing to fence.
-        return _decode_fail(d, c, s, r, "completion failed validation", abort=False)
+        # A rank sends its completion only after its writes returned: nothing of the ranks that
+        # reported is in flight. Ranks yet to report may still be writing: abort (and fence) them.
+        still_writing = len(reported) < c.prefill_ranks
+        return _decode_fail(d, c, s, r, "completion failed validation", abort=still_writing)
+    # One rank's Success is not the transfer's: wait for every rank (`first_rank`: don't).
+    required = c.prefill_ranks if d.completion_quorum == "every_rank" else 1
+    if len(reported) < required:
+        return _set_req(s, r, evolve(req, d_ranks=reported))
     own = _tag(c, r, req.d_gen)
-    full = all(s.pages[p].content == own for p in req.d_pages)
-    return _set_req(s, r, evolve(req, d="validated", accepted_full=full))
+    full = all(shard == own for p in req.d_pages for shard in s.pages[p].shards)
+    return _set_req(s, r, evolve(req, d="validated", accepted_full=full, d_ranks=()))
 
 
 def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFailure) -> State:
@@ -538,7 +585,7 @@ def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFail
 def _decode_generate(d: Design, c: Config, s: State, a: DecodeGenerate) -> State:
     r = a.request
     req = s.requests[r]
-    read = tuple(s.pages[p].content for p in req.d_pages)
+    read = tuple(shard for p in req.d_pages for shard in s.pages[p].shards)
     return _set_req(s, r, evolve(req, d="generated", read=read))
 
 
@@ -563,12 +610,12 @@ def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> St
     for p in req.d_pages:
         page = pages[p]
         if d.scrub:
-            if page.content is not None:
+            if any(shard is not None for shard in page.shards):
                 ghost = evolve(ghost, scrubbed_written_page=True)
-            pages[p] = evolve(page, owner=None, content=None)
+            pages[p] = page.zeroed()
         else:
             pages[p] = evolve(page, owner=None)
-    req = evolve(req, d="released", d_pages=(), d_awaiting_ack=False)
+    req = evolve(req, d="released", d_pages=(), d_awaiting_ack=False, d_acks=())
     return evolve(_set_req(s, r, req), pages=tuple(pages), ghost=ghost)
 
 
@@ -577,7 +624,7 @@ def _prefill_receive_abort(d: Design, c: Config, s: State, a: PrefillReceiveAbor
     s = evolve(s, network=_remove_one(s.network, m))
     req = s.requests[m.request]
     if req.p in ("received", "admitted") or (req.p == "granted" and req.p_gen == m.generation):
-        s = _set_req(s, m.request, evolve(req, p="aborted"))
+        s = _set_req(s, m.request, _stop_prefill(req, "aborted"))
     if m.generation and d.release_fence in ("drain_ack", "ack_or_timeout"):
         key = (m.room, m.generation, m.request)
         if key not in s.pending_acks:
@@ -586,15 +633,24 @@ def _prefill_receive_abort(d: Design, c: Config, s: State, a: PrefillReceiveAbor
 
 
 def _prefill_send_abort_ack(d: Design, c: Config, s: State, a: PrefillSendAbortAck) -> State:
-    keep = []
+    # Rank a.rank's writes of (room, generation) have drained: it says so.
+    aborted = (a.room, a.generation)
     network = s.network
-    for key in s.pending_acks:
-        room, generation, r = key
-        if (room, generation) == (a.room, a.generation):
-            network = _send(network, Message("abort_ack", room, generation, r))
-        else:
-            keep.append(key)
-    return evolve(s, pending_acks=tuple(keep), network=network)
+    for room, generation, r in s.pending_acks:
+        if (room, generation) == aborted:
+            ack = Message("abort_ack", room, generation, r, rank=a.rank)
+            network = _send(network, ack)
+    acked = [key for key in s.acked_ranks if key[:2] == aborted]
+    if len(acked) + 1 < c.prefill_ranks:
+        key = (a.room, a.generation, a.rank)
+        return evolve(s, acked_ranks=tuple(sorted((*s.acked_ranks, key))), network=network)
+    # Every rank has acknowledged: prefill owes nothing more for this abort.
+    return evolve(
+        s,
+        pending_acks=tuple(k for k in s.pending_acks if k[:2] != aborted),
+        acked_ranks=tuple(k for k in s.acked_ranks if k[:2] != aborted),
+        network=network,
+    )
 
 
 def _decode_receive_abort_ack(d: Design, c: Config, s: State, a: DecodeReceiveAbortAck) -> State:
@@ -602,8 +658,13 @@ def _decode_receive_abort_ack(d: Design, c: Config, s: State, a: DecodeReceiveAb
     s = evolve(s, network=_remove_one(s.network, m))
     for r, req in enumerate(s.requests):
         if req.d_awaiting_ack and c.requests[r].room == m.room and req.d_gen == m.generation:
+            if m.rank in req.d_acks:
+                return s  # this rank already acknowledged: a duplicate
+            acks = _add_rank(req.d_acks, m.rank)
+            if len(acks) < c.prefill_ranks:
+                return _set_req(s, r, evolve(req, d_acks=acks))  # other ranks may still write
             s = evolve(s, ghost=evolve(s.ghost, drain_acked=True))
-            return _set_req(s, r, evolve(req, d_awaiting_ack=False))
+            return _set_req(s, r, evolve(req, d_awaiting_ack=False, d_acks=()))
     return s
 
 
@@ -627,7 +688,7 @@ def _prefill_detect_decode_restart(
     s = evolve(s, prefill_sees_decode_epoch=s.decode_epoch)
     for r, req in enumerate(s.requests):
         if req.p in ("received", *PREFILL_LIVE) and req.p_epoch != s.decode_epoch:
-            s = _set_req(s, r, evolve(req, p="aborted"))
+            s = _set_req(s, r, _stop_prefill(req, "aborted"))
     return s
 
 
@@ -659,7 +720,7 @@ def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> St
     r = a.request
     req = s.requests[r]
     s = evolve(s, faults=evolve(s.faults, prefill_aborts=s.faults.prefill_aborts + 1))
-    new = evolve(req, p="aborted")
+    new = _stop_prefill(req, "aborted")
     if d.router_honours_prefill_error:
         new = _answer_error(new, "aborted by prefill")
     s = _set_req(s, r, new)
@@ -670,16 +731,19 @@ def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> St
 
 
 def _decode_release_timeout(d: Design, c: Config, s: State, a: DecodeReleaseTimeout) -> State:
-    return _set_req(s, a.request, evolve(s.requests[a.request], d_awaiting_ack=False))
+    req = evolve(s.requests[a.request], d_awaiting_ack=False, d_acks=())
+    return _set_req(s, a.request, req)
 
 
 def _prefill_restart(d: Design, c: Config, s: State, a: PrefillRestart) -> State:
-    reqs = tuple(q if q.p in PREFILL_TERMINAL else evolve(q, p="lost") for q in s.requests)
+    # All ranks of the instance go down together (see `PrefillRestart`).
+    reqs = tuple(q if q.p in PREFILL_TERMINAL else _stop_prefill(q, "lost") for q in s.requests)
     return evolve(
         s,
         requests=reqs,
         prefill_epoch=s.prefill_epoch + 1,
         pending_acks=(),
+        acked_ranks=(),
         orphans=(),
         faults=evolve(s.faults, crashes=s.faults.crashes + 1),
     )
@@ -693,9 +757,9 @@ def _decode_restart(d: Design, c: Config, s: State, a: DecodeRestart) -> State:
             continue
         # The router sees decode's stream break: an unanswered client gets an error.
         q = _answer_error(q, "decode restarted")
-        reqs.append(evolve(q, d="lost", d_pages=(), d_awaiting_ack=False))
+        reqs.append(evolve(q, d="lost", d_pages=(), d_awaiting_ack=False, d_ranks=(), d_acks=()))
     if d.scrub:
-        pages = tuple(evolve(p, owner=None, content=None) for p in s.pages)
+        pages = tuple(p.zeroed() for p in s.pages)
     else:
         pages = tuple(evolve(p, owner=None) for p in s.pages)
     return evolve(

@@ -49,7 +49,8 @@ class PropertyViolation(AssertionError):
 
 def decode_reads_only_validated_pages(config: Config, state: State) -> bool:
     """Ack implies data validated: when decode generates for r, every page it reads holds data
-    written by r's own prefill for r's current generation."""
+    written by r's own prefill for r's current generation (with several prefill ranks, in every
+    rank's shard: a shard still zeroed or holding older data is not r's)."""
     for r, req in enumerate(state.requests):
         if req.read is None:
             continue
@@ -71,7 +72,8 @@ def no_cross_tenant_read(config: Config, state: State) -> bool:
 
 
 def accepted_completion_implies_full_coverage(config: Config, state: State) -> bool:
-    """A completion that decode accepts covers every granted page with the request's own data."""
+    """A completion that decode accepts covers every granted page with the request's own data
+    (with several prefill ranks: every page x every rank's shard)."""
     return all(req.accepted_full is not False for req in state.requests)
 
 
@@ -108,8 +110,13 @@ def no_late_write_lands_in_reallocated_page(config: Config, state: State) -> boo
 
 
 def freed_pages_hold_no_readable_data(config: Config, state: State) -> bool:
-    """Free pages hold nothing readable: whatever was there was zeroed when it was freed."""
-    return all(p.content is None for p in state.pages if p.owner is None)
+    """Free pages hold nothing readable: whatever was there (every rank's shard) was zeroed when
+    it was freed."""
+    return all(
+        page.content is None and not any(page.rank_shards)
+        for page in state.pages
+        if page.owner is None
+    )
 
 
 # --- sometimes ----------------------------------------------------------------------------------

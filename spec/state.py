@@ -17,11 +17,35 @@ Two kinds of fields live here, and the difference matters:
 
 Every collection is a tuple so that states are hashable; multisets (messages, writes) are kept
 sorted so that two states with the same contents compare equal.
+
+Prefill ranks
+-------------
+A prefill instance may run on several *ranks* (`Config.prefill_ranks`, tensor-parallel workers,
+each holding a slice of every layer's KV heads). The ranks compute in lockstep (their collectives
+force it), so prefill's admission, grant and progress are one state per request; but each rank
+moves its own *shard* of every page on its own transfer thread. So, per rank:
+
+* a page write carries a `rank`, and lands in that rank's shard of the page (`PageState.shards`);
+* a rank sends its own completion (`Message.rank`) once its own writes have returned;
+* after an abort, a rank acknowledges the drain of its own writes.
+
+Decode must hear from *every* rank (SGLang's `prefill_response_tracker` against
+`required_prefill_response_num`): a page is only whole when every rank's shard landed.
+
+These per-rank steps are kept as **rank sets**, the ranks that have done the step *so far*:
+prefill's sent completions (`ReqState.p_ranks_done`), the completions decode accepted
+(`ReqState.d_ranks`), the drain acks prefill sent (`State.acked_ranks`) and decode received
+(`ReqState.d_acks`). The step that would make a set full moves on instead (prefill to
+`completed`, decode to `validated`, the abort's obligation or fence lifted) and empties the set.
+With one rank every set is therefore always empty, and the states are exactly those of the
+one-rank model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Literal, TypeVar
 
 from spec.config import Config
@@ -44,7 +68,7 @@ def evolve(obj: _T, **changes: Any) -> _T:
     return new
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELD_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 
 def _cached_hash(self: Any) -> int:
@@ -53,10 +77,11 @@ def _cached_hash(self: Any) -> int:
     cached: int | None = data.get("_hash")
     if cached is None:
         cls = type(self)
-        names = _FIELD_NAMES.get(cls)
-        if names is None:
-            names = _FIELD_NAMES.setdefault(cls, tuple(f.name for f in fields(cls)))
-        cached = hash(tuple([data[n] for n in names]))
+        values = _FIELD_VALUES.get(cls)
+        if values is None:
+            # The tuple of the object's field values, gathered in C (`attrgetter`).
+            values = _FIELD_VALUES.setdefault(cls, attrgetter(*(f.name for f in fields(cls))))
+        cached = hash(values(self))
         data["_hash"] = cached
     return cached
 
@@ -128,6 +153,7 @@ class Message:
     digest: tuple[tuple[int, int, int], ...] | None = None
     reason: str = ""
     epoch: int = 0  # on a grant: decode's boot epoch, i.e. which registration of its pool
+    rank: int = 0  # on a completion or an abort ack: the prefill rank that sent it
 
 
 @dataclass(frozen=True, order=True)
@@ -139,15 +165,40 @@ class Write:
     page: int
     data: Tag
     epoch: int = 0  # the decode boot epoch of the grant it writes against
+    rank: int = 0  # the prefill rank writing its shard of the page
 
 
 @dataclass(frozen=True)
 class PageState:
-    """One decode page. `owner` is protocol state (decode's page table); `content` is the data."""
+    """One decode page. `owner` is protocol state (decode's page table); `content` is the data.
+
+    With several prefill ranks the page is made of one shard per rank: `content` is rank 0's
+    shard (the whole page when there is one rank) and `rank_shards` holds ranks 1, 2, ...
+    (always `prefill_ranks - 1` entries). Read them together as `shards`.
+    """
+
+    __hash__ = _cached_hash
 
     owner: tuple[int, int] | None = None  # (request, generation)
     content: Tag | None = None  # None: zeroed; nothing readable
     last_tenant: str | None = None  # ghost: tenant of the last request granted this page
+    rank_shards: tuple[Tag | None, ...] = ()  # the shards of ranks 1.. (see above)
+
+    @property
+    def shards(self) -> tuple[Tag | None, ...]:
+        """The data of every rank's shard, rank 0 first."""
+        return (self.content, *self.rank_shards)
+
+    def with_shard(self, rank: int, data: Tag | None) -> PageState:
+        """This page with rank `rank`'s shard replaced by `data`."""
+        if rank == 0:
+            return evolve(self, content=data)
+        rest = self.rank_shards
+        return evolve(self, rank_shards=(*rest[: rank - 1], data, *rest[rank:]))
+
+    def zeroed(self) -> PageState:
+        """This page, freed and scrubbed: no owner, every shard zeroed."""
+        return evolve(self, owner=None, content=None, rank_shards=(None,) * len(self.rank_shards))
 
 
 @dataclass(frozen=True)
@@ -175,15 +226,20 @@ class ReqState:
     p_wrote: int = 0  # pages written so far, in grant order
     p_epoch: int = 0  # decode's boot epoch this request was sent with (and its grant names)
     p_lease_expired: bool = False  # pull path: prefill's pinned source blocks were freed
+    p_ranks_done: tuple[int, ...] = ()  # rank set: ranks that sent their completion (see above)
     # Decode's side.
     d: DecodePhase = "none"
     d_gen: int = 0
     d_pages: tuple[int, ...] = ()
     d_awaiting_ack: bool = False  # abort sent; release fenced until prefill's drain ack
     d_epoch: int = 0  # prefill's boot epoch this request was sent with
+    d_ranks: tuple[int, ...] = ()  # rank set: ranks whose completion arrived and validated
+    d_acks: tuple[int, ...] = ()  # rank set: ranks whose drain ack arrived (release fenced)
     # Ghost.
     not_as_is: bool = False  # some side did not admit the prompt as sent (reject/placeholder/trunc)
-    read: tuple[Tag | None, ...] | None = None  # what decode read when it generated
+    # What decode read when it generated: every shard of every page, page by page (with one
+    # rank, one tag per page).
+    read: tuple[Tag | None, ...] | None = None
     accepted_full: bool | None = (
         None  # at completion acceptance: did every granted page hold r's data?
     )
@@ -244,6 +300,8 @@ class State:
     # (room, generation, request) of aborts prefill must acknowledge once their writes drained.
     pending_acks: tuple[tuple[int, int, int], ...] = ()
     orphans: tuple[tuple[int, int], ...] = ()  # transfer state prefill holds for unknown rooms
+    # Rank set of `pending_acks`: (room, generation, rank) of ranks that already acknowledged.
+    acked_ranks: tuple[tuple[int, int, int], ...] = ()
     faults: Faults = Faults()
     ghost: Ghost = Ghost()
 
@@ -251,7 +309,10 @@ class State:
 def initial_state(config: Config) -> State:
     return State(
         requests=tuple(ReqState() for _ in config.requests),
-        pages=tuple(PageState() for _ in range(config.decode_pages)),
+        pages=tuple(
+            PageState(rank_shards=(None,) * (config.prefill_ranks - 1))
+            for _ in range(config.decode_pages)
+        ),
     )
 
 

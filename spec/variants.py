@@ -8,6 +8,8 @@ Every engine (explicit search, Z3, conformance) takes the variant as input and r
 Many real bugs are harmless on their own against the reference protocol's other defences. That is
 the point of defence in depth, and it is also why each catalogue variant below flips *the smallest
 set of options that makes its bug observable*, and says which defence had to go for it to show.
+A bug may also need a scenario to show: a variant can name the config fields its catalogue entry
+is checked with (`config=`, e.g. two prefill ranks for a rank-quorum bug).
 
 To write your own, make a Python file that defines `VARIANT = Variant(...)` (start from
 `REFERENCE.derive(...)`) and pass its path to `kvhandoff check --variant PATH.py`; see
@@ -29,6 +31,7 @@ Validation = Literal["full", "count_only", "digest_optional", "none"]
 WritePath = Literal["receiver_checked", "one_sided"]
 Fence = Literal["generation", "drain_ack", "ack_or_timeout", "none"]
 Transfer = Literal["push", "pull"]
+Quorum = Literal["every_rank", "first_rank"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,12 @@ class Design:
     transfer_failure_reported: bool = True
     """Pull: a failed read fails the request (False: decode carries on as if the page arrived,
     M14)."""
+    completion_quorum: Quorum = "every_rank"
+    """How many prefill ranks' completions decode waits for before it accepts the transfer:
+    every rank's (`every_rank`, as SGLang's `len(prefill_response_tracker[room]) >=
+    required_prefill_response_num` with the count taken from prefill's topology), or the first
+    one to arrive (`first_rank`: the required count computed as 1). With one prefill rank the two
+    are the same protocol."""
 
 
 EnabledHook = Callable[[Config, State], Iterable[Any]]
@@ -102,6 +111,9 @@ class Variant:
     """Adds actions to `enabled` (after the protocol's own, before faults)."""
     step_overrides: Mapping[str, StepHook] = field(default_factory=dict)
     """Replaces the effect of the named actions (snake_case names)."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """Config fields the variant's catalogue entry is checked with, over the default scenario
+    (e.g. `{"prefill_ranks": 2}` for a bug only several ranks can show); see `scenario`."""
 
     def derive(self, name: str, summary: str, **changes: Any) -> Variant:
         """A new variant: this one with the given design options (and catalogue fields) changed."""
@@ -115,6 +127,10 @@ class Variant:
             design=replace(self.design, **design_changes),
             **other,
         )
+
+    def scenario(self, base: Config) -> Config:
+        """`base` with the variant's own config fields applied (the CLI's `--set` comes after)."""
+        return replace(base, **self.config) if self.config else base
 
     @property
     def is_pure_design(self) -> bool:
@@ -358,6 +374,27 @@ VARIANTS: tuple[Variant, ...] = (
         transfer="pull",
         transfer_failure_reported=False,
         validation="none",
+    ),
+    _R.derive(
+        "first_rank_completion_accepted",
+        "Decode accepts the transfer when the first prefill rank reports success.",
+        breaks=("accepted_completion_implies_full_coverage", "decode_reads_only_validated_pages"),
+        explanation=(
+            "No M-number: engines.md section 7 lists no rank-quorum bug; this is the guard SGLang "
+            "has (`apply_prefill_status` declares Success only when `len(prefill_response_tracker"
+            "[room]) >= required_prefill_response_num`) done wrong, analogous to M3 (one signal "
+            "taken as proof of coverage) and M2 (a completion count from the wrong view): the "
+            "required count computed as 1, e.g. from decode's own topology. Each rank writes "
+            "only its own shard of every page, so the first rank's valid completion proves that "
+            "shard alone; decode accepts while the other rank's shards are still in flight and "
+            "generates from pages that are partly zeroed. Only observable with several prefill "
+            "ranks: with one (`--set prefill_ranks=1`) the first rank is every rank and the "
+            "variant is the reference protocol, safe. Its catalogue entry is checked with two "
+            "ranks and no faults: the bug needs none, and a decode that releases pages while a "
+            "rank still writes multiplies the states the faults would add."
+        ),
+        completion_quorum="first_rank",
+        config={"prefill_ranks": 2, "max_faults": 0},
     ),
     _R.derive(
         "reference_pull",

@@ -11,4 +11,6 @@ from spec import Config, get_variant
 
 @cache
 def explored(variant_name: str) -> CheckResult:
-    return explore(get_variant(variant_name), Config())
+    """The variant explored on its catalogue scenario (the default config, plus its `config`)."""
+    variant = get_variant(variant_name)
+    return explore(variant, variant.scenario(Config()))

@@ -71,3 +71,35 @@ def test_conform_exits_1_with_the_shrunk_trace_and_replay_reproduces_it(
 )
 def test_bad_usage_exits_2(argv: list[str]) -> None:
     assert main(argv) == 2
+
+
+def test_a_trace_with_several_prefill_ranks_is_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    from spec import default_config
+    from spec.actions import RouterSubmitRequest
+    from spec.trace import dump_trace
+
+    trace = tmp_path / "ranks.jsonl"
+    config = replace(default_config(), prefill_ranks=2)
+    trace.write_text(dump_trace(config, [RouterSubmitRequest(0)], kind="scenario"))
+    assert main(["replay", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "prefill_ranks=2" in err and "one prefill server" in err
+
+
+def test_the_targets_refuse_to_start_a_scenario_with_several_prefill_ranks() -> None:
+    from dataclasses import replace
+
+    from conformance.campaign import run
+    from conformance.inproc import InProcTarget
+    from conformance.target import UnsupportedScenario
+    from spec import default_config
+
+    config = replace(default_config(), prefill_ranks=2)
+    with pytest.raises(UnsupportedScenario, match="prefill_ranks=2"):
+        InProcTarget().start(config, "reference")
+    with pytest.raises(UnsupportedScenario, match="prefill_ranks=2"):
+        run("inproc", "reference", traces=1, config=config, target=InProcTarget())

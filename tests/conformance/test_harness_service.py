@@ -201,6 +201,9 @@ def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "config_json is not JSON" in msg
     code, msg = _refused(stub.Reset, pb.ResetRequest(config_json='{"pages": 1}', mode="reference"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown config keys ['pages']" in msg
+    two_ranks = json.dumps({**default_config().to_json(), "prefill_ranks": 2})
+    code, msg = _refused(stub.Reset, pb.ResetRequest(config_json=two_ranks, mode="reference"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "prefill_ranks" in msg
     code, msg = _refused(stub.Reset, pb.ResetRequest(config_json=config, mode="nope"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown mode 'nope'; modes:" in msg
 

@@ -117,3 +117,31 @@ def test_variants_lists_every_variant_with_its_catalogue_entry(
     ):
         assert m in catalogued
     assert all(v["summary"] and (v["breaks"] or v["expected"] == "safe") for v in listed)
+    assert by_name["first_rank_completion_accepted"]["config"]["prefill_ranks"] == 2
+    assert by_name["reference"]["config"] == {}
+
+
+def test_the_first_rank_variant_is_caught_with_two_ranks_and_masked_with_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    variant = get_variant("first_rank_completion_accepted")
+    code, out, _ = run(capsys, "check", "--variant", variant.name, "--json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["config"]["prefill_ranks"] == 2  # the variant's own scenario
+    violated = {r["property"] for r in data["results"] if r["verdict"] == "violated"}
+    assert violated == set(variant.breaks)
+    # --set comes after the variant's scenario: with one rank the first rank is every rank.
+    code, out, _ = run(capsys, "check", "--variant", variant.name, "--set", "prefill_ranks=1")
+    assert code == 0 and "verdict: SAFE" in out
+
+
+@pytest.mark.slow
+def test_the_reference_is_safe_with_two_prefill_ranks_with_every_witness_reached(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "check", "--set", "prefill_ranks=2", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["verdict"] == "safe" and all(data["witnesses"].values())
+    assert data["states"] == 359_885

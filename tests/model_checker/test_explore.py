@@ -27,6 +27,27 @@ def test_state_counts_of_two_small_configs_are_pinned() -> None:
     assert small_incident.states == 3238
 
 
+def test_with_two_prefill_ranks_the_small_config_grows_and_the_reference_stays_safe() -> None:
+    result = explore(
+        get_variant("reference"), parse_set(default_config(), [*SMALL, "prefill_ranks=2"])
+    )
+    assert (result.states, result.extra["transitions"]) == (8145, 23422)
+    assert result.verdict == "safe" and all(result.witnesses.values())
+
+
+def test_the_first_rank_variant_reads_a_page_whose_other_shard_never_landed() -> None:
+    variant = get_variant("first_rank_completion_accepted")
+    result = explored(variant.name)
+    read = result.result_for("decode_reads_only_validated_pages")
+    assert read.trace is not None
+    final = replay(variant, result.config, read.trace)[-1]
+    (r,) = [r for r, q in enumerate(final.requests) if q.read is not None]
+    own = final.requests[r].read
+    assert own is not None and None in own, "a shard of a read page is still zeroed"
+    names = [action_name(a) for a in read.trace]
+    assert names.count("prefill_send_completion") == 1, "decode accepted one rank's report"
+
+
 def test_the_reference_protocol_is_safe_at_the_default_config_with_every_witness_reached() -> None:
     result = explored("reference")
     assert result.verdict == "safe"

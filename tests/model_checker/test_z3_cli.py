@@ -86,6 +86,29 @@ def test_matrix_on_a_subset_meets_expectations(
     assert "| m20_unscrubbed_pages |" in md.read_text()
 
 
+@pytest.mark.parametrize("engine", ["bmc", "kind", "prove", "spacer"])
+def test_the_z3_engines_refuse_several_prefill_ranks_with_exit_3(
+    engine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", "--engine", engine, "--set", "prefill_ranks=2"]) == 3
+    assert "prefill_ranks>1 is not encoded" in capsys.readouterr().out
+
+
+def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    variant = "first_rank_completion_accepted"
+    code = main(["matrix", "--engines", "explore,bmc,prove", "--variants", variant, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"]
+    (row,) = out["rows"]
+    assert row["config"]["prefill_ranks"] == 2
+    cells = {c["engine"]: c for c in row["cells"]}
+    assert cells["explore"]["property"] in get_variant(variant).breaks
+    assert cells["bmc"]["verdict"] == cells["prove"]["verdict"] == "cannot_encode"
+    assert "prefill_ranks>1" in cells["bmc"]["detail"]
+
+
 def test_matrix_expectations() -> None:
     safe = Cell("reference", "bmc", "safe", None, None, 0.0)
     unknown = Cell("reference", "spacer", "unknown", None, None, 0.0)
@@ -114,5 +137,6 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     assert caught["reference"] == [] and caught["one_sided_fenced"] == []
     assert caught["m15_silent_prefill_abort"] == ["explore"]
     assert caught["m18_orphan_grant_accepted"] == ["explore"]
+    assert caught["first_rank_completion_accepted"] == ["explore"]  # Z3: one rank only
     for name in ("incident", "m1_placeholder_rejection", "m20_unscrubbed_pages"):
         assert caught[name] == ["bmc", "explore", "kind", "prove"]

@@ -161,8 +161,10 @@ def test_config_errors_name_the_field_and_value() -> None:
         Config(decode_pages=0)
     with pytest.raises(ConfigError, match="request 0: pages"):
         Config(requests=(RequestSpec("a", 0, 1),))
+    with pytest.raises(ConfigError, match="prefill_ranks must be an integer from 1 to 4"):
+        Config(prefill_ranks=0)
     with pytest.raises(ConfigError, match="prefill_ranks"):
-        Config(prefill_ranks=2)
+        parse_set(default_config(), ["prefill_ranks=5"])
     with pytest.raises(ConfigError, match="unknown key"):
         parse_set(default_config(), ["pool=3"])
     with pytest.raises(ConfigError, match="expected an integer"):
