@@ -66,4 +66,9 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under `python -m kvhandoff_cli.main` this file runs as `__main__`, a second copy of the
+    # module: the commands raise `kvhandoff_cli.main.UsageError`, which this copy's `except` would
+    # not catch. Run the copy the commands import.
+    from kvhandoff_cli.main import main as _main
+
+    sys.exit(_main())

@@ -145,3 +145,27 @@ def test_the_reference_is_safe_with_two_prefill_ranks_with_every_witness_reached
     data = json.loads(out)
     assert data["verdict"] == "safe" and all(data["witnesses"].values())
     assert data["states"] == 359_885
+
+
+@pytest.mark.parametrize("module", ["kvhandoff_cli.main", "kvhandoff_cli"])
+def test_python_dash_m_reports_a_usage_error_as_exit_2(module: str) -> None:
+    # Under `python -m kvhandoff_cli.main` the module runs twice (as __main__ and as imported by
+    # the commands); a usage error must still be exit 2 with one line, not a traceback.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "check", "--variant", "nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("kvhandoff check: error: unknown variant 'nope'")
+    assert "Traceback" not in proc.stderr
