@@ -217,6 +217,8 @@ class Encoding:
         self._template: Any = None
         self._states: dict[tuple[int, str], SymState] = {}
         self._template_vars: list[Any] = []
+        self._tpl_rules: list[tuple[Any, dict[str, Any]]] | None = None
+        self._packed: dict[tuple[int, str], list[Any]] = {}
         self.instances = self._instances()
         self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
             name: getattr(self, name) for name in {i.name for i in self.instances}
@@ -309,16 +311,19 @@ class Encoding:
 
     # --- init -----------------------------------------------------------------------------------
 
+    @staticmethod
+    def initial(name: str) -> int:
+        """The initial value of an integer variable: 0, but the generation counter at 1."""
+        return 1 if name == "next_gen" else 0
+
     def init(self, s: SymState) -> Any:
-        """I(s): every Bool false, every Int 0, but the generation counter at 1."""
+        """I(s): every Bool false, every Int `initial` (0, but the generation counter at 1)."""
         cs = []
         for name, kind in self.fields:
-            if name == "next_gen":
-                cs.append(s[name] == 1)
-            elif kind == "B":
+            if kind == "B":
                 cs.append(z3.Not(s[name]))
             else:
-                cs.append(s[name] == 0)
+                cs.append(s[name] == self.initial(name))
         return z3.And(cs)
 
     # --- instances ------------------------------------------------------------------------------
@@ -962,12 +967,20 @@ class Encoding:
         guard, e = self._rules[inst.name](s, *inst.args)
         return guard, e.new
 
+    def _rules_on(self, s: SymState) -> list[tuple[Any, dict[str, Any]]]:
+        """`rule(s, i)` for every instance; on the template state, computed once."""
+        tpl = self.state_at(0, "tpl_")
+        if s is tpl:
+            if self._tpl_rules is None:
+                self._tpl_rules = [self.rule(s, i) for i in range(len(self.instances))]
+            return self._tpl_rules
+        return [self.rule(s, i) for i in range(len(self.instances))]
+
     def trans(self, s: SymState, act: Any, s2: SymState) -> Any:
         """T(s, act, s2); see the module docstring."""
         guards = []
         chains: dict[str, list[tuple[int, Any]]] = {}
-        for i in range(len(self.instances)):
-            guard, new = self.rule(s, i)
+        for i, (guard, new) in enumerate(self._rules_on(s)):
             guards.append(z3.Implies(act == i, guard))
             for name, value in new.items():
                 chains.setdefault(name, []).append((i, value))
@@ -992,6 +1005,138 @@ class Encoding:
         s, a, s2 = self.state_at(t, prefix), self.action_at(t, prefix), self.state_at(t + 1, prefix)
         pairs = list(zip(self._template_vars, [*s.values(), a, *s2.values()], strict=True))
         return z3.substitute(self._template, *pairs)
+
+    def ranges_fit(self, depth: int) -> bool:
+        """True when an interval analysis shows every integer variable in `[0, 2**(width-1))` in
+        every state reachable within `depth` steps: then the bit-vectors never wrap around and BMC
+        needs no solver query for it. False means "not shown" (the solver is then asked).
+
+        The analysis is deliberately simple and sound: a variable's interval at step t+1 is the
+        union of its interval at step t and of the value of each instance's update expression over
+        the step-t intervals, narrowed by the instance's guard where a top-level conjunct of the
+        guard is `v > c` or `v >= c` (this is what keeps `net - 1` non-negative). Every
+        subexpression must stay in the signed range, so bit-vector arithmetic on it is integer
+        arithmetic. Anything it does not understand makes it answer False."""
+        if self.width is None:
+            return True
+        top = 2 ** (self.width - 1)
+        s = self.state_at(0, "tpl_")
+        names = {s[name].get_id(): name for name, kind in self.fields if kind == "I"}
+        updates: list[tuple[dict[str, int], list[tuple[str, Any]]]] = []
+        for guard, new in self._rules_on(s):
+            lower: dict[str, int] = {}
+            conj = list(guard.children()) if z3.is_and(guard) else [guard]
+            for c in conj:
+                kind = c.decl().kind() if z3.is_app(c) else None
+                if kind in (z3.Z3_OP_SGT, z3.Z3_OP_SGEQ) and z3.is_bv_value(c.arg(1)):
+                    name = names.get(c.arg(0).get_id())
+                    if name is not None:
+                        bound = c.arg(1).as_signed_long() + (kind == z3.Z3_OP_SGT)
+                        lower[name] = max(lower.get(name, bound), bound)
+            ints = [(n, v) for n, v in new.items() if n in names.values() and not v.eq(s[n])]
+            updates.append((lower, ints))
+        env = {name: (self.initial(name),) * 2 for name in names.values()}
+        # Compile each integer expression once into plain tuples (walking Z3 terms is slow):
+        # ("n", value) | ("v", name) | ("ite", a, b) | ("+", args) | ("-", a, b) | None.
+        compiled: dict[int, Any] = {}
+
+        def comp(e: Any) -> Any:
+            key = e.get_id()
+            if key not in compiled:
+                node: Any = None
+                if z3.is_bv_value(e):
+                    node = ("n", e.as_signed_long())
+                elif key in names:
+                    node = ("v", names[key])
+                elif z3.is_app(e):
+                    kind = e.decl().kind()
+                    if kind == z3.Z3_OP_ITE:
+                        node = ("ite", comp(e.arg(1)), comp(e.arg(2)))
+                    elif kind == z3.Z3_OP_BADD:
+                        node = ("+", [comp(a) for a in e.children()])
+                    elif kind == z3.Z3_OP_BSUB and e.num_args() == 2:
+                        node = ("-", comp(e.arg(0)), comp(e.arg(1)))
+                compiled[key] = node
+            return compiled[key]
+
+        programs = [(lower, [(n, comp(v)) for n, v in ints]) for lower, ints in updates]
+
+        def ev(node: Any, lower: dict[str, int]) -> tuple[int, int] | None:
+            out: tuple[int, int] | None = None
+            if node is None:
+                return None
+            tag = node[0]
+            if tag == "n":
+                out = (node[1], node[1])
+            elif tag == "v":
+                lo, hi = env[node[1]]
+                out = (max(lo, lower.get(node[1], lo)), hi)
+            elif tag == "ite":
+                a, b = ev(node[1], lower), ev(node[2], lower)
+                if a is not None and b is not None:
+                    out = (min(a[0], b[0]), max(a[1], b[1]))
+            elif tag == "+":
+                args = [ev(a, lower) for a in node[1]]
+                if all(a is not None for a in args):
+                    out = (sum(a[0] for a in args), sum(a[1] for a in args))  # type: ignore[index]
+            else:
+                a, b = ev(node[1], lower), ev(node[2], lower)
+                if a is not None and b is not None:
+                    out = (a[0] - b[1], a[1] - b[0])
+            if out is not None and not (-top <= out[0] and out[1] < top):
+                return None  # could wrap around: not understood
+            return out
+
+        for _ in range(depth):
+            nxt = dict(env)
+            for lower, program in programs:
+                for name, node in program:
+                    iv = ev(node, lower)
+                    if iv is None:
+                        return False
+                    lo, hi = nxt[name]
+                    nxt[name] = (min(lo, iv[0]), max(hi, iv[1]))
+            if nxt == env:
+                break  # a fixpoint: no later step adds anything
+            env = nxt
+            if any(lo < 0 or hi >= top for lo, hi in env.values()):
+                return False
+        return True
+
+    def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
+        """`values` of steps 0..k. With bit-vectors, every variable of the path is packed into one
+        concatenation and evaluated by a single `model.eval` (one call instead of one per
+        variable, which dominated decoding); with Ints, one `values` call per step."""
+        if self.width is None:
+            return [self.values(model, self.state_at(t, prefix)) for t in range(k + 1)]
+        parts, layout = [], []
+        for t in range(k + 1):
+            parts += self._packed_parts(t, prefix)
+            layout += [
+                (t, name, kind, 1 if kind == "B" else self.width) for name, kind in self.fields
+            ]
+        packed = model.eval(z3.Concat(parts) if len(parts) > 1 else parts[0], True).as_long()
+        out: list[dict[str, Any]] = [{} for _ in range(k + 1)]
+        shift = sum(bits for *_, bits in layout)
+        for t, name, kind, bits in layout:  # Concat puts its first argument in the high bits
+            shift -= bits
+            raw = (packed >> shift) & ((1 << bits) - 1)
+            if kind == "B":
+                out[t][name] = bool(raw)
+            else:
+                out[t][name] = raw - (1 << bits) if raw >> (bits - 1) else raw  # signed
+        return out
+
+    def _packed_parts(self, t: int, prefix: str) -> list[Any]:
+        """Step t's variables as bit-vectors (a Bool as one bit), for `path_values`; cached."""
+        key = (t, prefix)
+        if key not in self._packed:
+            one, zero = z3.BitVecVal(1, 1), z3.BitVecVal(0, 1)
+            s = self.state_at(t, prefix)
+            self._packed[key] = [
+                z3.If(s[name], one, zero) if kind == "B" else s[name] for name, kind in self.fields
+            ]
+        return self._packed[key]
 
     def get_unrolling(self, k: int, prefix: str = "") -> Iterator[Any]:
         """T(s_0, a_0, s_1), ..., T(s_{k-1}, a_{k-1}, s_k)."""
