@@ -59,9 +59,11 @@ from spec.actions import (
     DecodeWaitingTimeout,
     NetworkDropMessage,
     NetworkDuplicateMessage,
+    NetworkFailTransfer,
     PrefillAbortRequest,
     PrefillAdmitRequest,
     PrefillDetectDecodeRestart,
+    PrefillLeaseExpire,
     PrefillReceiveAbort,
     PrefillReceiveGrant,
     PrefillRejectRequest,
@@ -75,6 +77,7 @@ from spec.actions import (
 )
 from spec.config import Config
 from spec.state import (
+    OTHER_TENANT,
     Answer,
     Faults,
     Ghost,
@@ -126,10 +129,23 @@ REASONS = (
     "timed out waiting for prefill",
     "aborted by prefill",
     "decode restarted",
+    "prefill reported failure: lease expired",
+    "page transfer failed",
 )
 REASON = {text: i for i, text in enumerate(REASONS)}
 KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
-SLOT = {"grant": "g", "completion": "c", "failure": "f", "abort": "a", "abort_ack": "k"}
+SLOT = {
+    "grant": "g",
+    "completion": "c",
+    "failure": "f",
+    "abort": "a",
+    "abort_ack": "k",
+    "lease_failure": "e",
+}
+LEASE_EXPIRED = "lease expired"
+"""Pull path: a request can send two distinct failure messages (an abort's, and its lease's expiry
+notice), so the expiry notice has a slot of its own, `lease_failure` (a `failure` message with
+this reason)."""
 FAULT_FIELDS = ("crashes", "drops", "duplicates", "timeouts", "cancels", "prefill_aborts")
 GHOST_FIELDS = (
     "late_landing",
@@ -193,15 +209,11 @@ class Encoding:
                 f"variant {variant.name!r} overrides or adds actions the Z3 encoding cannot "
                 f"translate: {', '.join(names)}"
             )
-        if variant.design.transfer != "push":
-            # The pull path's read-time data, lease expiry and failed reads have no encoders yet;
-            # encoding the variant as if it were push would silently check another protocol.
-            raise CannotEncode(
-                f"variant {variant.name!r} uses the pull path (transfer='pull'), which the Z3 "
-                "encoding does not translate yet; use --engine explore"
-            )
         self.variant = variant
         self.design = variant.design
+        self.pull = variant.design.transfer == "pull"
+        self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
+        """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
         self.config = config
         self.n = len(config.requests)
         self.np = config.decode_pages
@@ -214,6 +226,9 @@ class Encoding:
         """Bit-vector width of every integer (None: unbounded Ints). Values must stay in
         [0, 2**(width-1)) (`in_range`): BMC proves they do within its bound, or widens."""
         self.fields = self._declare()
+        self._tag_requests = {
+            name for name, _ in self.fields if self.pull and name.endswith(("c_req", "_req"))
+        } - {f"pg{j}.own_req" for j in range(self.np)}
         self._template: Any = None
         self._states: dict[tuple[int, str], SymState] = {}
         self._template_vars: list[Any] = []
@@ -245,7 +260,7 @@ class Encoding:
             for j in pages:
                 out += [(f"r{r}.rc{j}_has", "B"), (f"r{r}.rc{j}_req", "I")]
                 out.append((f"r{r}.rc{j}_gen", "I"))
-            for kind in KINDS:
+            for kind in self.slot_kinds:
                 k = SLOT[kind]
                 out += [(f"r{r}.{k}_net", "I"), (f"r{r}.{k}_lost", "I"), (f"r{r}.{k}_gen", "I")]
             out += [(f"r{r}.g_pages{j}", "B") for j in pages]
@@ -255,6 +270,8 @@ class Encoding:
             out += [(f"r{r}.w{j}", "B") for j in pages]
             out += [(f"r{r}.pa", "B"), (f"r{r}.pa_gen", "I")]
             out += [(f"r{r}.orph", "B"), (f"r{r}.orph_gen", "I")]
+            if self.pull:
+                out.append((f"r{r}.lease_expired", "B"))
         for j in pages:
             out += [(f"pg{j}.own", "B"), (f"pg{j}.own_req", "I"), (f"pg{j}.own_gen", "I")]
             out += [(f"pg{j}.has", "B"), (f"pg{j}.c_req", "I"), (f"pg{j}.c_gen", "I")]
@@ -305,9 +322,15 @@ class Encoding:
     def act_width(self) -> int:
         return max(8, len(self.instances).bit_length() + 1)
 
+    def minimum(self, name: str) -> int:
+        """The least value an integer variable holds: 0, but -1 for the request of a content tag
+        on the pull path (`Tag(-1, 0, OTHER_TENANT)`: data from outside the scenario)."""
+        return -1 if name in self._tag_requests else 0
+
     def in_range(self, s: SymState) -> Any:
-        """Every integer is non-negative (and, as a bit-vector, below 2**(width-1)): no wrap."""
-        return z3.And([s[name] >= 0 for name, kind in self.fields if kind == "I"])
+        """Every integer is at least its `minimum` (and, as a bit-vector, below 2**(width-1)):
+        no wrap-around."""
+        return z3.And([s[name] >= self.minimum(name) for name, kind in self.fields if kind == "I"])
 
     # --- init -----------------------------------------------------------------------------------
 
@@ -379,6 +402,11 @@ class Encoding:
         # recorded, so these instances (and every abort_ack slot) are never enabled.
         acks = d.release_fence in ("drain_ack", "ack_or_timeout")
         kinds = KINDS if acks else tuple(k for k in KINDS if k != "abort_ack")
+        # Pull path: the lease expiry notice, where prefill sends one (else its slot stays empty).
+        if self.pull and d.lease_expiry_notifies_decode:
+            kinds += ("lease_failure",)
+            for r in reqs:
+                add("decode_receive_failure", ("lease_failure", r))
         if acks:
             for r in reqs:
                 add("prefill_send_abort_ack", (r,))
@@ -400,6 +428,12 @@ class Encoding:
             add("prefill_abort_request", (r,), True)
         add("prefill_restart", (), True)
         add("decode_restart", (), True)
+        if self.pull:
+            for r in reqs:
+                add("prefill_lease_expire", (r,), True)
+            for r in reqs:
+                for j in range(self.np):
+                    add("network_fail_transfer", (r, j), True)
         for kind in kinds:
             for r in reqs:
                 add("network_drop_message", (kind, r), True)
@@ -593,10 +627,17 @@ class Encoding:
         else:
             refused = z3.BoolVal(False)
         lands = z3.Not(refused)
+        data_req, data_gen = self.K(r), gen
+        if self.pull:
+            # The read fetches what the source block holds when it lands: after the lease
+            # expired, another tenant's data (`Tag(-1, 0, OTHER_TENANT)` in the spec).
+            expired = s[f"r{r}.lease_expired"]
+            data_req = z3.If(expired, self.K(-1), data_req)
+            data_gen = z3.If(expired, self.K(0), data_gen)
         e["gh.refused_write"] = z3.Or(s["gh.refused_write"], refused)
         e[f"pg{j}.has"] = z3.Or(s[f"pg{j}.has"], lands)
-        e[f"pg{j}.c_req"] = z3.If(lands, r, s[f"pg{j}.c_req"])
-        e[f"pg{j}.c_gen"] = z3.If(lands, gen, s[f"pg{j}.c_gen"])
+        e[f"pg{j}.c_req"] = z3.If(lands, data_req, s[f"pg{j}.c_req"])
+        e[f"pg{j}.c_gen"] = z3.If(lands, data_gen, s[f"pg{j}.c_gen"])
         own_is_data = z3.And(own, own_req == r, own_gen == gen)
         e["gh.late_landing"] = z3.Or(s["gh.late_landing"], z3.And(lands, z3.Not(own_is_data)))
         return s[f"r{r}.w{j}"], e
@@ -692,20 +733,27 @@ class Encoding:
         return s[f"r{rs}.c_net"] > 0, e
 
     def decode_receive_failure(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        """From slot `failure` (reason by `f_aborted`) or, on the pull path, `lease_failure`."""
+        k = SLOT[kind]
         e = Effect(s)
-        e[f"r{r}.f_net"] = s[f"r{r}.f_net"] - 1
-        mgen = s[f"r{r}.f_gen"]
+        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] - 1
+        mgen = s[f"r{r}.{k}_gen"]
         applies = z3.And(
             _in(s[f"r{r}.d"], ("received", "admitted", "reserved"), D),
             z3.Or(mgen == 0, s[f"r{r}.d_gen"] == mgen),
         )
-        for reason, aborted in (("rejected", False), ("aborted", True)):
+        if kind == "lease_failure":
+            reasons: list[tuple[str, Any]] = [(LEASE_EXPIRED, z3.BoolVal(True))]
+        else:
+            aborted = s[f"r{r}.f_aborted"]
+            reasons = [("rejected", z3.Not(aborted)), ("aborted", aborted)]
+        for reason, is_reason in reasons:
             fail = Effect(s)
             self._decode_fail(fail, r, f"prefill reported failure: {reason}", abort=False)
-            cond = z3.And(applies, s[f"r{r}.f_aborted"] == aborted)
+            cond = z3.And(applies, is_reason)
             for name, value in fail.new.items():
                 e[name] = z3.If(cond, value, e[name])
-        return s[f"r{r}.f_net"] > 0, e
+        return s[f"r{r}.{k}_net"] > 0, e
 
     def decode_generate(self, s: SymState, r: int) -> tuple[Any, Effect]:
         e = Effect(s)
@@ -944,6 +992,42 @@ class Encoding:
             e["next_gen"] = self.K(1)
         return self._fault_guard(s, "crashes"), e
 
+    def prefill_lease_expire(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        """Pull path: the lease on r's pinned source blocks runs out (a timeout fault)."""
+        gen = s[f"r{r}.p_gen"]
+        guard = z3.And(
+            self._fault_guard(s, "timeouts"),
+            z3.Not(s[f"r{r}.lease_expired"]),
+            self._writes_in_flight(s, self.rooms[r], gen),
+        )
+        e = Effect(s)
+        self._spend(e, "timeouts")
+        e[f"r{r}.lease_expired"] = z3.BoolVal(True)
+        if self.design.lease_expiry_notifies_decode:
+            self._send(e, "lease_failure", r, gen=gen)
+        return guard, e
+
+    def network_fail_transfer(self, s: SymState, r: int, j: int) -> tuple[Any, Effect]:
+        """Pull path: the read of r's page j fails (a drop fault); the reader may notice."""
+        e = Effect(s)
+        self._spend(e, "drops")
+        e[f"r{r}.w{j}"] = z3.BoolVal(False)
+        if self.design.transfer_failure_reported:
+            # The first request (index order) reserved on the write's room and generation fails.
+            gen = s[f"r{r}.p_gen"]
+            earlier: list[Any] = []
+            for t in range(self.n):
+                if self.rooms[t] != self.rooms[r]:
+                    continue
+                cond = z3.And(s[f"r{t}.d"] == D["reserved"], s[f"r{t}.d_gen"] == gen)
+                is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
+                earlier.append(cond)
+                fail = Effect(s)
+                self._decode_fail(fail, t, "page transfer failed", abort=True)
+                for name, value in fail.new.items():
+                    e[name] = z3.If(is_t, value, e[name])
+        return z3.And(self._fault_guard(s, "drops"), s[f"r{r}.w{j}"]), e
+
     def network_drop_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
         k = SLOT[kind]
         e = Effect(s)
@@ -1099,7 +1183,7 @@ class Encoding:
             if nxt == env:
                 break  # a fixpoint: no later step adds anything
             env = nxt
-            if any(lo < 0 or hi >= top for lo, hi in env.values()):
+            if any(lo < self.minimum(n) or hi >= top for n, (lo, hi) in env.items()):
                 return False
         return True
 
@@ -1158,9 +1242,10 @@ class Encoding:
                     s[f"r{r}.rc{j}_gen"] == s[f"r{r}.d_gen"],
                 )
                 reads.append(z3.Implies(pre, own))
-                same_tenant = z3.Or(
-                    [s[f"r{r}.rc{j}_req"] == q for q in range(n) if self.tid[q] == self.tid[r]]
-                )
+                same = [q for q in range(n) if self.tid[q] == self.tid[r]]
+                if self.pull and self.config.requests[r].tenant == OTHER_TENANT:
+                    same.append(-1)  # data from outside the scenario carries OTHER_TENANT
+                same_tenant = z3.Or([s[f"r{r}.rc{j}_req"] == q for q in same])
                 tenants.append(z3.Implies(z3.And(pre, s[f"r{r}.rc{j}_has"]), same_tenant))
             coverage.append(z3.Implies(s[f"r{r}.acc_set"], s[f"r{r}.acc_full"]))
             fail_closed.append(
@@ -1221,6 +1306,10 @@ class Encoding:
                 v[f"r{r}.d_pages{j}"] = True
             v[f"r{r}.d_awaiting"] = q.d_awaiting_ack
             v[f"r{r}.not_as_is"] = q.not_as_is
+            if self.pull:
+                v[f"r{r}.lease_expired"] = q.p_lease_expired
+            elif q.p_lease_expired:
+                raise EncodingError(f"request {r}: a lease expired on the push path")
             if q.read is not None:
                 v[f"r{r}.read_set"] = True
                 # Decode read its pages in page order; once it released them, which pages they
@@ -1235,14 +1324,17 @@ class Encoding:
                         v[f"r{r}.rc{j}_req"], v[f"r{r}.rc{j}_gen"] = tag.request, tag.generation
             if q.accepted_full is not None:
                 v[f"r{r}.acc_set"], v[f"r{r}.acc_full"] = True, q.accepted_full
+        seen: dict[tuple[str, int], Message] = {}
         for where, bag in (("net", state.network), ("lost", state.lost)):
-            seen: dict[tuple[str, int], Message] = {}
             for m in bag:
-                key = (m.kind, m.request)
+                slot = m.kind
+                if m.kind == "failure" and m.reason == LEASE_EXPIRED:
+                    slot = "lease_failure"
+                key = (slot, m.request)
                 if key in seen and seen[key] != m:
-                    raise EncodingError(f"two distinct {m.kind} messages of request {m.request}")
+                    raise EncodingError(f"two distinct {slot} messages of request {m.request}")
                 seen[key] = m
-                k = SLOT[m.kind]
+                k = SLOT[slot]
                 v[f"r{m.request}.{k}_{where}"] += 1
                 v[f"r{m.request}.{k}_gen"] = m.generation
                 if m.kind == "grant":
@@ -1306,6 +1398,8 @@ class Encoding:
         return out
 
     def _tag(self, r: int, gen: int) -> Tag:
+        if r == -1:
+            return Tag(-1, gen, OTHER_TENANT)
         return Tag(r, gen, self.config.requests[r].tenant)
 
     def message(self, v: dict[str, Any], kind: str, r: int) -> Message:
@@ -1323,6 +1417,8 @@ class Encoding:
         if kind == "failure":
             reason = "aborted" if v[f"r{r}.f_aborted"] else "rejected"
             return Message("failure", room, gen, r, reason=reason)
+        if kind == "lease_failure":
+            return Message("failure", room, gen, r, reason=LEASE_EXPIRED)
         return Message(kind, room, gen, r)  # type: ignore[arg-type]
 
     def write(self, v: dict[str, Any], r: int, j: int) -> Write:
@@ -1369,12 +1465,13 @@ class Encoding:
                     not_as_is=v[f"r{r}.not_as_is"],
                     read=read,
                     accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
+                    p_lease_expired=self.pull and v[f"r{r}.lease_expired"],
                 )
             )
         network: list[Message] = []
         lost: list[Message] = []
         for r in range(self.n):
-            for kind in KINDS:
+            for kind in self.slot_kinds:
                 k = SLOT[kind]
                 if v[f"r{r}.{k}_net"] < 0 or v[f"r{r}.{k}_lost"] < 0:
                     raise EncodingError(f"negative message count in slot {kind} of request {r}")
@@ -1420,6 +1517,9 @@ class Encoding:
         if inst.name == "decode_receive_write":
             r, j = inst.args
             return DecodeReceiveWrite(self.write(v, r, j))
+        if inst.name == "network_fail_transfer":
+            r, j = inst.args
+            return NetworkFailTransfer(self.write(v, r, j))
         if inst.name == "prefill_send_abort_ack":
             (r,) = inst.args
             return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"])
@@ -1463,5 +1563,7 @@ _CLASSES: dict[str, Any] = {
         DecodeRestart,
         NetworkDropMessage,
         NetworkDuplicateMessage,
+        PrefillLeaseExpire,
+        NetworkFailTransfer,
     )
 }

@@ -86,6 +86,17 @@ def test_matrix_on_a_subset_meets_expectations(
     assert "| m20_unscrubbed_pages |" in md.read_text()
 
 
+def test_check_runs_the_pull_path_under_bmc_and_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", "--engine", "bmc", "--variant", "m14_silent_receive_failure_pull"])
+    assert code == 1
+    assert "counterexample for decode_reads_only_validated_pages (12 steps)" in (
+        capsys.readouterr().out
+    )
+    assert main(["check", "--engine", "kind", "--variant", "reference_pull", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "safe" and out["scope"] == "fixed-config"
+
+
 def test_matrix_expectations() -> None:
     safe = Cell("reference", "bmc", "safe", None, None, 0.0)
     unknown = Cell("reference", "spacer", "unknown", None, None, 0.0)
@@ -116,3 +127,8 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     assert caught["m18_orphan_grant_accepted"] == ["explore"]
     for name in ("incident", "m1_placeholder_rejection", "m20_unscrubbed_pages"):
         assert caught[name] == ["bmc", "explore", "kind", "prove"]
+    # The pull path is encoded: its bugs are caught by the Z3 engines too, its reference proved.
+    for name in ("m13_lease_expiry_pull", "m14_silent_receive_failure_pull"):
+        assert {"bmc", "kind", "prove"} <= set(caught[name])
+    assert caught["reference_pull"] == []
+    assert not [c for row in out["rows"] for c in row["cells"] if c["verdict"] == "cannot_encode"]
