@@ -1160,9 +1160,10 @@ class Encoding:
                 if a is not None and b is not None:
                     out = (min(a[0], b[0]), max(a[1], b[1]))
             elif tag == "+":
-                args = [ev(a, lower) for a in node[1]]
-                if all(a is not None for a in args):
-                    out = (sum(a[0] for a in args), sum(a[1] for a in args))  # type: ignore[index]
+                parts = [ev(a, lower) for a in node[1]]
+                known = [p for p in parts if p is not None]
+                if len(known) == len(parts):
+                    out = (sum(p[0] for p in known), sum(p[1] for p in known))
             else:
                 a, b = ev(node[1], lower), ev(node[2], lower)
                 if a is not None and b is not None:
@@ -1327,7 +1328,7 @@ class Encoding:
         seen: dict[tuple[str, int], Message] = {}
         for where, bag in (("net", state.network), ("lost", state.lost)):
             for m in bag:
-                slot = m.kind
+                slot: str = m.kind
                 if m.kind == "failure" and m.reason == LEASE_EXPIRED:
                     slot = "lease_failure"
                 key = (slot, m.request)
