@@ -1189,27 +1189,29 @@ class Encoding:
         return True
 
     def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
-        """`values` of steps 0..k. With bit-vectors, every variable of the path is packed into one
-        concatenation and evaluated by a single `model.eval` (one call instead of one per
-        variable, which dominated decoding); with Ints, one `values` call per step."""
+        """`values` of steps 0..k. With bit-vectors, each step's variables are packed into one
+        concatenation and evaluated by a single `model.eval` (one call per step instead of one
+        per variable, which dominated decoding; one per step, not one per path, keeps each
+        number far below Python's limit on int/str conversion, which `as_long` goes through);
+        with Ints, one `values` call per step."""
         if self.width is None:
             return [self.values(model, self.state_at(t, prefix)) for t in range(k + 1)]
-        parts, layout = [], []
+        layout = [(name, kind, 1 if kind == "B" else self.width) for name, kind in self.fields]
+        total = sum(bits for *_, bits in layout)
+        out: list[dict[str, Any]] = []
         for t in range(k + 1):
-            parts += self._packed_parts(t, prefix)
-            layout += [
-                (t, name, kind, 1 if kind == "B" else self.width) for name, kind in self.fields
-            ]
-        packed = model.eval(z3.Concat(parts) if len(parts) > 1 else parts[0], True).as_long()
-        out: list[dict[str, Any]] = [{} for _ in range(k + 1)]
-        shift = sum(bits for *_, bits in layout)
-        for t, name, kind, bits in layout:  # Concat puts its first argument in the high bits
-            shift -= bits
-            raw = (packed >> shift) & ((1 << bits) - 1)
-            if kind == "B":
-                out[t][name] = bool(raw)
-            else:
-                out[t][name] = raw - (1 << bits) if raw >> (bits - 1) else raw  # signed
+            parts = self._packed_parts(t, prefix)
+            packed = model.eval(z3.Concat(parts) if len(parts) > 1 else parts[0], True).as_long()
+            v: dict[str, Any] = {}
+            shift = total
+            for name, kind, bits in layout:  # Concat puts its first argument in the high bits
+                shift -= bits
+                raw = (packed >> shift) & ((1 << bits) - 1)
+                if kind == "B":
+                    v[name] = bool(raw)
+                else:
+                    v[name] = raw - (1 << bits) if raw >> (bits - 1) else raw  # signed
+            out.append(v)
         return out
 
     def _packed_parts(self, t: int, prefix: str) -> list[Any]:

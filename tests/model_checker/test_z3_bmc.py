@@ -124,3 +124,18 @@ def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_no
 def test_the_interval_analysis_rejects_a_width_too_narrow() -> None:
     assert Encoding(get_variant("incident"), Config(), width=5).ranges_fit(12)
     assert not Encoding(get_variant("incident"), Config(), width=3).ranges_fit(3)
+
+
+def test_a_deep_path_decodes_like_one_eval_per_variable() -> None:
+    """`path_values` packs a step into one number; a 20-step path of the default configuration
+    (thousands of digits if packed whole) must decode exactly like `values`."""
+    import z3
+
+    enc = Encoding(get_variant("incident"), Config())
+    solver = z3.SolverFor("QF_BV")
+    solver.add(enc.init(enc.state_at(0)))
+    for t in range(20):
+        solver.add(enc.trans_at(t))
+    assert solver.check() == z3.sat
+    model = solver.model()
+    assert enc.path_values(model, 20) == [enc.values(model, enc.state_at(t)) for t in range(21)]
