@@ -59,9 +59,11 @@ from spec.actions import (
     DecodeWaitingTimeout,
     NetworkDropMessage,
     NetworkDuplicateMessage,
+    NetworkFailTransfer,
     PrefillAbortRequest,
     PrefillAdmitRequest,
     PrefillDetectDecodeRestart,
+    PrefillLeaseExpire,
     PrefillReceiveAbort,
     PrefillReceiveGrant,
     PrefillRejectRequest,
@@ -75,6 +77,7 @@ from spec.actions import (
 )
 from spec.config import Config
 from spec.state import (
+    OTHER_TENANT,
     Answer,
     Faults,
     Ghost,
@@ -126,10 +129,23 @@ REASONS = (
     "timed out waiting for prefill",
     "aborted by prefill",
     "decode restarted",
+    "prefill reported failure: lease expired",
+    "page transfer failed",
 )
 REASON = {text: i for i, text in enumerate(REASONS)}
 KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
-SLOT = {"grant": "g", "completion": "c", "failure": "f", "abort": "a", "abort_ack": "k"}
+SLOT = {
+    "grant": "g",
+    "completion": "c",
+    "failure": "f",
+    "abort": "a",
+    "abort_ack": "k",
+    "lease_failure": "e",
+}
+LEASE_EXPIRED = "lease expired"
+"""Pull path: a request can send two distinct failure messages (an abort's, and its lease's expiry
+notice), so the expiry notice has a slot of its own, `lease_failure` (a `failure` message with
+this reason)."""
 FAULT_FIELDS = ("crashes", "drops", "duplicates", "timeouts", "cancels", "prefill_aborts")
 GHOST_FIELDS = (
     "late_landing",
@@ -193,13 +209,6 @@ class Encoding:
                 f"variant {variant.name!r} overrides or adds actions the Z3 encoding cannot "
                 f"translate: {', '.join(names)}"
             )
-        if variant.design.transfer != "push":
-            # The pull path's read-time data, lease expiry and failed reads have no encoders yet;
-            # encoding the variant as if it were push would silently check another protocol.
-            raise CannotEncode(
-                f"variant {variant.name!r} uses the pull path (transfer='pull'), which the Z3 "
-                "encoding does not translate yet; use --engine explore"
-            )
         if config.prefill_ranks != 1:
             # Per-rank shards, completions and drain acks have no encoders: refuse, rather than
             # check the one-rank protocol and call it the several-rank one.
@@ -209,6 +218,9 @@ class Encoding:
             )
         self.variant = variant
         self.design = variant.design
+        self.pull = variant.design.transfer == "pull"
+        self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
+        """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
         self.config = config
         self.n = len(config.requests)
         self.np = config.decode_pages
@@ -221,9 +233,14 @@ class Encoding:
         """Bit-vector width of every integer (None: unbounded Ints). Values must stay in
         [0, 2**(width-1)) (`in_range`): BMC proves they do within its bound, or widens."""
         self.fields = self._declare()
+        self._tag_requests = {
+            name for name, _ in self.fields if self.pull and name.endswith(("c_req", "_req"))
+        } - {f"pg{j}.own_req" for j in range(self.np)}
         self._template: Any = None
         self._states: dict[tuple[int, str], SymState] = {}
         self._template_vars: list[Any] = []
+        self._tpl_rules: list[tuple[Any, dict[str, Any]]] | None = None
+        self._packed: dict[tuple[int, str], list[Any]] = {}
         self.instances = self._instances()
         self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
             name: getattr(self, name) for name in {i.name for i in self.instances}
@@ -250,7 +267,7 @@ class Encoding:
             for j in pages:
                 out += [(f"r{r}.rc{j}_has", "B"), (f"r{r}.rc{j}_req", "I")]
                 out.append((f"r{r}.rc{j}_gen", "I"))
-            for kind in KINDS:
+            for kind in self.slot_kinds:
                 k = SLOT[kind]
                 out += [(f"r{r}.{k}_net", "I"), (f"r{r}.{k}_lost", "I"), (f"r{r}.{k}_gen", "I")]
             out += [(f"r{r}.g_pages{j}", "B") for j in pages]
@@ -260,6 +277,8 @@ class Encoding:
             out += [(f"r{r}.w{j}", "B") for j in pages]
             out += [(f"r{r}.pa", "B"), (f"r{r}.pa_gen", "I")]
             out += [(f"r{r}.orph", "B"), (f"r{r}.orph_gen", "I")]
+            if self.pull:
+                out.append((f"r{r}.lease_expired", "B"))
         for j in pages:
             out += [(f"pg{j}.own", "B"), (f"pg{j}.own_req", "I"), (f"pg{j}.own_gen", "I")]
             out += [(f"pg{j}.has", "B"), (f"pg{j}.c_req", "I"), (f"pg{j}.c_gen", "I")]
@@ -310,22 +329,31 @@ class Encoding:
     def act_width(self) -> int:
         return max(8, len(self.instances).bit_length() + 1)
 
+    def minimum(self, name: str) -> int:
+        """The least value an integer variable holds: 0, but -1 for the request of a content tag
+        on the pull path (`Tag(-1, 0, OTHER_TENANT)`: data from outside the scenario)."""
+        return -1 if name in self._tag_requests else 0
+
     def in_range(self, s: SymState) -> Any:
-        """Every integer is non-negative (and, as a bit-vector, below 2**(width-1)): no wrap."""
-        return z3.And([s[name] >= 0 for name, kind in self.fields if kind == "I"])
+        """Every integer is at least its `minimum` (and, as a bit-vector, below 2**(width-1)):
+        no wrap-around."""
+        return z3.And([s[name] >= self.minimum(name) for name, kind in self.fields if kind == "I"])
 
     # --- init -----------------------------------------------------------------------------------
 
+    @staticmethod
+    def initial(name: str) -> int:
+        """The initial value of an integer variable: 0, but the generation counter at 1."""
+        return 1 if name == "next_gen" else 0
+
     def init(self, s: SymState) -> Any:
-        """I(s): every Bool false, every Int 0, but the generation counter at 1."""
+        """I(s): every Bool false, every Int `initial` (0, but the generation counter at 1)."""
         cs = []
         for name, kind in self.fields:
-            if name == "next_gen":
-                cs.append(s[name] == 1)
-            elif kind == "B":
+            if kind == "B":
                 cs.append(z3.Not(s[name]))
             else:
-                cs.append(s[name] == 0)
+                cs.append(s[name] == self.initial(name))
         return z3.And(cs)
 
     # --- instances ------------------------------------------------------------------------------
@@ -381,6 +409,11 @@ class Encoding:
         # recorded, so these instances (and every abort_ack slot) are never enabled.
         acks = d.release_fence in ("drain_ack", "ack_or_timeout")
         kinds = KINDS if acks else tuple(k for k in KINDS if k != "abort_ack")
+        # Pull path: the lease expiry notice, where prefill sends one (else its slot stays empty).
+        if self.pull and d.lease_expiry_notifies_decode:
+            kinds += ("lease_failure",)
+            for r in reqs:
+                add("decode_receive_failure", ("lease_failure", r))
         if acks:
             for r in reqs:
                 add("prefill_send_abort_ack", (r,))
@@ -402,6 +435,12 @@ class Encoding:
             add("prefill_abort_request", (r,), True)
         add("prefill_restart", (), True)
         add("decode_restart", (), True)
+        if self.pull:
+            for r in reqs:
+                add("prefill_lease_expire", (r,), True)
+            for r in reqs:
+                for j in range(self.np):
+                    add("network_fail_transfer", (r, j), True)
         for kind in kinds:
             for r in reqs:
                 add("network_drop_message", (kind, r), True)
@@ -595,10 +634,17 @@ class Encoding:
         else:
             refused = z3.BoolVal(False)
         lands = z3.Not(refused)
+        data_req, data_gen = self.K(r), gen
+        if self.pull:
+            # The read fetches what the source block holds when it lands: after the lease
+            # expired, another tenant's data (`Tag(-1, 0, OTHER_TENANT)` in the spec).
+            expired = s[f"r{r}.lease_expired"]
+            data_req = z3.If(expired, self.K(-1), data_req)
+            data_gen = z3.If(expired, self.K(0), data_gen)
         e["gh.refused_write"] = z3.Or(s["gh.refused_write"], refused)
         e[f"pg{j}.has"] = z3.Or(s[f"pg{j}.has"], lands)
-        e[f"pg{j}.c_req"] = z3.If(lands, r, s[f"pg{j}.c_req"])
-        e[f"pg{j}.c_gen"] = z3.If(lands, gen, s[f"pg{j}.c_gen"])
+        e[f"pg{j}.c_req"] = z3.If(lands, data_req, s[f"pg{j}.c_req"])
+        e[f"pg{j}.c_gen"] = z3.If(lands, data_gen, s[f"pg{j}.c_gen"])
         own_is_data = z3.And(own, own_req == r, own_gen == gen)
         e["gh.late_landing"] = z3.Or(s["gh.late_landing"], z3.And(lands, z3.Not(own_is_data)))
         return s[f"r{r}.w{j}"], e
@@ -694,20 +740,27 @@ class Encoding:
         return s[f"r{rs}.c_net"] > 0, e
 
     def decode_receive_failure(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
+        """From slot `failure` (reason by `f_aborted`) or, on the pull path, `lease_failure`."""
+        k = SLOT[kind]
         e = Effect(s)
-        e[f"r{r}.f_net"] = s[f"r{r}.f_net"] - 1
-        mgen = s[f"r{r}.f_gen"]
+        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] - 1
+        mgen = s[f"r{r}.{k}_gen"]
         applies = z3.And(
             _in(s[f"r{r}.d"], ("received", "admitted", "reserved"), D),
             z3.Or(mgen == 0, s[f"r{r}.d_gen"] == mgen),
         )
-        for reason, aborted in (("rejected", False), ("aborted", True)):
+        if kind == "lease_failure":
+            reasons: list[tuple[str, Any]] = [(LEASE_EXPIRED, z3.BoolVal(True))]
+        else:
+            aborted = s[f"r{r}.f_aborted"]
+            reasons = [("rejected", z3.Not(aborted)), ("aborted", aborted)]
+        for reason, is_reason in reasons:
             fail = Effect(s)
             self._decode_fail(fail, r, f"prefill reported failure: {reason}", abort=False)
-            cond = z3.And(applies, s[f"r{r}.f_aborted"] == aborted)
+            cond = z3.And(applies, is_reason)
             for name, value in fail.new.items():
                 e[name] = z3.If(cond, value, e[name])
-        return s[f"r{r}.f_net"] > 0, e
+        return s[f"r{r}.{k}_net"] > 0, e
 
     def decode_generate(self, s: SymState, r: int) -> tuple[Any, Effect]:
         e = Effect(s)
@@ -946,6 +999,42 @@ class Encoding:
             e["next_gen"] = self.K(1)
         return self._fault_guard(s, "crashes"), e
 
+    def prefill_lease_expire(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        """Pull path: the lease on r's pinned source blocks runs out (a timeout fault)."""
+        gen = s[f"r{r}.p_gen"]
+        guard = z3.And(
+            self._fault_guard(s, "timeouts"),
+            z3.Not(s[f"r{r}.lease_expired"]),
+            self._writes_in_flight(s, self.rooms[r], gen),
+        )
+        e = Effect(s)
+        self._spend(e, "timeouts")
+        e[f"r{r}.lease_expired"] = z3.BoolVal(True)
+        if self.design.lease_expiry_notifies_decode:
+            self._send(e, "lease_failure", r, gen=gen)
+        return guard, e
+
+    def network_fail_transfer(self, s: SymState, r: int, j: int) -> tuple[Any, Effect]:
+        """Pull path: the read of r's page j fails (a drop fault); the reader may notice."""
+        e = Effect(s)
+        self._spend(e, "drops")
+        e[f"r{r}.w{j}"] = z3.BoolVal(False)
+        if self.design.transfer_failure_reported:
+            # The first request (index order) reserved on the write's room and generation fails.
+            gen = s[f"r{r}.p_gen"]
+            earlier: list[Any] = []
+            for t in range(self.n):
+                if self.rooms[t] != self.rooms[r]:
+                    continue
+                cond = z3.And(s[f"r{t}.d"] == D["reserved"], s[f"r{t}.d_gen"] == gen)
+                is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
+                earlier.append(cond)
+                fail = Effect(s)
+                self._decode_fail(fail, t, "page transfer failed", abort=True)
+                for name, value in fail.new.items():
+                    e[name] = z3.If(is_t, value, e[name])
+        return z3.And(self._fault_guard(s, "drops"), s[f"r{r}.w{j}"]), e
+
     def network_drop_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
         k = SLOT[kind]
         e = Effect(s)
@@ -969,12 +1058,20 @@ class Encoding:
         guard, e = self._rules[inst.name](s, *inst.args)
         return guard, e.new
 
+    def _rules_on(self, s: SymState) -> list[tuple[Any, dict[str, Any]]]:
+        """`rule(s, i)` for every instance; on the template state, computed once."""
+        tpl = self.state_at(0, "tpl_")
+        if s is tpl:
+            if self._tpl_rules is None:
+                self._tpl_rules = [self.rule(s, i) for i in range(len(self.instances))]
+            return self._tpl_rules
+        return [self.rule(s, i) for i in range(len(self.instances))]
+
     def trans(self, s: SymState, act: Any, s2: SymState) -> Any:
         """T(s, act, s2); see the module docstring."""
         guards = []
         chains: dict[str, list[tuple[int, Any]]] = {}
-        for i in range(len(self.instances)):
-            guard, new = self.rule(s, i)
+        for i, (guard, new) in enumerate(self._rules_on(s)):
             guards.append(z3.Implies(act == i, guard))
             for name, value in new.items():
                 chains.setdefault(name, []).append((i, value))
@@ -1000,6 +1097,141 @@ class Encoding:
         pairs = list(zip(self._template_vars, [*s.values(), a, *s2.values()], strict=True))
         return z3.substitute(self._template, *pairs)
 
+    def ranges_fit(self, depth: int) -> bool:
+        """True when an interval analysis shows every integer variable in `[0, 2**(width-1))` in
+        every state reachable within `depth` steps: then the bit-vectors never wrap around and BMC
+        needs no solver query for it. False means "not shown" (the solver is then asked).
+
+        The analysis is deliberately simple and sound: a variable's interval at step t+1 is the
+        union of its interval at step t and of the value of each instance's update expression over
+        the step-t intervals, narrowed by the instance's guard where a top-level conjunct of the
+        guard is `v > c` or `v >= c` (this is what keeps `net - 1` non-negative). Every
+        subexpression must stay in the signed range, so bit-vector arithmetic on it is integer
+        arithmetic. Anything it does not understand makes it answer False."""
+        if self.width is None:
+            return True
+        top = 2 ** (self.width - 1)
+        s = self.state_at(0, "tpl_")
+        names = {s[name].get_id(): name for name, kind in self.fields if kind == "I"}
+        updates: list[tuple[dict[str, int], list[tuple[str, Any]]]] = []
+        for guard, new in self._rules_on(s):
+            lower: dict[str, int] = {}
+            conj = list(guard.children()) if z3.is_and(guard) else [guard]
+            for c in conj:
+                kind = c.decl().kind() if z3.is_app(c) else None
+                if kind in (z3.Z3_OP_SGT, z3.Z3_OP_SGEQ) and z3.is_bv_value(c.arg(1)):
+                    name = names.get(c.arg(0).get_id())
+                    if name is not None:
+                        bound = c.arg(1).as_signed_long() + (kind == z3.Z3_OP_SGT)
+                        lower[name] = max(lower.get(name, bound), bound)
+            ints = [(n, v) for n, v in new.items() if n in names.values() and not v.eq(s[n])]
+            updates.append((lower, ints))
+        env = {name: (self.initial(name),) * 2 for name in names.values()}
+        # Compile each integer expression once into plain tuples (walking Z3 terms is slow):
+        # ("n", value) | ("v", name) | ("ite", a, b) | ("+", args) | ("-", a, b) | None.
+        compiled: dict[int, Any] = {}
+
+        def comp(e: Any) -> Any:
+            key = e.get_id()
+            if key not in compiled:
+                node: Any = None
+                if z3.is_bv_value(e):
+                    node = ("n", e.as_signed_long())
+                elif key in names:
+                    node = ("v", names[key])
+                elif z3.is_app(e):
+                    kind = e.decl().kind()
+                    if kind == z3.Z3_OP_ITE:
+                        node = ("ite", comp(e.arg(1)), comp(e.arg(2)))
+                    elif kind == z3.Z3_OP_BADD:
+                        node = ("+", [comp(a) for a in e.children()])
+                    elif kind == z3.Z3_OP_BSUB and e.num_args() == 2:
+                        node = ("-", comp(e.arg(0)), comp(e.arg(1)))
+                compiled[key] = node
+            return compiled[key]
+
+        programs = [(lower, [(n, comp(v)) for n, v in ints]) for lower, ints in updates]
+
+        def ev(node: Any, lower: dict[str, int]) -> tuple[int, int] | None:
+            out: tuple[int, int] | None = None
+            if node is None:
+                return None
+            tag = node[0]
+            if tag == "n":
+                out = (node[1], node[1])
+            elif tag == "v":
+                lo, hi = env[node[1]]
+                out = (max(lo, lower.get(node[1], lo)), hi)
+            elif tag == "ite":
+                a, b = ev(node[1], lower), ev(node[2], lower)
+                if a is not None and b is not None:
+                    out = (min(a[0], b[0]), max(a[1], b[1]))
+            elif tag == "+":
+                parts = [ev(a, lower) for a in node[1]]
+                known = [p for p in parts if p is not None]
+                if len(known) == len(parts):
+                    out = (sum(p[0] for p in known), sum(p[1] for p in known))
+            else:
+                a, b = ev(node[1], lower), ev(node[2], lower)
+                if a is not None and b is not None:
+                    out = (a[0] - b[1], a[1] - b[0])
+            if out is not None and not (-top <= out[0] and out[1] < top):
+                return None  # could wrap around: not understood
+            return out
+
+        for _ in range(depth):
+            nxt = dict(env)
+            for lower, program in programs:
+                for name, node in program:
+                    iv = ev(node, lower)
+                    if iv is None:
+                        return False
+                    lo, hi = nxt[name]
+                    nxt[name] = (min(lo, iv[0]), max(hi, iv[1]))
+            if nxt == env:
+                break  # a fixpoint: no later step adds anything
+            env = nxt
+            if any(lo < self.minimum(n) or hi >= top for n, (lo, hi) in env.items()):
+                return False
+        return True
+
+    def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
+        """`values` of steps 0..k. With bit-vectors, each step's variables are packed into one
+        concatenation and evaluated by a single `model.eval` (one call per step instead of one
+        per variable, which dominated decoding; one per step, not one per path, keeps each
+        number far below Python's limit on int/str conversion, which `as_long` goes through);
+        with Ints, one `values` call per step."""
+        if self.width is None:
+            return [self.values(model, self.state_at(t, prefix)) for t in range(k + 1)]
+        layout = [(name, kind, 1 if kind == "B" else self.width) for name, kind in self.fields]
+        total = sum(bits for *_, bits in layout)
+        out: list[dict[str, Any]] = []
+        for t in range(k + 1):
+            parts = self._packed_parts(t, prefix)
+            packed = model.eval(z3.Concat(parts) if len(parts) > 1 else parts[0], True).as_long()
+            v: dict[str, Any] = {}
+            shift = total
+            for name, kind, bits in layout:  # Concat puts its first argument in the high bits
+                shift -= bits
+                raw = (packed >> shift) & ((1 << bits) - 1)
+                if kind == "B":
+                    v[name] = bool(raw)
+                else:
+                    v[name] = raw - (1 << bits) if raw >> (bits - 1) else raw  # signed
+            out.append(v)
+        return out
+
+    def _packed_parts(self, t: int, prefix: str) -> list[Any]:
+        """Step t's variables as bit-vectors (a Bool as one bit), for `path_values`; cached."""
+        key = (t, prefix)
+        if key not in self._packed:
+            one, zero = z3.BitVecVal(1, 1), z3.BitVecVal(0, 1)
+            s = self.state_at(t, prefix)
+            self._packed[key] = [
+                z3.If(s[name], one, zero) if kind == "B" else s[name] for name, kind in self.fields
+            ]
+        return self._packed[key]
+
     def get_unrolling(self, k: int, prefix: str = "") -> Iterator[Any]:
         """T(s_0, a_0, s_1), ..., T(s_{k-1}, a_{k-1}, s_k)."""
         for t in range(k):
@@ -1020,9 +1252,10 @@ class Encoding:
                     s[f"r{r}.rc{j}_gen"] == s[f"r{r}.d_gen"],
                 )
                 reads.append(z3.Implies(pre, own))
-                same_tenant = z3.Or(
-                    [s[f"r{r}.rc{j}_req"] == q for q in range(n) if self.tid[q] == self.tid[r]]
-                )
+                same = [q for q in range(n) if self.tid[q] == self.tid[r]]
+                if self.pull and self.config.requests[r].tenant == OTHER_TENANT:
+                    same.append(-1)  # data from outside the scenario carries OTHER_TENANT
+                same_tenant = z3.Or([s[f"r{r}.rc{j}_req"] == q for q in same])
                 tenants.append(z3.Implies(z3.And(pre, s[f"r{r}.rc{j}_has"]), same_tenant))
             coverage.append(z3.Implies(s[f"r{r}.acc_set"], s[f"r{r}.acc_full"]))
             fail_closed.append(
@@ -1083,6 +1316,10 @@ class Encoding:
                 v[f"r{r}.d_pages{j}"] = True
             v[f"r{r}.d_awaiting"] = q.d_awaiting_ack
             v[f"r{r}.not_as_is"] = q.not_as_is
+            if self.pull:
+                v[f"r{r}.lease_expired"] = q.p_lease_expired
+            elif q.p_lease_expired:
+                raise EncodingError(f"request {r}: a lease expired on the push path")
             if q.read is not None:
                 v[f"r{r}.read_set"] = True
                 # Decode read its pages in page order; once it released them, which pages they
@@ -1097,14 +1334,17 @@ class Encoding:
                         v[f"r{r}.rc{j}_req"], v[f"r{r}.rc{j}_gen"] = tag.request, tag.generation
             if q.accepted_full is not None:
                 v[f"r{r}.acc_set"], v[f"r{r}.acc_full"] = True, q.accepted_full
+        seen: dict[tuple[str, int], Message] = {}
         for where, bag in (("net", state.network), ("lost", state.lost)):
-            seen: dict[tuple[str, int], Message] = {}
             for m in bag:
-                key = (m.kind, m.request)
+                slot: str = m.kind
+                if m.kind == "failure" and m.reason == LEASE_EXPIRED:
+                    slot = "lease_failure"
+                key = (slot, m.request)
                 if key in seen and seen[key] != m:
-                    raise EncodingError(f"two distinct {m.kind} messages of request {m.request}")
+                    raise EncodingError(f"two distinct {slot} messages of request {m.request}")
                 seen[key] = m
-                k = SLOT[m.kind]
+                k = SLOT[slot]
                 v[f"r{m.request}.{k}_{where}"] += 1
                 v[f"r{m.request}.{k}_gen"] = m.generation
                 if m.kind == "grant":
@@ -1168,6 +1408,8 @@ class Encoding:
         return out
 
     def _tag(self, r: int, gen: int) -> Tag:
+        if r == -1:
+            return Tag(-1, gen, OTHER_TENANT)
         return Tag(r, gen, self.config.requests[r].tenant)
 
     def message(self, v: dict[str, Any], kind: str, r: int) -> Message:
@@ -1185,6 +1427,8 @@ class Encoding:
         if kind == "failure":
             reason = "aborted" if v[f"r{r}.f_aborted"] else "rejected"
             return Message("failure", room, gen, r, reason=reason)
+        if kind == "lease_failure":
+            return Message("failure", room, gen, r, reason=LEASE_EXPIRED)
         return Message(kind, room, gen, r)  # type: ignore[arg-type]
 
     def write(self, v: dict[str, Any], r: int, j: int) -> Write:
@@ -1231,12 +1475,13 @@ class Encoding:
                     not_as_is=v[f"r{r}.not_as_is"],
                     read=read,
                     accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
+                    p_lease_expired=self.pull and v[f"r{r}.lease_expired"],
                 )
             )
         network: list[Message] = []
         lost: list[Message] = []
         for r in range(self.n):
-            for kind in KINDS:
+            for kind in self.slot_kinds:
                 k = SLOT[kind]
                 if v[f"r{r}.{k}_net"] < 0 or v[f"r{r}.{k}_lost"] < 0:
                     raise EncodingError(f"negative message count in slot {kind} of request {r}")
@@ -1282,6 +1527,9 @@ class Encoding:
         if inst.name == "decode_receive_write":
             r, j = inst.args
             return DecodeReceiveWrite(self.write(v, r, j))
+        if inst.name == "network_fail_transfer":
+            r, j = inst.args
+            return NetworkFailTransfer(self.write(v, r, j))
         if inst.name == "prefill_send_abort_ack":
             (r,) = inst.args
             return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"])
@@ -1325,5 +1573,7 @@ _CLASSES: dict[str, Any] = {
         DecodeRestart,
         NetworkDropMessage,
         NetworkDuplicateMessage,
+        PrefillLeaseExpire,
+        NetworkFailTransfer,
     )
 }

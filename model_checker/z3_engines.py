@@ -47,7 +47,7 @@ def decode_path(
     enc: Encoding, model: Any, k: int, prefix: str = ""
 ) -> tuple[list[dict[str, Any]], list[Action], list[State]]:
     """Values, spec actions and spec states of the model's path s_0 .. s_k."""
-    vals = [enc.values(model, enc.state_at(t, prefix)) for t in range(k + 1)]
+    vals = enc.path_values(model, k, prefix)
     actions = []
     for t in range(k):
         i = model.eval(enc.action_at(t, prefix), model_completion=True).as_long()
@@ -186,12 +186,16 @@ def _bmc(
     # The bit-vector width must fit every value reachable within the bound: then no path wraps
     # around and every answer above is the unbounded-integer answer. (Counterexamples are also
     # replayed through the spec, which would catch a wrapped one.) Else a model could be vacuous.
-    ranges = z3.Or([z3.Not(enc.in_range(enc.state_at(t))) for t in range(reached + 1)])
-    answer = solver.check(ranges)
-    if answer == z3.sat:
-        raise _WidthTooSmall()
-    if answer == z3.unknown:
-        raise EncodingError(f"cannot show that {width}-bit integers fit within {reached} steps")
+    # A cheap interval analysis usually shows it; where it cannot, the solver is asked.
+    range_check = "intervals"
+    if not enc.ranges_fit(reached):
+        range_check = "solver"
+        ranges = z3.Or([z3.Not(enc.in_range(enc.state_at(t))) for t in range(reached + 1)])
+        answer = solver.check(ranges)
+        if answer == z3.sat:
+            raise _WidthTooSmall()
+        if answer == z3.unknown:
+            raise EncodingError(f"cannot show that {width}-bit integers fit within {reached} steps")
     results = []
     for p in ALWAYS:
         if p.name in found:
@@ -217,6 +221,7 @@ def _bmc(
         max_depth=reached,
         found_after_seconds=found_after,
         bitvector_width=width,
+        range_check=range_check,
     )
 
 

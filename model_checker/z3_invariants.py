@@ -14,7 +14,17 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_encoding import D_PHASES, P_PHASES, REASONS, SLOT, D, Encoding, P, SymState
+from model_checker.z3_encoding import (
+    D_PHASES,
+    KINDS,
+    P_PHASES,
+    REASONS,
+    SLOT,
+    D,
+    Encoding,
+    P,
+    SymState,
+)
 
 InvariantFormula = Callable[[SymState], Any]
 
@@ -57,7 +67,7 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
                 s[f"r{r}.p_gen"] == 0,
                 s[f"r{r}.d_gen"] == 0,
             ]
-            untouched += [z3.Not(present(s, kind, r)) for kind in SLOT]
+            untouched += [z3.Not(present(s, kind, r)) for kind in enc.slot_kinds]
             untouched += [z3.Not(s[f"r{r}.w{j}"]) for j in pages]
             untouched += [z3.Not(s[f"r{r}.pa"]), s[f"r{r}.p_wrote"] == 0]
             out.append(z3.Implies(z3.Not(s[f"r{r}.submitted"]), z3.And(untouched)))
@@ -104,7 +114,7 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
             g, c = s[f"r{r}.g_gen"], s[f"r{r}.c_gen"]
             out.append(z3.Implies(present(s, "grant", r), z3.And(g != 0, g == dgen)))
             out.append(z3.Implies(present(s, "completion", r), z3.And(c != 0, c == pgen)))
-            for kind in ("abort", "abort_ack", "failure"):
+            for kind in ("abort", "abort_ack", "failure", *enc.slot_kinds[len(KINDS) :]):
                 gen = s[f"r{r}.{SLOT[kind]}_gen"]
                 out.append(z3.Implies(present(s, kind, r), z3.Or(gen == 0, gen == dgen)))
             pgen_ok = z3.And(s[f"r{r}.pa_gen"] != 0, s[f"r{r}.pa_gen"] == dgen)
@@ -127,6 +137,8 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
                         s[f"r{r}.p_gen"] != 0,
                         s[f"r{r}.p_pages{j}"],
                         enc._rank(s, f"r{r}.p_pages", j) < s[f"r{r}.p_wrote"],
+                        # Prefill completes only once its writes returned.
+                        s[f"r{r}.p"] != P["completed"],
                     ),
                 )
                 for r in range(n)
@@ -135,18 +147,16 @@ def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
         )
 
     def owned_pages_hold_owner_data_or_nothing(s: SymState) -> Any:
-        return z3.And(
-            [
-                z3.Implies(
-                    z3.And(s[f"pg{j}.own"], s[f"pg{j}.has"]),
-                    z3.And(
-                        s[f"pg{j}.c_req"] == s[f"pg{j}.own_req"],
-                        s[f"pg{j}.c_gen"] == s[f"pg{j}.own_gen"],
-                    ),
-                )
-                for j in pages
-            ]
-        )
+        out = []
+        for j in pages:
+            own = z3.And(
+                s[f"pg{j}.c_req"] == s[f"pg{j}.own_req"],
+                s[f"pg{j}.c_gen"] == s[f"pg{j}.own_gen"],
+            )
+            if enc.pull:  # or outside data: a read that landed after its source lease expired
+                own = z3.Or(own, s[f"pg{j}.c_req"] == -1)
+            out.append(z3.Implies(z3.And(s[f"pg{j}.own"], s[f"pg{j}.has"]), own))
+        return z3.And(out)
 
     def validated_pages_hold_own_data(s: SymState) -> Any:
         out = []

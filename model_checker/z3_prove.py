@@ -608,7 +608,7 @@ def invariants(s: St) -> dict[str, Any]:
 def supports(d: Design) -> str | None:
     """Why the any-size model cannot represent design d (None when it can)."""
     if d.transfer != "push":
-        return "the pull path (read-time data, lease expiry, failed reads) is not encoded for Z3"
+        return "the pull path (read-time data, lease expiry, failed reads) is outside the any-size model"
     if d.write_path != "receiver_checked":
         return "one-sided writes and their release fences are outside the any-size model"
     return None

@@ -98,11 +98,14 @@ def messages_carry_their_generation(config: Config, state: State) -> bool:
 
 
 def writes_carry_their_grant(config: Config, state: State) -> bool:
-    """A write in flight carries its request's room, generation and data, for a granted page."""
+    """A write in flight carries its request's room, generation and data, for a granted page,
+    and its prefill has not completed (it completes only once its writes returned)."""
     for w in state.writes:
         r = w.data.request
         req = state.requests[r]
         if req.p_gen == 0 or w.generation != req.p_gen or w.page not in req.p_pages:
+            return False
+        if req.p == "completed":
             return False
         if w.room != config.requests[r].room or w.data != Tag(r, req.p_gen, w.data.tenant):
             return False
@@ -112,13 +115,16 @@ def writes_carry_their_grant(config: Config, state: State) -> bool:
 
 
 def owned_pages_hold_owner_data_or_nothing(config: Config, state: State) -> bool:
-    """A page decode owns for (r, g) holds r's data for g, or nothing (in every rank's shard)."""
+    """A page decode owns for (r, g) holds r's data for g, or nothing, in every rank's shard. On
+    the pull path a shard may also hold data from outside the scenario (request -1): a read whose
+    source lease expired fetched a reused block. Validation rejects such a page; it never holds
+    *another request's* data, which is what the argument needs."""
     for page in state.pages:
         if page.owner is None:
             continue
         r, g = page.owner
         own = Tag(r, g, config.requests[r].tenant)
-        if any(shard is not None and shard != own for shard in page.shards):
+        if any(shard is not None and shard != own and shard.request != -1 for shard in page.shards):
             return False
     return True
 

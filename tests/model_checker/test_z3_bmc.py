@@ -35,6 +35,31 @@ def test_bmc_finds_the_incident_counterexamples_with_the_explorers_lengths() -> 
     assert seconds < 30  # about 2 s on an idle 2-core machine; generous for shared CI
 
 
+@pytest.mark.parametrize(
+    ("name", "depth"),
+    [
+        ("incident", 12),
+        ("m13_lease_expiry_pull", 13),
+        ("m14_silent_receive_failure_pull", 13),
+    ],
+)
+def test_bmc_counterexamples_are_as_short_as_the_explorers_on_the_default_config(
+    name: str, depth: int
+) -> None:
+    """Same lengths as the explorer's shortest, property by property, within BMC's bound (the
+    pull variants exercise the pull encoders: lease expiry, read-time data, failed reads)."""
+    variant = get_variant(name)
+    by_explorer = {r.property: r.depth for r in explore(variant, Config()).violated()}
+    by_bmc = {r.property: r.depth for r in bmc(variant, Config(), depth=depth).violated()}
+    expected = {
+        prop: d
+        for prop, d in by_explorer.items()
+        if prop != "every_request_terminates" and d is not None and d <= depth
+    }
+    assert expected and by_bmc == expected
+    assert set(variant.breaks) & set(by_bmc)
+
+
 def test_every_bmc_counterexample_replays_to_its_violation() -> None:
     result = bmc(get_variant("incident"), Config(), depth=12)
     for r in result.violated():
@@ -86,3 +111,31 @@ def test_a_bit_vector_width_too_narrow_for_the_values_is_detected_not_silently_w
     with pytest.raises(_WidthTooSmall):
         _bmc(get_variant("incident"), Config(), 3, None, width=3)  # phases go up to 10
     assert bmc(get_variant("incident"), Config(), depth=3).extra["bitvector_width"] == 5
+
+
+def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_not() -> None:
+    """Within 12 steps every counter provably stays below 16 (5 bits); at 20 steps the interval
+    analysis cannot show it and the solver must (and does, at 5 bits)."""
+    assert bmc(REFERENCE, SMALL, depth=12).extra["range_check"] == "intervals"
+    deep = bmc(REFERENCE, SMALL, depth=20)
+    assert deep.extra["range_check"] == "solver" and deep.extra["bitvector_width"] == 5
+
+
+def test_the_interval_analysis_rejects_a_width_too_narrow() -> None:
+    assert Encoding(get_variant("incident"), Config(), width=5).ranges_fit(12)
+    assert not Encoding(get_variant("incident"), Config(), width=3).ranges_fit(3)
+
+
+def test_a_deep_path_decodes_like_one_eval_per_variable() -> None:
+    """`path_values` packs a step into one number; a 20-step path of the default configuration
+    (thousands of digits if packed whole) must decode exactly like `values`."""
+    import z3
+
+    enc = Encoding(get_variant("incident"), Config())
+    solver = z3.SolverFor("QF_BV")
+    solver.add(enc.init(enc.state_at(0)))
+    for t in range(20):
+        solver.add(enc.trans_at(t))
+    assert solver.check() == z3.sat
+    model = solver.model()
+    assert enc.path_values(model, 20) == [enc.values(model, enc.state_at(t)) for t in range(21)]

@@ -16,12 +16,12 @@ from model_checker.z3_engines import bmc
 from model_checker.z3_invariants import fixed_invariants
 from spec.config import Config, RequestSpec
 from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+from spec.machine import enabled
 from spec.properties import ALWAYS
 from spec.state import PageState
 from spec.variants import REFERENCE, VARIANTS, get_variant
 
-# The pull path is not encoded for Z3 yet (the encoder refuses it; see the last test).
-PUSH_VARIANTS = [v for v in VARIANTS if v.design.transfer == "push"]
+PULL_VARIANTS = [v for v in VARIANTS if v.design.transfer == "pull"]
 
 SMALL = Config(
     decode_pages=2,
@@ -36,14 +36,36 @@ def _sample(states: list, k: int) -> list:  # type: ignore[type-arg]
     return states[:: max(1, len(states) // k)]
 
 
-@pytest.mark.parametrize("variant", PUSH_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_z3_transition_relation_takes_exactly_the_explorers_edges(variant) -> None:  # type: ignore[no-untyped-def]
     graph, _, _ = build_graph(variant, SMALL)
     assert edge_mismatches(variant, SMALL, _sample(graph.states, 12)) == []
     assert accepted_non_edges(variant, SMALL, graph.states, samples=3) == []
 
 
-@pytest.mark.parametrize("variant", PUSH_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", PULL_VARIANTS, ids=lambda v: v.name)
+def test_z3_takes_the_explorers_edges_where_the_pull_path_differs(variant) -> None:  # type: ignore[no-untyped-def]
+    """Where a lease expired, a read may fail, or outside data landed: the states the pull
+    encoders (read-time data, `prefill_lease_expire`, `network_fail_transfer`) are about."""
+    graph, _, _ = build_graph(variant, SMALL)
+
+    def pull_specific(state) -> bool:  # type: ignore[no-untyped-def]
+        return (
+            any(q.p_lease_expired for q in state.requests)
+            or any(p.content is not None and p.content.request == -1 for p in state.pages)
+            or any(
+                type(a).__name__ in ("PrefillLeaseExpire", "NetworkFailTransfer")
+                for a in enabled(variant, SMALL, state)
+            )
+        )
+
+    picks = [s for s in graph.states if pull_specific(s)]
+    assert any(any(q.p_lease_expired for q in s.requests) for s in picks)
+    assert edge_mismatches(variant, SMALL, _sample(picks, 25)) == []
+    assert accepted_non_edges(variant, SMALL, picks, samples=3, seed=1) == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_z3_properties_agree_with_the_spec_on_sampled_states(variant) -> None:  # type: ignore[no-untyped-def]
     """Must-fail per property: wherever the spec says a property fails, so does Z3."""
     graph, first, _ = build_graph(variant, SMALL)
@@ -57,7 +79,7 @@ def test_z3_properties_agree_with_the_spec_on_sampled_states(variant) -> None:  
 
 def test_every_property_has_a_state_where_z3_says_it_fails() -> None:
     seen: set[str] = set()
-    runs = [(v, SMALL) for v in PUSH_VARIANTS] + [(get_variant("incident"), Config())]
+    runs = [(v, SMALL) for v in VARIANTS] + [(get_variant("incident"), Config())]
     for variant, config in runs:
         graph, first, _ = build_graph(variant, config)
         enc = Encoding(variant, config)
@@ -82,6 +104,12 @@ def reference_states() -> list:  # type: ignore[type-arg]
 
 def test_the_reference_invariants_hold_on_every_reachable_state(reference_states) -> None:  # type: ignore[no-untyped-def]
     for state in reference_states:
+        for inv in INVARIANTS:
+            assert inv.holds(Config(), state), inv.name
+
+
+def test_the_reference_invariants_hold_on_every_reachable_state_of_the_pull_reference() -> None:
+    for state in build_graph(get_variant("reference_pull"), Config())[0].states:
         for inv in INVARIANTS:
             assert inv.holds(Config(), state), inv.name
 
@@ -121,7 +149,7 @@ def test_spec_stays_pure() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", PUSH_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_explorer_and_bmc_agree_on_every_verdict_on_a_small_config(variant) -> None:  # type: ignore[no-untyped-def]
     by_explorer = explore(variant, SMALL)
     depth = by_explorer.extra["max_depth"]
@@ -132,13 +160,14 @@ def test_explorer_and_bmc_agree_on_every_verdict_on_a_small_config(variant) -> N
             assert r.depth == by_explorer.result_for(r.property).depth
 
 
-@pytest.mark.parametrize(
-    "variant", [v for v in VARIANTS if v.design.transfer == "pull"], ids=lambda v: v.name
-)
-def test_the_encoding_refuses_the_pull_path_rather_than_checking_another_protocol(
-    variant: object,
-) -> None:
-    from model_checker.z3_encoding import CannotEncode, Encoding
-
-    with pytest.raises(CannotEncode, match="pull path"):
-        Encoding(variant, Config())  # type: ignore[arg-type]
+def test_the_pull_z3_invariants_hold_on_sampled_reachable_states() -> None:
+    variant = get_variant("reference_pull")
+    enc = Encoding(variant, Config(), width=None)
+    invs = fixed_invariants(enc)
+    states = build_graph(variant, Config())[0].states
+    outside = [s for s in states if any(p.content and p.content.request == -1 for p in s.pages)]
+    assert outside  # the invariants must allow outside data in owned pages
+    for state in _sample(states, 40) + _sample(outside, 20):
+        s = constants(enc, enc.abstract(state))
+        for name, f in invs.items():
+            assert z3.is_true(z3.simplify(f(s))), name
