@@ -332,9 +332,6 @@ class PrefillServer(BaseServer):
             if reply.status is not Status.OK:
                 self._prompts.pop(rid, None)
                 await abort_with(context, reply)
-            # Tells the router that prefill has the request: from here on the router stops it
-            # with the Cancel RPC, never by cancelling this call (see RouterServer).
-            await context.send_initial_metadata(())
             try:
                 status, message = await fut
             except asyncio.CancelledError:

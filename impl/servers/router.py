@@ -59,9 +59,6 @@ class RouterServer(BaseServer):
         self._prompts: dict[RequestId, list[int]] = {}
         self._answers: dict[RequestId, list[int]] = {}
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
-        # Submits prefill has not received yet. They wait for prefill to be ready, so one can
-        # still be on its way when the client cancels (see CancelAtPrefill below).
-        self._prefill_submits: dict[RequestId, Any] = {}
 
     def _register(self, server: grpc.aio.Server) -> None:
         rpc.add_router(self, server)
@@ -75,18 +72,10 @@ class RouterServer(BaseServer):
                 case Reply():
                     reply = cmd
                 case rc.ForwardToPrefill():
-                    self.spawn(self._to_prefill(cmd, self._submit_to_prefill(cmd)))
+                    self.spawn(self._to_prefill(cmd))
                 case rc.ForwardToDecode():
                     self.spawn(self._to_decode(cmd))
                 case rc.CancelAtPrefill():
-                    # A Submit still waiting for prefill must not be delivered after the cancel:
-                    # if prefill restarted in between, the new prefill has no memory of the
-                    # cancel and would admit the request and hold it, waiting for a grant that
-                    # decode (already aborted) never sends. The Cancel RPC still goes, for a
-                    # Submit prefill already has.
-                    pending = self._prefill_submits.get(cmd.request_id)
-                    if pending is not None:
-                        pending.cancel()
                     self.spawn(
                         call_quietly(
                             self._prefill().Cancel(
@@ -118,42 +107,23 @@ class RouterServer(BaseServer):
     def _decode(self) -> Any:
         return rpc.decode_stub(self.channel(self.settings.decode_address))
 
-    def _submit_to_prefill(self, cmd: rc.ForwardToPrefill) -> Any:
-        # Started here, in the same step as the command, not in the task that awaits it: a
-        # client cancel handled before that task first ran would otherwise find nothing to
-        # withdraw, and the Submit would go out after the cancel.
-        call = self._prefill().Submit(
-            pb.PrefillSubmitRequest(
-                request_id=cmd.request_id,
-                tenant=cmd.tenant,
-                room=cmd.room,
-                prompt_tokens=self._prompts.get(cmd.request_id, []),
-            ),
-            timeout=self.common.rpc_timeout_s,
-            wait_for_ready=True,
-        )
-        self._prefill_submits[cmd.request_id] = call
-        return call
-
-    async def _to_prefill(self, cmd: rc.ForwardToPrefill, call: Any) -> None:
+    async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
+        prompt = self._prompts.get(cmd.request_id, [])
         try:
-            # Prefill sends its initial metadata once it holds the request; after that, a
-            # cancelled call would look to prefill like a router that went away, so the call is
-            # no longer withdrawn on a client cancel (the Cancel RPC stops it).
-            await call.initial_metadata()
-            self._prefill_submits.pop(cmd.request_id, None)
-            await call
+            await self._prefill().Submit(
+                pb.PrefillSubmitRequest(
+                    request_id=cmd.request_id,
+                    tenant=cmd.tenant,
+                    room=cmd.room,
+                    prompt_tokens=prompt,
+                ),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
+            )
             status, message, broken = Status.OK, "", False
         except grpc.RpcError as exc:
             status, message = status_of(exc)
             broken = not answered(exc)
-        except asyncio.CancelledError:
-            if not call.cancelled():
-                raise  # the server is stopping: this task itself was cancelled
-            status, message = Status.CANCELLED, "cancelled by the client before prefill got it"
-            broken = False
-        finally:
-            self._prefill_submits.pop(cmd.request_id, None)
         if not self._stopping:
             self.feed(rc.PrefillFinished(cmd.request_id, status, message, broken))
 
