@@ -46,6 +46,12 @@ def register(sub: Any) -> None:
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
     p.add_argument("--max-states", type=int, help="explicit search: stop after N states")
+    p.add_argument(
+        "--first",
+        action="store_true",
+        help="BMC: stop at the first (shortest) counterexample of any property; the others are "
+        "then reported as holding up to the depth before it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--trace-out",
@@ -202,7 +208,11 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--depth {args.depth}: must be at least 1")
     if args.max_states is not None and args.max_states < 1:
         raise UsageError(f"--max-states {args.max_states}: must be at least 1")
-    options = EngineOptions(depth=args.depth, timeout=args.timeout, max_states=args.max_states)
+    if args.first and args.engine != "bmc":
+        raise UsageError(f"--first applies to --engine bmc only, not {args.engine!r}")
+    options = EngineOptions(
+        depth=args.depth, timeout=args.timeout, max_states=args.max_states, first=args.first
+    )
     names = list(ENGINES) if args.engine == "all" else [args.engine]
     results: list[CheckResult] = []
     cannot: list[dict[str, str]] = []

@@ -28,6 +28,8 @@ class EngineOptions:
     """Seconds per solver call; None means no limit."""
     max_states: int | None = None
     """Explicit search only: stop after this many states (the verdict is then 'unknown')."""
+    first: bool = False
+    """BMC only: stop at the first depth where some property fails."""
 
 
 Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
@@ -51,7 +53,11 @@ def _z3(run: Callable[[], CheckResult]) -> CheckResult:
 def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from model_checker.z3_engines import bmc_cached
 
-    return _z3(lambda: bmc_cached(variant, config, depth=options.depth, timeout=options.timeout))
+    return _z3(
+        lambda: bmc_cached(
+            variant, config, depth=options.depth, timeout=options.timeout, first=options.first
+        )
+    )
 
 
 def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:

@@ -104,14 +104,18 @@ _BMC_CACHE: dict[tuple[Any, ...], CheckResult] = {}
 
 
 def bmc_cached(
-    variant: Variant, config: Config, depth: int | None = None, timeout: float | None = None
+    variant: Variant,
+    config: Config,
+    depth: int | None = None,
+    timeout: float | None = None,
+    first: bool = False,
 ) -> CheckResult:
     """`bmc`, remembered per (design, config, depth, timeout): kind, prove and spacer fall back
     on BMC to look for a real counterexample, and the matrix runs all of them on one variant.
     Only pure-design variants are encodable, so the design determines the result."""
-    key = (variant.design, config, depth, timeout)
+    key = (variant.design, config, depth, timeout, first)
     if key not in _BMC_CACHE:
-        _BMC_CACHE[key] = bmc(variant, config, depth, timeout)
+        _BMC_CACHE[key] = bmc(variant, config, depth, timeout, first)
     return copy.deepcopy(_BMC_CACHE[key])
 
 
@@ -120,20 +124,30 @@ class _WidthTooSmall(Exception):
 
 
 def bmc(
-    variant: Variant, config: Config, depth: int | None = None, timeout: float | None = None
+    variant: Variant,
+    config: Config,
+    depth: int | None = None,
+    timeout: float | None = None,
+    first: bool = False,
 ) -> CheckResult:
     """Bounded model checking with the narrowest bit-vector width that provably fits (5 bits,
-    widened and rerun whenever some value could leave the range within the bound)."""
+    widened and rerun whenever some value could leave the range within the bound). `first`:
+    stop at the first depth where some property fails (the shortest counterexample of all)."""
     for width in (5, 7, 10, 16):
         try:
-            return _bmc(variant, config, depth, timeout, width)
+            return _bmc(variant, config, depth, timeout, width, first)
         except _WidthTooSmall:
             continue
     raise EncodingError("no bit-vector width up to 16 bits fits this configuration")
 
 
 def _bmc(
-    variant: Variant, config: Config, depth: int | None, timeout: float | None, width: int
+    variant: Variant,
+    config: Config,
+    depth: int | None,
+    timeout: float | None,
+    width: int,
+    first: bool = False,
 ) -> CheckResult:
     """Bounded model checking, incremental: one solver, one unrolling step added per depth.
 
@@ -151,6 +165,7 @@ def _bmc(
     found_after: dict[str, float] = {}
     unknown: dict[str, str] = {}
     reached = 0
+    stopped = False
     for k in range(depth + 1):
         if k > 0:
             solver.add(enc.trans_at(k - 1))
@@ -179,9 +194,12 @@ def _bmc(
                 found_after[name] = round(time.perf_counter() - started, 3)
                 pending.remove(name)
             live = [n for n in live if n not in hit]
+            if first:
+                stopped = True
+                break
         if not unknown:
             reached = k
-        if not pending:
+        if not pending or stopped:
             break
     # The bit-vector width must fit every value reachable within the bound: then no path wraps
     # around and every answer above is the unbounded-integer answer. (Counterexamples are also
@@ -197,6 +215,9 @@ def _bmc(
         if answer == z3.unknown:
             raise EncodingError(f"cannot show that {width}-bit integers fit within {reached} steps")
     results = []
+    # Stopped at the first counterexample (depth `reached`): the other properties were only
+    # checked up to the depth before it.
+    clean = reached - 1 if stopped else reached
     for p in ALWAYS:
         if p.name in found:
             results.append(found[p.name])
@@ -207,8 +228,9 @@ def _bmc(
                 PropertyResult(
                     p.name,
                     "holds",
-                    depth=reached,
-                    detail=f"bounded: no violation within {reached} steps",
+                    depth=clean,
+                    detail=f"bounded: no violation within {clean} steps"
+                    + (" (stopped at the first counterexample)" if stopped else ""),
                 )
             )
     return _result(

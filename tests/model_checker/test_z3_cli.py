@@ -163,3 +163,20 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
         if c["verdict"] == "cannot_encode"
     }
     assert unencoded == {"first_rank_completion_accepted"}
+
+
+def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.explored import explored
+
+    shortest = min(r.depth for r in explored("incident").results if r.verdict == "violated")
+    assert main(["check", "--variant", "incident", "--engine", "bmc", "--first", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    violated = [r for r in out["results"] if r["verdict"] == "violated"]
+    assert len(violated) >= 1 and {r["depth"] for r in violated} == {shortest}
+    assert all(len(r["trace"]) == shortest for r in violated)
+    held = [r for r in out["results"] if r["verdict"] == "holds"]
+    assert held and all(r["depth"] == shortest - 1 for r in held)
+    assert main(["check", "--engine", "explore", "--first"]) == 2
+    assert "--first applies to --engine bmc only" in capsys.readouterr().err
