@@ -220,11 +220,9 @@ def _digest_of_shards(
 # concatenation in the rulebook's order; `is_enabled` asks only the guard of the action's kind.
 
 
-def _messages(state: State, kind: str | None = None) -> list[Message]:
-    """The distinct messages in the network (of one kind), in a stable order."""
-    if not state.network:
-        return []
-    return sorted({m for m in state.network if kind is None or m.kind == kind})
+def _messages(state: State) -> list[Message]:
+    """The distinct messages in the network, in a stable order."""
+    return sorted(set(state.network))
 
 
 def _active(state: State) -> int:
@@ -279,7 +277,9 @@ def _decode_reserves(d: Design, c: Config, s: State) -> list[Action]:
 
 
 def _prefill_receives_grants(d: Design, c: Config, s: State) -> list[Action]:
-    return [PrefillReceiveGrant(m) for m in _messages(s, "grant")]
+    if not s.network:
+        return []
+    return [PrefillReceiveGrant(m) for m in sorted({m for m in s.network if m.kind == "grant"})]
 
 
 def _prefill_writes(d: Design, c: Config, s: State) -> list[Action]:
@@ -308,11 +308,17 @@ def _prefill_sends_completions(d: Design, c: Config, s: State) -> list[Action]:
 
 
 def _decode_receives_completions(d: Design, c: Config, s: State) -> list[Action]:
-    return [DecodeReceiveCompletion(m) for m in _messages(s, "completion")]
+    if not s.network:
+        return []
+    return [
+        DecodeReceiveCompletion(m) for m in sorted({m for m in s.network if m.kind == "completion"})
+    ]
 
 
 def _decode_receives_failures(d: Design, c: Config, s: State) -> list[Action]:
-    return [DecodeReceiveFailure(m) for m in _messages(s, "failure")]
+    if not s.network:
+        return []
+    return [DecodeReceiveFailure(m) for m in sorted({m for m in s.network if m.kind == "failure"})]
 
 
 def _decode_generates(d: Design, c: Config, s: State) -> list[Action]:
@@ -340,7 +346,9 @@ def _decode_releases(d: Design, c: Config, s: State) -> list[Action]:
 
 
 def _prefill_receives_aborts(d: Design, c: Config, s: State) -> list[Action]:
-    return [PrefillReceiveAbort(m) for m in _messages(s, "abort")]
+    if not s.network:
+        return []
+    return [PrefillReceiveAbort(m) for m in sorted({m for m in s.network if m.kind == "abort"})]
 
 
 def _prefill_sends_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
@@ -355,7 +363,11 @@ def _prefill_sends_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
 
 
 def _decode_receives_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
-    return [DecodeReceiveAbortAck(m) for m in _messages(s, "abort_ack")]
+    if not s.network:
+        return []
+    return [
+        DecodeReceiveAbortAck(m) for m in sorted({m for m in s.network if m.kind == "abort_ack"})
+    ]
 
 
 def _decode_release_timeouts(d: Design, c: Config, s: State) -> list[Action]:

@@ -60,13 +60,13 @@ def evolve(obj: _T, **changes: Any) -> _T:
     of thousands of states and `replace` was more than half of its time. The cached hash (see
     `_cached_hash`) is not copied; a state's cached hash of its pages is, unless they change.
     """
-    new = object.__new__(type(obj))
-    data = new.__dict__
-    data.update(obj.__dict__)
+    data = obj.__dict__.copy()
     data.pop("_hash", None)
     if "pages" in changes:
         data.pop("_pages_hash", None)
     data.update(changes)
+    new = object.__new__(type(obj))
+    object.__setattr__(new, "__dict__", data)
     return new
 
 
