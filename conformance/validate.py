@@ -51,8 +51,8 @@ from spec.actions import (
     action_to_json,
 )
 from spec.config import Config, RequestSpec
-from spec.machine import enabled, step
-from spec.properties import check_always
+from spec.machine import enabled, is_enabled, step
+from spec.properties import check_always, check_always_after
 from spec.state import PREFILL_TERMINAL, Message, State, initial_state
 from spec.variants import REFERENCE, Variant
 
@@ -612,6 +612,12 @@ class Validator:
         self.count = 0
         self.failed: ValidationReport | None = None
         self._enabled_cache: dict[int, tuple[State, frozenset[Action]]] = {}
+        # States known to satisfy every `always` property, by identity (the entry keeps the state
+        # alive, so the id is not reused): a state stepped from one of them is checked only in
+        # what differs (`check_always_after`).
+        self._good: dict[int, State] = {}
+        if not check_always(config, init):
+            self._good[id(init)] = init
 
     def _enabled(self, s: State) -> frozenset[Action]:
         # Keyed by identity (the entry keeps the state alive, so the id is not reused): hashing
@@ -626,10 +632,18 @@ class Validator:
 
     def _apply(self, s: State, actions: Candidate) -> State | None:
         for a in actions:
-            if a not in self._enabled(s):
+            if not is_enabled(self.variant, self.config, s, a):
                 return None
             s = step(self.variant, self.config, s, a)
         return s
+
+    def _violated(self, s: State, base: State) -> list[str]:
+        """The `always` properties `s` breaks; `base` is the frontier state it was reached from."""
+        if self._good.get(id(base)) is base:
+            failed = check_always_after(self.config, base, s)
+        else:
+            failed = check_always(self.config, s)
+        return [p.name for p in failed]
 
     def _bind(self, ev: Event, before: State, after: State) -> None:
         if ev.get("event") == "decode_reserve_pages":
@@ -638,8 +652,10 @@ class Validator:
                 self.ids.generations[int(ev["args"]["generation"])] = after.requests[r].d_gen
 
     def _explain(
-        self, ev: Event, frontier: dict[State, tuple[Action, ...]]
+        self, ev: Event, frontier: dict[State, tuple[Action, ...]], base: dict[State, State]
     ) -> dict[State, tuple[Action, ...]]:
+        """The states explaining `ev` after `frontier`; `base` maps each state of `frontier` to
+        the frontier state it was reached from, and is extended to the new states."""
         new: dict[State, tuple[Action, ...]] = {}
         # Reserve binds the generation from the state it is matched in.
         for s, hist in frontier.items():
@@ -649,8 +665,10 @@ class Validator:
                     continue
                 if not new:
                     new = {after: _extend(hist, match.actions)}
+                    base.setdefault(after, base[s])
                 elif after not in new:
                     new[after] = _extend(hist, match.actions)
+                    base.setdefault(after, base[s])
                 if ev.get("event") == "decode_reserve_pages":
                     self._bind(ev, s, after)
                 if len(new) >= MAX_FRONTIER:
@@ -658,7 +676,7 @@ class Validator:
         return new
 
     def _silent_successors(
-        self, frontier: dict[State, tuple[Action, ...]]
+        self, frontier: dict[State, tuple[Action, ...]], base: dict[State, State]
     ) -> dict[State, tuple[Action, ...]]:
         out: dict[State, tuple[Action, ...]] = {}
         for s, hist in frontier.items():
@@ -667,6 +685,7 @@ class Validator:
                     t = step(self.variant, self.config, s, a)
                     if t not in frontier and t not in out:
                         out[t] = _extend(hist, (a,))
+                        base.setdefault(t, base[s])
         return out
 
     def take_silent(self, action: Action) -> None:
@@ -684,21 +703,27 @@ class Validator:
         """The states explaining `ev` after `frontier` (trying up to two unlogged spec steps
         first when nothing explains it directly), and the properties violated if every such
         state breaks one."""
-        new = self._explain(ev, frontier)
+        base = {s: s for s in frontier}
+        new = self._explain(ev, frontier, base)
         layer = frontier
         for _ in range(2):
             if new:
                 break
-            layer = self._silent_successors(layer)
+            layer = self._silent_successors(layer, base)
             if not layer:
                 break
-            new = self._explain(ev, layer)
+            new = self._explain(ev, layer, base)
         if new and self.check_properties:
-            bad = [s for s in new if check_always(self.config, s)]
+            violated = {s: self._violated(s, base[s]) for s in new}
+            bad = [s for s in new if violated[s]]
             if len(bad) == len(new):
-                return {}, [p.name for p in check_always(self.config, bad[0])]
+                return {}, violated[bad[0]]
             for s in bad:
                 del new[s]
+            if len(self._good) > 4096:
+                self._good.clear()
+            for s in new:
+                self._good[id(s)] = s
         return new, []
 
     def feed(self, ev: Event) -> bool:
@@ -845,6 +870,27 @@ def _facts(
     return req, prod
 
 
+Facts = tuple[list[list[tuple[Any, ...]]], list[tuple[Any, ...]]]
+
+
+class _FactsOnce:
+    """`_facts` of each event, computed once per event (the merge and the search ask again and
+    again whether a log's next event is ready): only a completion's requirements depend on the
+    pages sent so far, and those are computed each time."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[Event, Facts]] = {}  # by identity; the entry keeps ev alive
+
+    def __call__(self, ev: Event, sent: dict[tuple[Any, Any], list[Any]]) -> Facts:
+        if ev.get("event") == "prefill_send_completion":
+            return _facts(ev, sent)
+        got = self._memo.get(id(ev))
+        if got is None or got[0] is not ev:
+            got = (ev, _facts(ev))
+            self._memo[id(ev)] = got
+        return got[1]
+
+
 def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
     """Interleave per-server logs (each in its own order) respecting causality: an event waits
     until the events it depends on (by request, generation, page and message) are placed. Among
@@ -855,6 +901,7 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
         (list(log) for log in logs if log), key=lambda q: order.get(q[0].get("server", ""), 3)
     )
     pos = [0] * len(queues)
+    facts_of = _FactsOnce()
     known: set[tuple[Any, ...]] = set()
     sent: dict[tuple[Any, Any], list[Any]] = {}
     out: list[Event] = []
@@ -864,7 +911,7 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
         for i, q in enumerate(queues):
             if pos[i] >= len(q):
                 continue
-            reqs, _ = _facts(q[pos[i]], sent)
+            reqs, _ = facts_of(q[pos[i]], sent)
             if all(any(f in known for f in group) for group in reqs):
                 chosen = i
                 break
@@ -873,11 +920,22 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
         ev = queues[chosen][pos[chosen]]
         pos[chosen] += 1
         out.append(ev)
-        known.update(_facts(ev, sent)[1])
+        known.update(facts_of(ev, sent)[1])
         if ev.get("event") == "prefill_write_page":
             a = ev.get("args", {})
             sent.setdefault((a.get("request_id"), a.get("generation")), []).append(a.get("page"))
     return out
+
+
+def _submissions_merged(queues: Sequence[Sequence[Event]]) -> Sequence[Event]:
+    """Events holding every submission in the order `merge_logs` puts them (what
+    `config_from_logs` reads). The merge keeps each log's own order, so when one log holds all
+    the submissions (the router's), that log is it; otherwise the merge decides."""
+    kinds = ("router_submit_request", "router_reject_request")
+    holders = [q for q in queues if any(ev.get("event") in kinds for ev in q)]
+    if len(holders) <= 1:
+        return holders[0] if holders else []
+    return merge_logs(queues)
 
 
 MAX_EXPANSIONS_PER_EVENT = 200
@@ -894,8 +952,7 @@ def search_logs(
     (router, prefill, decode), backtracking when an event cannot be explained; interleavings
     that failed from the same point with the same spec states are not tried twice."""
     queues = [list(q) for q in logs if q]
-    merged = merge_logs(queues)
-    config, ids = config_from_logs(headers, merged)
+    config, ids = config_from_logs(headers, _submissions_merged(queues))
     v = Validator(config, ids, variant)
     total = sum(len(q) for q in queues)
     Frontier = dict[State, tuple[Action, ...]]
@@ -904,6 +961,7 @@ def search_logs(
     # Shared, undone on backtracking: facts known (with multiplicity) and pages sent per stream.
     known: dict[tuple[Any, ...], int] = {}
     sent: Sent = {}
+    facts_of = _FactsOnce()
 
     def ready(pos: tuple[int, ...]) -> list[int]:
         heads = [i for i, q in enumerate(queues) if pos[i] < len(q)]
@@ -911,10 +969,13 @@ def search_logs(
         return good or heads
 
     def is_ready(i: int, pos: tuple[int, ...]) -> bool:
-        return all(any(f in known for f in g) for g in _facts(queues[i][pos[i]], sent)[0])
+        for group in facts_of(queues[i][pos[i]], sent)[0]:
+            if not any(f in known for f in group):
+                return False
+        return True
 
     def apply_facts(ev: Event) -> tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]:
-        produced = _facts(ev, sent)[1]
+        produced = facts_of(ev, sent)[1]
         for f in produced:
             known[f] = known.get(f, 0) + 1
         key = None

@@ -13,9 +13,11 @@ protocol-only path to a done state, reported as `response_bound`.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from spec.actions import Action, action_name, is_fault
 from spec.config import Config
 from spec.machine import enabled, init, step
 from spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
-from spec.state import PREFILL_TERMINAL, State, all_done
+from spec.state import PREFILL_TERMINAL, Faults, Ghost, PageState, ReqState, State, all_done
 from spec.trace import replay
 from spec.variants import Variant
 
@@ -65,11 +67,65 @@ class StateGraph:
         return g
 
 
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector.
+
+    The search allocates millions of small objects and keeps most of them, none in a reference
+    cycle (states are trees of frozen values): the collector's passes walk every live state and
+    find nothing. Reference counting still frees everything the search drops."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class _Shared:
+    """One object for each distinct request state, page state, ghost record and fault count of
+    the stored states.
+
+    Looking a successor up compares it with the stored state of equal hash, field by field; fields
+    that are the same object compare at once. A successor shares every part its step left alone
+    with the stored state it was stepped from, so making the stored states share equal parts with
+    each other leaves only what the step changed to compare.
+    """
+
+    def __init__(self) -> None:
+        self.requests: dict[ReqState, ReqState] = {}
+        self.pages: dict[PageState, PageState] = {}
+        self.ghosts: dict[Ghost, Ghost] = {}
+        self.faults: dict[Faults, Faults] = {}
+
+    def adopt(self, t: State, parent: State) -> None:
+        """Replace the parts of `t` (a new state, not yet stored or shared) that differ from
+        `parent`'s by equal ones already stored. Equal values: `t`'s hash and equality stay."""
+        if t.requests is not parent.requests:
+            setdefault = self.requests.setdefault
+            object.__setattr__(t, "requests", tuple(map(setdefault, t.requests, t.requests)))
+        if t.pages is not parent.pages:
+            setdefault_page = self.pages.setdefault
+            object.__setattr__(t, "pages", tuple(map(setdefault_page, t.pages, t.pages)))
+        if t.ghost is not parent.ghost:
+            object.__setattr__(t, "ghost", self.ghosts.setdefault(t.ghost, t.ghost))
+        if t.faults is not parent.faults:
+            object.__setattr__(t, "faults", self.faults.setdefault(t.faults, t.faults))
+
+
 def build_graph(
     variant: Variant, config: Config, max_states: int | None = None, keep_edges: bool = False
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     """Breadth-first search. Returns the graph, the index of the first state violating each
     `always` property, and which witnesses were reached."""
+    with _cyclic_gc_paused():
+        return _search(variant, config, max_states, keep_edges)
+
+
+def _search(
+    variant: Variant, config: Config, max_states: int | None, keep_edges: bool
+) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     s0 = init(config)
     index: dict[State, int] = {s0: 0}
     states = [s0]
@@ -84,6 +140,7 @@ def build_graph(
     always = list(ALWAYS)
     transitions = 0
     complete = True
+    shared = _Shared()
 
     def inspect(i: int, s: State) -> None:
         nonlocal pending_witnesses
@@ -114,6 +171,7 @@ def build_graph(
                 if max_states is not None and j >= max_states:
                     complete = False
                     continue
+                shared.adopt(t, s)
                 index[t] = j
                 states.append(t)
                 parent.append(head)

@@ -14,7 +14,8 @@ used in traces, in the Z3 encoders and in the implementation's event log.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+from functools import cache
 from typing import Any
 
 from spec.state import Message, Tag, Write
@@ -301,6 +302,7 @@ FAULT_ACTIONS: tuple[type, ...] = (
 ALL_ACTIONS: tuple[type, ...] = PROTOCOL_ACTIONS + FAULT_ACTIONS
 
 
+@cache
 def snake_case(class_name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
 
@@ -361,9 +363,19 @@ def action_to_json(action: object) -> dict[str, Any]:
     for f in fields(action):  # type: ignore[arg-type]
         value = getattr(action, f.name)
         if isinstance(value, Message | Write):
-            value = _without_rank_0(asdict(value))
+            value = _without_rank_0(_as_dict(value))
         args[f.name] = value
     return {"action": action_name(action), "args": _without_rank_0(args)}
+
+
+def _as_dict(value: Message | Write | Tag) -> dict[str, Any]:
+    """`dataclasses.asdict` for a message or write (whose fields hold only a `Tag`, numbers,
+    strings and tuples of them), without its deep copies."""
+    out: dict[str, Any] = {}
+    for f in fields(value):
+        item = getattr(value, f.name)
+        out[f.name] = _as_dict(item) if isinstance(item, Tag) else item
+    return out
 
 
 def action_from_json(data: dict[str, Any]) -> Action:

@@ -36,6 +36,7 @@ all of them. After an abort each rank acknowledges the drain of its own writes.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from spec.actions import (
@@ -213,138 +214,316 @@ def _digest_of_shards(
 
 
 # --- enabled ------------------------------------------------------------------------------------
+#
+# One guard per rule: each function below lists the actions of its kind that are enabled in a
+# state (admission's admit-or-reject is one decision, so one guard lists both). `enabled` is their
+# concatenation in the rulebook's order; `is_enabled` asks only the guard of the action's kind.
+
+
+def _messages(state: State) -> list[Message]:
+    """The distinct messages in the network, in a stable order."""
+    return sorted(set(state.network))
+
+
+def _active(state: State) -> int:
+    """Requests the router has submitted and not yet answered."""
+    return sum(1 for q in state.requests if q.submitted and q.answer is None)
+
+
+def _router_submits(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    reqs = s.requests
+    if _active(s) >= c.max_active:
+        return out
+    for r, req in enumerate(reqs):
+        if not req.submitted and (not c.submit_in_order or r == 0 or reqs[r - 1].submitted):
+            out.append(RouterSubmitRequest(r))
+    return out
+
+
+def _prefill_admits_or_rejects(d: Design, c: Config, s: State) -> list[Action]:
+    # Prefill admits what fits its limit; the design decides what it does with the rest.
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.p == "received":
+            if c.requests[r].pages <= c.prefill_max_prompt:
+                out.append(PrefillAdmitRequest(r))
+            else:
+                out.append(PrefillRejectRequest(r))
+    return out
+
+
+def _decode_admits_or_rejects(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.d == "received":
+            if c.requests[r].pages <= c.decode_max_prompt:
+                out.append(DecodeAdmitRequest(r))
+            else:
+                out.append(DecodeRejectRequest(r))
+    return out
+
+
+def _decode_reserves(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    free = -1  # counted when first needed
+    for r, req in enumerate(s.requests):
+        if req.d == "admitted":
+            if free < 0:
+                free = sum(1 for p in s.pages if p.owner is None)
+            if free >= c.requests[r].pages:
+                out.append(DecodeReservePages(r))
+    return out
+
+
+def _prefill_receives_grants(d: Design, c: Config, s: State) -> list[Action]:
+    if not s.network:
+        return []
+    return [PrefillReceiveGrant(m) for m in sorted({m for m in s.network if m.kind == "grant"})]
+
+
+def _prefill_writes(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.p == "granted" and req.p_wrote < _prefill_target_pages(d, req):
+            out.append(PrefillWritePage(r))
+    return out
+
+
+def _decode_receives_writes(d: Design, c: Config, s: State) -> list[Action]:
+    return [DecodeReceiveWrite(w) for w in sorted(set(s.writes))] if s.writes else []
+
+
+def _prefill_sends_completions(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.p == "granted" and req.p_wrote == _prefill_target_pages(d, req):
+            # Each rank reports once its own writes have returned.
+            for rank in range(c.prefill_ranks):
+                if rank not in req.p_ranks_done and not _writes_in_flight(
+                    s, c.requests[r].room, req.p_gen, rank
+                ):
+                    out.append(PrefillSendCompletion(r, rank))
+    return out
+
+
+def _decode_receives_completions(d: Design, c: Config, s: State) -> list[Action]:
+    if not s.network:
+        return []
+    return [
+        DecodeReceiveCompletion(m) for m in sorted({m for m in s.network if m.kind == "completion"})
+    ]
+
+
+def _decode_receives_failures(d: Design, c: Config, s: State) -> list[Action]:
+    if not s.network:
+        return []
+    return [DecodeReceiveFailure(m) for m in sorted({m for m in s.network if m.kind == "failure"})]
+
+
+def _decode_generates(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.d == "validated":
+            out.append(DecodeGenerate(r))
+    return out
+
+
+def _decode_answers(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.d == "generated":
+            out.append(DecodeAnswer(r))
+    return out
+
+
+def _decode_releases(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    for r, req in enumerate(s.requests):
+        if req.d in ("answered", "failed") and req.d_pages and not req.d_awaiting_ack:
+            out.append(DecodeReleasePages(r))
+    return out
+
+
+def _prefill_receives_aborts(d: Design, c: Config, s: State) -> list[Action]:
+    if not s.network:
+        return []
+    return [PrefillReceiveAbort(m) for m in sorted({m for m in s.network if m.kind == "abort"})]
+
+
+def _prefill_sends_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
+    # Each rank acknowledges once its own writes of the aborted generation have drained.
+    return [
+        PrefillSendAbortAck(room, generation, rank)
+        for room, generation, _r in s.pending_acks
+        for rank in range(c.prefill_ranks)
+        if (room, generation, rank) not in s.acked_ranks
+        and not _writes_in_flight(s, room, generation, rank)
+    ]
+
+
+def _decode_receives_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
+    if not s.network:
+        return []
+    return [
+        DecodeReceiveAbortAck(m) for m in sorted({m for m in s.network if m.kind == "abort_ack"})
+    ]
+
+
+def _decode_release_timeouts(d: Design, c: Config, s: State) -> list[Action]:
+    out: list[Action] = []
+    if d.release_fence == "ack_or_timeout":
+        for r, req in enumerate(s.requests):
+            if req.d_awaiting_ack:
+                out.append(DecodeReleaseTimeout(r))
+    return out
+
+
+def _decode_detects_prefill_restart(d: Design, c: Config, s: State) -> list[Action]:
+    return [DecodeDetectPrefillRestart()] if s.decode_sees_prefill_epoch != s.prefill_epoch else []
+
+
+def _prefill_detects_decode_restart(d: Design, c: Config, s: State) -> list[Action]:
+    return [PrefillDetectDecodeRestart()] if s.prefill_sees_decode_epoch != s.decode_epoch else []
+
+
+def _retransmits(d: Design, c: Config, s: State) -> list[Action]:
+    return [RetransmitMessage(m) for m in sorted(set(s.lost))] if s.lost else []
+
+
+# Faults: each within its own budget (and, checked by `enabled`, the total one).
+
+
+def _client_cancels(d: Design, c: Config, s: State) -> list[Action]:
+    if s.faults.cancels >= c.max_cancels:
+        return []
+    return [
+        ClientCancelRequest(r)
+        for r, req in enumerate(s.requests)
+        if req.submitted and req.answer is None
+    ]
+
+
+def _decode_waiting_timeouts(d: Design, c: Config, s: State) -> list[Action]:
+    if s.faults.timeouts >= c.max_timeouts:
+        return []
+    return [DecodeWaitingTimeout(r) for r, req in enumerate(s.requests) if req.d == "reserved"]
+
+
+def _prefill_aborts(d: Design, c: Config, s: State) -> list[Action]:
+    if s.faults.prefill_aborts >= c.max_prefill_aborts:
+        return []
+    return [
+        PrefillAbortRequest(r)
+        for r, req in enumerate(s.requests)
+        if req.p in PREFILL_LIVE and not _writes_in_flight(s, c.requests[r].room, req.p_gen)
+    ]
+
+
+def _prefill_restarts(d: Design, c: Config, s: State) -> list[Action]:
+    return [PrefillRestart()] if s.faults.crashes < c.max_crashes else []
+
+
+def _decode_restarts(d: Design, c: Config, s: State) -> list[Action]:
+    return [DecodeRestart()] if s.faults.crashes < c.max_crashes else []
+
+
+def _lease_expiries(d: Design, c: Config, s: State) -> list[Action]:
+    if d.transfer != "pull" or s.faults.timeouts >= c.max_timeouts:
+        return []
+    return [
+        PrefillLeaseExpire(r)
+        for r, req in enumerate(s.requests)
+        if not req.p_lease_expired and _writes_in_flight(s, c.requests[r].room, req.p_gen)
+    ]
+
+
+def _transfer_failures(d: Design, c: Config, s: State) -> list[Action]:
+    if d.transfer != "pull" or s.faults.drops >= c.max_drops:
+        return []
+    return [NetworkFailTransfer(w) for w in sorted(set(s.writes))]
+
+
+def _drops(d: Design, c: Config, s: State) -> list[Action]:
+    if s.faults.drops >= c.max_drops:
+        return []
+    return [NetworkDropMessage(m) for m in _messages(s)]
+
+
+def _duplicates(d: Design, c: Config, s: State) -> list[Action]:
+    if s.faults.duplicates >= c.max_duplicates:
+        return []
+    return [NetworkDuplicateMessage(m) for m in _messages(s)]
+
+
+Guard = Callable[[Design, Config, State], list[Action]]
+
+# The guards in the rulebook's order, and which guard decides each kind of action.
+PROTOCOL_GUARDS: dict[Guard, tuple[type, ...]] = {
+    _router_submits: (RouterSubmitRequest,),
+    _prefill_admits_or_rejects: (PrefillAdmitRequest, PrefillRejectRequest),
+    _decode_admits_or_rejects: (DecodeAdmitRequest, DecodeRejectRequest),
+    _decode_reserves: (DecodeReservePages,),
+    _prefill_receives_grants: (PrefillReceiveGrant,),
+    _prefill_writes: (PrefillWritePage,),
+    _decode_receives_writes: (DecodeReceiveWrite,),
+    _prefill_sends_completions: (PrefillSendCompletion,),
+    _decode_receives_completions: (DecodeReceiveCompletion,),
+    _decode_receives_failures: (DecodeReceiveFailure,),
+    _decode_generates: (DecodeGenerate,),
+    _decode_answers: (DecodeAnswer,),
+    _decode_releases: (DecodeReleasePages,),
+    _prefill_receives_aborts: (PrefillReceiveAbort,),
+    _prefill_sends_abort_acks: (PrefillSendAbortAck,),
+    _decode_receives_abort_acks: (DecodeReceiveAbortAck,),
+    _decode_release_timeouts: (DecodeReleaseTimeout,),
+    _decode_detects_prefill_restart: (DecodeDetectPrefillRestart,),
+    _prefill_detects_decode_restart: (PrefillDetectDecodeRestart,),
+    _retransmits: (RetransmitMessage,),
+}
+FAULT_GUARDS: dict[Guard, tuple[type, ...]] = {
+    _client_cancels: (ClientCancelRequest,),
+    _decode_waiting_timeouts: (DecodeWaitingTimeout,),
+    _prefill_aborts: (PrefillAbortRequest,),
+    _prefill_restarts: (PrefillRestart,),
+    _decode_restarts: (DecodeRestart,),
+    _lease_expiries: (PrefillLeaseExpire,),
+    _transfer_failures: (NetworkFailTransfer,),
+    _drops: (NetworkDropMessage,),
+    _duplicates: (NetworkDuplicateMessage,),
+}
+_GUARD_OF: dict[type, Guard] = {
+    kind: guard
+    for guards in (PROTOCOL_GUARDS, FAULT_GUARDS)
+    for guard, kinds in guards.items()
+    for kind in kinds
+}
 
 
 def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
     """Every action whose guard holds, protocol steps first, faults last, in a stable order."""
     d = variant.design
-    reqs = state.requests
     out: list[Action] = []
-    n = len(reqs)
-    active = sum(1 for q in reqs if q.submitted and q.answer is None)
-    for r in range(n):
-        req = reqs[r]
-        if (
-            not req.submitted
-            and active < config.max_active
-            and (not config.submit_in_order or r == 0 or reqs[r - 1].submitted)
-        ):
-            out.append(RouterSubmitRequest(r))
-    for r in range(n):
-        if reqs[r].p == "received":
-            if config.requests[r].pages <= config.prefill_max_prompt:
-                out.append(PrefillAdmitRequest(r))
-            else:
-                out.append(PrefillRejectRequest(r))
-    for r in range(n):
-        if reqs[r].d == "received":
-            if config.requests[r].pages <= config.decode_max_prompt:
-                out.append(DecodeAdmitRequest(r))
-            else:
-                out.append(DecodeRejectRequest(r))
-    free = sum(1 for p in state.pages if p.owner is None)
-    for r in range(n):
-        if reqs[r].d == "admitted" and free >= config.requests[r].pages:
-            out.append(DecodeReservePages(r))
-    messages = sorted(set(state.network))
-    for m in messages:
-        if m.kind == "grant":
-            out.append(PrefillReceiveGrant(m))
-    for r in range(n):
-        req = reqs[r]
-        if req.p == "granted" and req.p_wrote < _prefill_target_pages(d, req):
-            out.append(PrefillWritePage(r))
-    for w in sorted(set(state.writes)):
-        out.append(DecodeReceiveWrite(w))
-    for r in range(n):
-        req = reqs[r]
-        if req.p == "granted" and req.p_wrote == _prefill_target_pages(d, req):
-            for rank in range(config.prefill_ranks):
-                if rank not in req.p_ranks_done and not _writes_in_flight(
-                    state, config.requests[r].room, req.p_gen, rank
-                ):
-                    out.append(PrefillSendCompletion(r, rank))
-    for m in messages:
-        if m.kind == "completion":
-            out.append(DecodeReceiveCompletion(m))
-    for m in messages:
-        if m.kind == "failure":
-            out.append(DecodeReceiveFailure(m))
-    for r in range(n):
-        if reqs[r].d == "validated":
-            out.append(DecodeGenerate(r))
-    for r in range(n):
-        if reqs[r].d == "generated":
-            out.append(DecodeAnswer(r))
-    for r in range(n):
-        req = reqs[r]
-        if req.d in ("answered", "failed") and req.d_pages and not req.d_awaiting_ack:
-            out.append(DecodeReleasePages(r))
-    for m in messages:
-        if m.kind == "abort":
-            out.append(PrefillReceiveAbort(m))
-    for room, generation, _r in state.pending_acks:
-        for rank in range(config.prefill_ranks):
-            if (room, generation, rank) not in state.acked_ranks and not _writes_in_flight(
-                state, room, generation, rank
-            ):
-                out.append(PrefillSendAbortAck(room, generation, rank))
-    for m in messages:
-        if m.kind == "abort_ack":
-            out.append(DecodeReceiveAbortAck(m))
-    if d.release_fence == "ack_or_timeout":
-        for r in range(n):
-            if reqs[r].d_awaiting_ack:
-                out.append(DecodeReleaseTimeout(r))
-    if state.decode_sees_prefill_epoch != state.prefill_epoch:
-        out.append(DecodeDetectPrefillRestart())
-    if state.prefill_sees_decode_epoch != state.decode_epoch:
-        out.append(PrefillDetectDecodeRestart())
-    for m in sorted(set(state.lost)):
-        out.append(RetransmitMessage(m))
+    for guard in PROTOCOL_GUARDS:
+        out += guard(d, config, state)
     if variant.extra_actions is not None:
-        out.extend(variant.extra_actions(config, state))
-
-    # Faults.
-    f = state.faults
-    if f.total >= config.max_faults:
-        return out
-    if f.cancels < config.max_cancels:
-        for r in range(n):
-            if reqs[r].submitted and reqs[r].answer is None:
-                out.append(ClientCancelRequest(r))
-    if f.timeouts < config.max_timeouts:
-        for r in range(n):
-            if reqs[r].d == "reserved":
-                out.append(DecodeWaitingTimeout(r))
-    if f.prefill_aborts < config.max_prefill_aborts:
-        for r in range(n):
-            req = reqs[r]
-            if req.p in PREFILL_LIVE and not _writes_in_flight(
-                state, config.requests[r].room, req.p_gen
-            ):
-                out.append(PrefillAbortRequest(r))
-    if f.crashes < config.max_crashes:
-        out.append(PrefillRestart())
-        out.append(DecodeRestart())
-    if d.transfer == "pull":
-        if f.timeouts < config.max_timeouts:
-            for r in range(n):
-                req = reqs[r]
-                if not req.p_lease_expired and _writes_in_flight(
-                    state, config.requests[r].room, req.p_gen
-                ):
-                    out.append(PrefillLeaseExpire(r))
-        if f.drops < config.max_drops:
-            for w in sorted(set(state.writes)):
-                out.append(NetworkFailTransfer(w))
-    if f.drops < config.max_drops:
-        for m in messages:
-            out.append(NetworkDropMessage(m))
-    if f.duplicates < config.max_duplicates:
-        for m in messages:
-            out.append(NetworkDuplicateMessage(m))
+        out += variant.extra_actions(config, state)
+    if state.faults.total < config.max_faults:
+        for guard in FAULT_GUARDS:
+            out += guard(d, config, state)
     return out
+
+
+def is_enabled(variant: Variant, config: Config, state: State, action: Action) -> bool:
+    """`action in enabled(variant, config, state)`, asking only the guard of the action's kind."""
+    if variant.extra_actions is not None and action in variant.extra_actions(config, state):
+        return True
+    guard = _GUARD_OF.get(type(action))
+    if guard is None:
+        return False
+    if guard in FAULT_GUARDS and state.faults.total >= config.max_faults:
+        return False
+    return action in guard(variant.design, config, state)
 
 
 # --- step ---------------------------------------------------------------------------------------
@@ -362,7 +541,7 @@ def step(variant: Variant, config: Config, state: State, action: Action) -> Stat
 
 def checked_step(variant: Variant, config: Config, state: State, action: Action) -> State:
     """`step`, after checking that `action` is enabled (used when replaying traces)."""
-    if action not in enabled(variant, config, state):
+    if not is_enabled(variant, config, state, action):
         raise ActionNotEnabled(f"{action_name(action)} {action!r} is not enabled in this state")
     return step(variant, config, state, action)
 
@@ -851,4 +1030,12 @@ _STEP = {
     NetworkDuplicateMessage: _duplicate,
 }
 
-__all__ = ["REFERENCE", "ActionNotEnabled", "checked_step", "enabled", "init", "step"]
+__all__ = [
+    "REFERENCE",
+    "ActionNotEnabled",
+    "checked_step",
+    "enabled",
+    "init",
+    "is_enabled",
+    "step",
+]

@@ -7,6 +7,13 @@ bounded-response property over the state graph, checked by the explorer (see
 `model_checker/explore.py`): once faults stop, every request ends in an answer or an error, and its
 pages return to the pool, within a bound of steps.
 
+Most `always` properties are claims about each request on its own: they are written as the claim
+about one request (`each_request`), and every property says which parts of the state it reads
+(`reads`). Both only let checkers skip work: a state that differs from one where a property held
+only in parts it does not read (or, for a per-request claim, only in other requests) satisfies it
+too (`check_always_after`). A test checks both declarations on every reachable state of small
+scenarios.
+
 Deployment-level properties are plain functions of the `Config`: they are what `check-config`
 checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
 default scenario breaks both on purpose), which is why they are reported apart from the verdict.
@@ -18,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.config import Config
-from spec.state import State, Tag
+from spec.state import ReqState, State, Tag
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,12 @@ class Property:
     holds: Callable[[Config, State], bool]
     witness: str = ""
     """The name of the `sometimes` property that shows this one is not vacuous."""
+    reads: tuple[str, ...] = ()
+    """What `holds` reads: `State` fields, or `requests.FIELD` for one field of every request
+    (empty: it may read anything)."""
+    each_request: Callable[[Config, int, ReqState], bool] | None = None
+    """For a claim about each request on its own: the claim about request r, which reads only
+    r's `ReqState` and the config. `holds` is then this claim for every request."""
 
 
 @dataclass(frozen=True)
@@ -47,45 +60,63 @@ class PropertyViolation(AssertionError):
 # --- always -------------------------------------------------------------------------------------
 
 
-def decode_reads_only_validated_pages(config: Config, state: State) -> bool:
+def request_reads_only_validated_pages(config: Config, r: int, req: ReqState) -> bool:
     """Ack implies data validated: when decode generates for r, every page it reads holds data
     written by r's own prefill for r's current generation (with several prefill ranks, in every
     rank's shard: a shard still zeroed or holding older data is not r's)."""
-    for r, req in enumerate(state.requests):
-        if req.read is None:
-            continue
-        own = Tag(r, req.d_gen, config.requests[r].tenant)
-        if any(t != own for t in req.read):
-            return False
-    return True
+    if req.read is None:
+        return True
+    own = Tag(r, req.d_gen, config.requests[r].tenant)
+    return all(t == own for t in req.read)
+
+
+def request_reads_no_other_tenant(config: Config, r: int, req: ReqState) -> bool:
+    """Nothing r's answer is generated from was written for another tenant."""
+    if req.read is None:
+        return True
+    tenant = config.requests[r].tenant
+    return all(t is None or t.tenant == tenant for t in req.read)
+
+
+def request_accepted_only_full_coverage(config: Config, r: int, req: ReqState) -> bool:
+    """A completion that decode accepted for r covers every granted page with r's own data
+    (with several prefill ranks: every page x every rank's shard)."""
+    return req.accepted_full is not False
+
+
+def request_not_as_is_gets_error(config: Config, r: int, req: ReqState) -> bool:
+    """Fail closed: if some side did not admit r as sent (rejected, swapped for a placeholder,
+    truncated), r gets an error, never output, and prefill writes nothing for it."""
+    if not req.not_as_is:
+        return True
+    return req.p_wrote == 0 and (req.answer is None or not req.answer.ok)
+
+
+def decode_reads_only_validated_pages(config: Config, state: State) -> bool:
+    """`request_reads_only_validated_pages`, for every request."""
+    return _every_request(config, state, request_reads_only_validated_pages)
 
 
 def no_cross_tenant_read(config: Config, state: State) -> bool:
-    """Nothing a request's answer is generated from was written for another tenant."""
-    for r, req in enumerate(state.requests):
-        if req.read is None:
-            continue
-        tenant = config.requests[r].tenant
-        if any(t is not None and t.tenant != tenant for t in req.read):
-            return False
-    return True
+    """`request_reads_no_other_tenant`, for every request."""
+    return _every_request(config, state, request_reads_no_other_tenant)
 
 
 def accepted_completion_implies_full_coverage(config: Config, state: State) -> bool:
-    """A completion that decode accepts covers every granted page with the request's own data
-    (with several prefill ranks: every page x every rank's shard)."""
-    return all(req.accepted_full is not False for req in state.requests)
+    """`request_accepted_only_full_coverage`, for every request."""
+    return _every_request(config, state, request_accepted_only_full_coverage)
 
 
 def rejected_request_gets_error_not_output(config: Config, state: State) -> bool:
-    """Fail closed: a request that some side did not admit as sent (rejected, swapped for a
-    placeholder, truncated) gets an error, never output, and prefill writes nothing for it."""
-    for req in state.requests:
-        if not req.not_as_is:
-            continue
-        if req.p_wrote > 0:
-            return False
-        if req.answer is not None and req.answer.ok:
+    """`request_not_as_is_gets_error`, for every request."""
+    return _every_request(config, state, request_not_as_is_gets_error)
+
+
+def _every_request(
+    config: Config, state: State, claim: Callable[[Config, int, ReqState], bool]
+) -> bool:
+    for r, req in enumerate(state.requests):
+        if not claim(config, r, req):
             return False
     return True
 
@@ -182,42 +213,53 @@ ALWAYS: tuple[Property, ...] = (
         "decode generates for r only from pages holding r's own data for r's current generation",
         decode_reads_only_validated_pages,
         "can_complete_handoff",
+        reads=("requests",),
+        each_request=request_reads_only_validated_pages,
     ),
     Property(
         "no_cross_tenant_read",
         "nothing a request's answer is generated from was written for another tenant",
         no_cross_tenant_read,
         "can_reuse_page_across_tenants",
+        reads=("requests",),
+        each_request=request_reads_no_other_tenant,
     ),
     Property(
         "accepted_completion_implies_full_coverage",
         "a completion that decode accepts covers every granted page",
         accepted_completion_implies_full_coverage,
         "can_accept_completion",
+        reads=("requests",),
+        each_request=request_accepted_only_full_coverage,
     ),
     Property(
         "rejected_request_gets_error_not_output",
         "a request not admitted as sent gets an error, never output, and nothing is written for it",
         rejected_request_gets_error_not_output,
         "can_reject_oversized_prompt",
+        reads=("requests",),
+        each_request=request_not_as_is_gets_error,
     ),
     Property(
         "page_has_single_owner",
         "decode's page table and its requests agree; no page is granted twice at once",
         page_has_single_owner,
         "can_reuse_freed_page",
+        reads=("requests.d_pages", "requests.d_gen", "pages"),
     ),
     Property(
         "no_late_write_lands_in_reallocated_page",
         "a write lands only in a page owned by its own request and generation",
         no_late_write_lands_in_reallocated_page,
         "can_refuse_or_fence_late_write",
+        reads=("ghost",),
     ),
     Property(
         "freed_pages_hold_no_readable_data",
         "free pages hold nothing readable",
         freed_pages_hold_no_readable_data,
         "can_scrub_written_page",
+        reads=("pages",),
     ),
 )
 
@@ -279,6 +321,46 @@ ALL_PROPERTY_NAMES: tuple[str, ...] = (*tuple(p.name for p in ALWAYS), TERMINATI
 def check_always(config: Config, state: State) -> list[Property]:
     """The `always` properties that fail in `state`."""
     return [p for p in ALWAYS if not p.holds(config, state)]
+
+
+def check_always_after(config: Config, before: State, after: State) -> list[Property]:
+    """The `always` properties that fail in `after`, given that all of them hold in `before`:
+    the same as `check_always(config, after)`, looking only at what differs.
+
+    States share the parts a step leaves alone, so "differs" is an identity test: a property
+    whose `reads` are the very same objects in both states still holds, and a claim about each
+    request is checked only for the requests whose state changed.
+    """
+    if len(before.requests) != len(after.requests):
+        return check_always(config, after)
+    old = before.requests
+    changed = [r for r, new in enumerate(after.requests) if new is not old[r]]
+    failed = []
+    for prop in ALWAYS:
+        if prop.reads and _unchanged(prop.reads, before, after, changed):
+            continue
+        if prop.each_request is not None:
+            claim = prop.each_request
+            holds = all(claim(config, r, after.requests[r]) for r in changed)
+        else:
+            holds = prop.holds(config, after)
+        if not holds:
+            failed.append(prop)
+    return failed
+
+
+def _unchanged(reads: tuple[str, ...], before: State, after: State, changed: list[int]) -> bool:
+    """Is every part in `reads` the same in both states? `changed`: the requests that differ."""
+    for part in reads:
+        name, _, field = part.partition(".")
+        if not field:
+            if getattr(before, name) is not getattr(after, name):
+                return False
+        else:  # `requests.FIELD`
+            for r in changed:
+                if getattr(before.requests[r], field) != getattr(after.requests[r], field):
+                    return False
+    return True
 
 
 # --- deployment ---------------------------------------------------------------------------------

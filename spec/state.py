@@ -58,13 +58,15 @@ def evolve(obj: _T, **changes: Any) -> _T:
 
     The same as `dataclasses.replace`, without re-running `__init__`: the explorer builds hundreds
     of thousands of states and `replace` was more than half of its time. The cached hash (see
-    `_cached_hash`) is not copied.
+    `_cached_hash`) is not copied; a state's cached hash of its pages is, unless they change.
     """
-    new = object.__new__(type(obj))
-    data = new.__dict__
-    data.update(obj.__dict__)
+    data = obj.__dict__.copy()
     data.pop("_hash", None)
+    if "pages" in changes:
+        data.pop("_pages_hash", None)
     data.update(changes)
+    new = object.__new__(type(obj))
+    object.__setattr__(new, "__dict__", data)
     return new
 
 
@@ -83,6 +85,22 @@ def _cached_hash(self: Any) -> int:
             values = _FIELD_VALUES.setdefault(cls, attrgetter(*(f.name for f in fields(cls))))
         cached = hash(values(self))
         data["_hash"] = cached
+    return cached
+
+
+def _state_hash(self: State) -> int:
+    """`_cached_hash` for a `State`, which also keeps the hash of its pages apart.
+
+    Hashing the pages means hashing every page; most steps leave them alone, and `evolve` hands
+    the pages' hash on to the next state with them (the trace validator's pools have dozens of
+    pages)."""
+    data = self.__dict__
+    cached: int | None = data.get("_hash")
+    if cached is None:
+        pages_hash = data.get("_pages_hash")
+        if pages_hash is None:
+            pages_hash = data["_pages_hash"] = hash(self.pages)
+        cached = data["_hash"] = hash((_STATE_FIELDS_BUT_PAGES(self), pages_hash))
     return cached
 
 
@@ -131,6 +149,8 @@ class Tag:
     the pull path), with tenant `OTHER_TENANT`.
     """
 
+    __hash__ = _cached_hash
+
     request: int
     generation: int
     tenant: str
@@ -143,6 +163,8 @@ class Message:
     Receivers match messages by `room` and `generation` only, as real workers do; `request` is the
     model's bookkeeping of who sent it and is never used to match.
     """
+
+    __hash__ = _cached_hash
 
     kind: MessageKind
     room: int
@@ -159,6 +181,8 @@ class Message:
 @dataclass(frozen=True, order=True)
 class Write:
     """A page write in flight from prefill to decode: destination page, and the data it carries."""
+
+    __hash__ = _cached_hash
 
     room: int
     generation: int
@@ -205,6 +229,8 @@ class PageState:
 class Answer:
     """What the client got: output generated from pages (their data tags), or an error."""
 
+    __hash__ = _cached_hash
+
     ok: bool
     tags: tuple[Tag | None, ...] = ()
     reason: str = ""
@@ -249,6 +275,8 @@ class ReqState:
 class Faults:
     """Fault budget spent so far (each bounded by the config)."""
 
+    __hash__ = _cached_hash
+
     crashes: int = 0
     drops: int = 0
     duplicates: int = 0
@@ -272,6 +300,8 @@ class Faults:
 class Ghost:
     """Whole-system ghost facts, used by properties and witnesses only. All monotone flags."""
 
+    __hash__ = _cached_hash
+
     late_landing: bool = False  # a write landed on a page not owned by its (room, generation)
     refused_write: bool = False  # decode's ownership check (or a revoked key) refused a write
     drain_acked: bool = False  # an abort's drain ack released a fenced reservation
@@ -285,7 +315,7 @@ class Ghost:
 
 @dataclass(frozen=True)
 class State:
-    __hash__ = _cached_hash
+    __hash__ = _state_hash
 
     requests: tuple[ReqState, ...]
     pages: tuple[PageState, ...]
@@ -304,6 +334,9 @@ class State:
     acked_ranks: tuple[tuple[int, int, int], ...] = ()
     faults: Faults = Faults()
     ghost: Ghost = Ghost()
+
+
+_STATE_FIELDS_BUT_PAGES = attrgetter(*(f.name for f in fields(State) if f.name != "pages"))
 
 
 def initial_state(config: Config) -> State:
