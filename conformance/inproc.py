@@ -4,8 +4,10 @@ duplicate or delay each one.
 
 Granularity (documented in `conformance.mapping`): decode admits and reserves in one call; it
 generates, answers and releases in one call; a router-bound result is delivered at once (the
-router's bookkeeping is not in the spec); a client cancel reaches decode at once (the spec's
-cancel is atomic at decode) while the router's cancel to prefill is a pending `abort`. Page data
+router's bookkeeping is not in the spec); a client cancel leaves the router's withdrawal pending
+for decode (`decode_cancel`, the spec's `decode_receive_cancel`) and for prefill
+(`prefill_cancel`, the spec's `prefill_receive_cancel`; the router's withdrawal on a decode
+failure is the spec's `abort` by another path). Page data
 is a ghost tag: (writer request id, tenant) of the last write that landed.
 """
 
@@ -140,20 +142,19 @@ class InProcTarget(Target):
     def cancel(self, r: int) -> bool:
         rid = RequestId(self.request_id(r))
         reply = self._to_router(rc.ClientCancel(rid))
-        if reply.status is not Status.OK:
-            return False
-        # The spec's cancel is atomic at decode: the router's abort reaches decode at once.
-        for p in list(self.pending):
-            if p.kind == "cancel_decode" and p.rid == rid:
-                self.pending.remove(p)
-                self._deliver(p)
-        return True
+        # The router's withdrawals stay pending: `deliver("decode_cancel" | "prefill_cancel", r)`.
+        return reply.status is Status.OK
 
     # ------------------------------------------------------------------ message control
 
     def _find(self, kind: str, r: int, page: int | None = None) -> _Pending | None:
         rid = self.request_id(r)
-        kinds = {"failure": ("rejection", "cancel_decode"), "abort": ("abort", "cancel_prefill")}
+        kinds = {
+            "failure": ("rejection", "cancel_decode"),
+            "abort": ("abort", "cancel_prefill"),
+            "decode_cancel": ("cancel_decode",),
+            "prefill_cancel": ("cancel_prefill",),
+        }
         for k in kinds.get(kind, (kind,)):
             for p in self.pending:
                 if p.kind == k and p.rid == rid and (page is None or p.page == page):

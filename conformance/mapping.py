@@ -59,7 +59,9 @@ MAPPING: tuple[Row, ...] = (
         "router",
         "client_cancel_request | stutter",
         "request_id->request",
-        "a stutter once decode has answered (the router was still waiting for prefill's result)",
+        "the router answers the client at once; its word reaches decode later "
+        "(decode_receive_cancel). A stutter once decode has answered (the router was still "
+        "waiting for prefill's result)",
     ),
     Row(
         "router_answer_client",
@@ -123,10 +125,11 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "prefill_cancel_request",
         "prefill",
-        "prefill_receive_abort | stutter",
+        "prefill_receive_cancel | prefill_receive_abort | stutter",
         "request_id",
-        "the router's withdrawal is the abort decode sent on the client's cancel, delivered by the "
-        "router (same content, another path)",
+        "the client's cancel reaching prefill; the router's withdrawal on a decode failure is "
+        "decode's abort by another path (decode_receive_cancel taken silently first when a "
+        "writing prefill stops on the client's cancel before decode's log shows it)",
     ),
     Row(
         "prefill_drop_orphan_grant",
@@ -185,10 +188,11 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "decode_abort_request",
         "decode",
-        "stutter | decode_receive_failure | retransmit_message + decode_receive_failure",
+        "decode_receive_cancel | stutter | decode_receive_failure | retransmit_message + "
+        "decode_receive_failure",
         "request_id",
-        "after a client cancel (the cancel already failed the request at decode) or the router "
-        "relaying prefill's failure notice",
+        "the client's cancel reaching decode (while the spec's cancel is on its way), or the "
+        "router relaying prefill's failure notice (a stutter when decode already failed it)",
     ),
     Row("decode_waiting_timeout", "decode", "decode_waiting_timeout", "request_id"),
     Row(
@@ -210,6 +214,8 @@ MAPPING: tuple[Row, ...] = (
         "decode",
         "decode_answer | stutter",
         "request_id; status ok = decode_answer, error = stutter (the failing step answered)",
+        "an ok answer after the client cancelled goes to a router that already answered "
+        "CANCELLED: decode_answer, the client's answer stays the cancel",
     ),
     Row("decode_release_pages", "decode", "decode_release_pages", "request_id, pages"),
     Row(
@@ -250,6 +256,10 @@ UNLOGGED_SPEC_STEPS: tuple[tuple[str, str], ...] = (
     (
         "prefill_detect_decode_restart",
         "the implementation's prefill has no such step; its writes are refused instead",
+    ),
+    (
+        "decode_receive_cancel, prefill_receive_cancel",
+        "a worker that already finished the request logs nothing for the cancel: taken silently",
     ),
     (
         "decode_answer (error)",

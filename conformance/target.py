@@ -44,6 +44,8 @@ STEP_KINDS: tuple[str, ...] = (
     "stream_close",  # prefill_send_completion
     "completion",  # decode_receive_completion
     "failure",  # decode_receive_failure (prefill's rejection notice, or the router relaying it)
+    "decode_cancel",  # decode_receive_cancel (the router's word of a client cancel)
+    "prefill_cancel",  # prefill_receive_cancel (the same word, to prefill)
     "generate",  # decode_generate (+ decode_answer + decode_release_pages)
     "abort",  # prefill_receive_abort (decode's abort, or the router's cancel)
     "abort_ack",  # decode_receive_abort_ack

@@ -27,6 +27,7 @@ from spec.actions import (
     DecodeDetectPrefillRestart,
     DecodeGenerate,
     DecodeReceiveAbortAck,
+    DecodeReceiveCancel,
     DecodeReceiveCompletion,
     DecodeReceiveFailure,
     DecodeReceiveWrite,
@@ -41,6 +42,7 @@ from spec.actions import (
     PrefillAdmitRequest,
     PrefillDetectDecodeRestart,
     PrefillReceiveAbort,
+    PrefillReceiveCancel,
     PrefillReceiveGrant,
     PrefillRejectRequest,
     PrefillRestart,
@@ -277,7 +279,19 @@ class Matchers:
             out.append(Match(()))
         return out
 
-    m_prefill_cancel_request = m_prefill_receive_abort
+    def m_prefill_cancel_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        if not s.requests[r].p_cancel:
+            # The router withdrawing the request on decode's failure: decode's abort, by
+            # another path.
+            return self.m_prefill_receive_abort(ev, s, r)
+        out = [Match((PrefillReceiveCancel(r),))]
+        if s.requests[r].p not in ("received", "admitted"):
+            # Prefill already writes: the impl stops the stream on the router's word, the spec
+            # on decode's abort (sent once the cancel reaches decode).
+            out += self.m_prefill_receive_abort(ev, s, r)
+        return out
 
     def m_prefill_drop_orphan_grant(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None or s.requests[r].p not in PREFILL_TERMINAL:
@@ -375,6 +389,10 @@ class Matchers:
     def m_decode_abort_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
+        if s.requests[r].d_cancel:
+            # The client cancelled (the router then answers nothing else, relays no failure):
+            # this is its word reaching decode.
+            return [Match((DecodeReceiveCancel(r),))]
         if not _decode_waiting(s, r):
             return [Match(())]
         out = [Match((DecodeReceiveFailure(m),)) for m in _msgs(s, "failure", r, None)]
@@ -417,6 +435,10 @@ class Matchers:
         if ev["args"].get("status") == "ok":
             if _cancelled_while_validated(s, r):
                 return [Match(())]
+            if _cancelled(s, r):
+                # The cancel was still on its way to decode: decode's answer goes to a router
+                # that already told the client CANCELLED.
+                return [Match((DecodeAnswer(r),))]
             return [Match((DecodeAnswer(r),), lambda a, b: _answered(b, r, True))]
         if not _decode_waiting(s, r):
             return [Match(())] if s.requests[r].answer is not None else []
@@ -483,13 +505,17 @@ class Matchers:
         return out or [Match(())]
 
 
+def _cancelled(s: State, r: int) -> bool:
+    answer = s.requests[r].answer
+    return answer is not None and answer.reason == "cancelled by the client"
+
+
 def _cancelled_while_validated(s: State, r: int) -> bool:
     req = s.requests[r]
     return (
         req.d == "failed"
         and req.read is None
-        and req.answer is not None
-        and req.answer.reason == "cancelled by the client"
+        and _cancelled(s, r)
         and req.accepted_full is not None
     )
 
@@ -556,7 +582,13 @@ def _flatten(hist: tuple[Any, ...]) -> tuple[Action, ...]:
 MATCHED_KINDS: frozenset[str] = frozenset(
     name[2:] for name in dir(Matchers) if name.startswith("m_")
 )
-SILENT_ACTIONS: tuple[type, ...] = (RetransmitMessage, PrefillDetectDecodeRestart)
+SILENT_ACTIONS: tuple[type, ...] = (
+    RetransmitMessage,
+    PrefillDetectDecodeRestart,
+    # A worker logs nothing for a cancel of a request it already finished.
+    DecodeReceiveCancel,
+    PrefillReceiveCancel,
+)
 
 
 # --------------------------------------------------------------------------- the validator

@@ -229,6 +229,8 @@ _REQ_FIELDS = {
     "d_epoch": "prefill epoch decode's request carries",
     "d_ranks": "prefill ranks whose completion decode accepted",
     "d_acks": "prefill ranks whose drain ack decode has",
+    "d_cancel": "the client's cancel is on its way to decode",
+    "p_cancel": "the client's cancel is on its way to prefill",
     "not_as_is": "(ghost) not admitted as sent",
     "accepted_full": "(ghost) the accepted completion covered every granted page",
 }

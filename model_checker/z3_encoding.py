@@ -48,6 +48,7 @@ from spec.actions import (
     DecodeDetectPrefillRestart,
     DecodeGenerate,
     DecodeReceiveAbortAck,
+    DecodeReceiveCancel,
     DecodeReceiveCompletion,
     DecodeReceiveFailure,
     DecodeReceiveWrite,
@@ -65,6 +66,7 @@ from spec.actions import (
     PrefillDetectDecodeRestart,
     PrefillLeaseExpire,
     PrefillReceiveAbort,
+    PrefillReceiveCancel,
     PrefillReceiveGrant,
     PrefillRejectRequest,
     PrefillRestart,
@@ -261,7 +263,9 @@ class Encoding:
             for f in ("d", "d_gen", "d_epoch"):
                 out.append((f"r{r}.{f}", "I"))
             out += [(f"r{r}.d_pages{j}", "B") for j in pages]
-            for f in ("d_awaiting", "not_as_is", "read_set", "acc_set", "acc_full"):
+            for f in ("d_awaiting", "d_cancel", "p_cancel", "not_as_is"):
+                out.append((f"r{r}.{f}", "B"))
+            for f in ("read_set", "acc_set", "acc_full"):
                 out.append((f"r{r}.{f}", "B"))
             out += [(f"r{r}.read_pages{j}", "B") for j in pages]
             for j in pages:
@@ -398,6 +402,8 @@ class Encoding:
         for r in reqs:
             add("decode_receive_failure", ("failure", r))
         for r in reqs:
+            add("decode_receive_cancel", (r,))
+        for r in reqs:
             add("decode_generate", (r,))
         for r in reqs:
             add("decode_answer", (r,))
@@ -405,6 +411,8 @@ class Encoding:
             add("decode_release_pages", (r,))
         for r in reqs:
             add("prefill_receive_abort", ("abort", r))
+        for r in reqs:
+            add("prefill_receive_cancel", (r,))
         # Abort acks exist only where release waits for them: elsewhere no pending ack is ever
         # recorded, so these instances (and every abort_ack slot) are never enabled.
         acks = d.release_fence in ("drain_ack", "ack_or_timeout")
@@ -820,6 +828,13 @@ class Encoding:
             e[f"r{r}.pa_gen"] = z3.If(add, mgen, s[f"r{r}.pa_gen"])
         return s[f"r{r}.a_net"] > 0, e
 
+    def prefill_receive_cancel(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.p_cancel"] = z3.BoolVal(False)
+        p = s[f"r{r}.p"]
+        e[f"r{r}.p"] = z3.If(_in(p, ("received", "admitted"), P), P["aborted"], p)
+        return s[f"r{r}.p_cancel"], e
+
     def prefill_send_abort_ack(self, s: SymState, r: int) -> tuple[Any, Effect]:
         room, gen = self.rooms[r], s[f"r{r}.pa_gen"]
         guard = z3.And(s[f"r{r}.pa"], z3.Not(self._writes_in_flight(s, room, gen)))
@@ -922,20 +937,29 @@ class Encoding:
         self._spend(e, "cancels")
         mid = z3.And(s[f"r{r}.p"] == P["granted"], s[f"r{r}.p_wrote"] > 0)
         e["gh.cancelled_mid_transfer"] = z3.Or(s["gh.cancelled_mid_transfer"], mid)
+        self._answer_error(e, r, "cancelled by the client")
+        live = ("received", "admitted", "reserved", "validated", "generated")
+        e[f"r{r}.d_cancel"] = z3.Or(s[f"r{r}.d_cancel"], _in(s[f"r{r}.d"], live, D))
+        waiting = ("received", "admitted")
+        e[f"r{r}.p_cancel"] = z3.Or(s[f"r{r}.p_cancel"], _in(s[f"r{r}.p"], waiting, P))
+        return guard, e
+
+    def decode_receive_cancel(self, s: SymState, r: int) -> tuple[Any, Effect]:
+        e = Effect(s)
+        e[f"r{r}.d_cancel"] = z3.BoolVal(False)
         dphase = s[f"r{r}.d"]
         early = _in(dphase, ("received", "admitted", "reserved"), D)
         late = _in(dphase, ("validated", "generated"), D)
-        with_abort, without, plain = Effect(s), Effect(s), Effect(s)
+        with_abort, without = Effect(s), Effect(s)
         self._decode_fail(with_abort, r, "cancelled by the client", abort=True)
         self._decode_fail(without, r, "cancelled by the client", abort=False)
-        self._answer_error(plain, r, "cancelled by the client")
-        for name in set(with_abort.new) | set(without.new) | set(plain.new):
+        for name in set(with_abort.new) | set(without.new):
             e[name] = z3.If(
                 early,
                 with_abort.new.get(name, s[name]),
-                z3.If(late, without.new.get(name, s[name]), plain.new.get(name, s[name])),
+                z3.If(late, without.new.get(name, s[name]), s[name]),
             )
-        return guard, e
+        return s[f"r{r}.d_cancel"], e
 
     def decode_waiting_timeout(self, s: SymState, r: int) -> tuple[Any, Effect]:
         guard = z3.And(self._fault_guard(s, "timeouts"), s[f"r{r}.d"] == D["reserved"])
@@ -1315,6 +1339,8 @@ class Encoding:
             for j in q.d_pages:
                 v[f"r{r}.d_pages{j}"] = True
             v[f"r{r}.d_awaiting"] = q.d_awaiting_ack
+            v[f"r{r}.d_cancel"] = q.d_cancel
+            v[f"r{r}.p_cancel"] = q.p_cancel
             v[f"r{r}.not_as_is"] = q.not_as_is
             if self.pull:
                 v[f"r{r}.lease_expired"] = q.p_lease_expired
@@ -1374,8 +1400,13 @@ class Encoding:
         for _room, gen, r in state.pending_acks:
             v[f"r{r}.pa"], v[f"r{r}.pa_gen"] = True, gen
         for room, gen in state.orphans:
+            # The encoding keeps an orphan with the request whose grant it came from: the one of
+            # that room that decode reserved under that generation (generations are unique).
             rs = [r for r in range(self.n) if self.rooms[r] == room]
-            v[f"r{rs[0]}.orph"], v[f"r{rs[0]}.orph_gen"] = True, gen
+            owner = [r for r in rs if state.requests[r].d_gen == gen] or rs[:1]
+            if v[f"r{owner[0]}.orph"]:
+                raise EncodingError(f"two orphan grants for request {owner[0]}: {state.orphans}")
+            v[f"r{owner[0]}.orph"], v[f"r{owner[0]}.orph_gen"] = True, gen
         for j, page in enumerate(state.pages):
             if page.owner is not None:
                 v[f"pg{j}.own"] = True
@@ -1471,6 +1502,8 @@ class Encoding:
                     d_gen=v[f"r{r}.d_gen"],
                     d_pages=pages_of(f"r{r}.d_pages"),
                     d_awaiting_ack=v[f"r{r}.d_awaiting"],
+                    d_cancel=v[f"r{r}.d_cancel"],
+                    p_cancel=v[f"r{r}.p_cancel"],
                     d_epoch=v[f"r{r}.d_epoch"],
                     not_as_is=v[f"r{r}.not_as_is"],
                     read=read,
@@ -1556,10 +1589,12 @@ _CLASSES: dict[str, Any] = {
         PrefillSendCompletion,
         DecodeReceiveCompletion,
         DecodeReceiveFailure,
+        DecodeReceiveCancel,
         DecodeGenerate,
         DecodeAnswer,
         DecodeReleasePages,
         PrefillReceiveAbort,
+        PrefillReceiveCancel,
         PrefillSendAbortAck,
         DecodeReceiveAbortAck,
         DecodeReleaseTimeout,

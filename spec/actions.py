@@ -101,6 +101,28 @@ class DecodeReceiveFailure:
 
 
 @dataclass(frozen=True)
+class DecodeReceiveCancel:
+    """The router's word that the client cancelled reaches decode.
+
+    The router answers the client at once but tells decode by a call of its own, so decode may
+    take steps in between: validate a completion that was already on its way, even generate.
+    """
+
+    request: int
+
+
+@dataclass(frozen=True)
+class PrefillReceiveCancel:
+    """The router's word that the client cancelled reaches prefill (its own call, as for decode).
+
+    It stops a request prefill has not started writing; once prefill holds a grant, decode's
+    abort (sent when the cancel reaches decode) is what stops and fences the writes.
+    """
+
+    request: int
+
+
+@dataclass(frozen=True)
 class DecodeGenerate:
     """Decode runs the model over the request's pages. This is where data is read."""
 
@@ -243,6 +265,8 @@ Action = (
     | PrefillSendCompletion
     | DecodeReceiveCompletion
     | DecodeReceiveFailure
+    | DecodeReceiveCancel
+    | PrefillReceiveCancel
     | DecodeGenerate
     | DecodeAnswer
     | DecodeReleasePages
@@ -277,6 +301,8 @@ PROTOCOL_ACTIONS: tuple[type, ...] = (
     PrefillSendCompletion,
     DecodeReceiveCompletion,
     DecodeReceiveFailure,
+    DecodeReceiveCancel,
+    PrefillReceiveCancel,
     DecodeGenerate,
     DecodeAnswer,
     DecodeReleasePages,

@@ -21,6 +21,9 @@ successful handoff takes them:
 
 Failure paths: rejection notices, aborts and their drain acks, timeouts, cancels, crash detection
 through health checks, and retransmission of messages whose RPC failed. Faults are at the bottom.
+A client's cancel is answered by the router at once and reaches decode and prefill later, each by
+a call of its own (`decode_receive_cancel`, `prefill_receive_cancel`): decode may validate a
+completion already on its way in between.
 
 Messages are matched the way real workers match them: by room and generation (generation 0 for
 messages sent before any grant, which are matched by the request id every message carries).
@@ -47,6 +50,7 @@ from spec.actions import (
     DecodeDetectPrefillRestart,
     DecodeGenerate,
     DecodeReceiveAbortAck,
+    DecodeReceiveCancel,
     DecodeReceiveCompletion,
     DecodeReceiveFailure,
     DecodeReceiveWrite,
@@ -64,6 +68,7 @@ from spec.actions import (
     PrefillDetectDecodeRestart,
     PrefillLeaseExpire,
     PrefillReceiveAbort,
+    PrefillReceiveCancel,
     PrefillReceiveGrant,
     PrefillRejectRequest,
     PrefillRestart,
@@ -321,6 +326,14 @@ def _decode_receives_failures(d: Design, c: Config, s: State) -> list[Action]:
     return [DecodeReceiveFailure(m) for m in sorted({m for m in s.network if m.kind == "failure"})]
 
 
+def _decode_receives_cancels(d: Design, c: Config, s: State) -> list[Action]:
+    return [DecodeReceiveCancel(r) for r, req in enumerate(s.requests) if req.d_cancel]
+
+
+def _prefill_receives_cancels(d: Design, c: Config, s: State) -> list[Action]:
+    return [PrefillReceiveCancel(r) for r, req in enumerate(s.requests) if req.p_cancel]
+
+
 def _decode_generates(d: Design, c: Config, s: State) -> list[Action]:
     out: list[Action] = []
     for r, req in enumerate(s.requests):
@@ -470,6 +483,8 @@ PROTOCOL_GUARDS: dict[Guard, tuple[type, ...]] = {
     _prefill_sends_completions: (PrefillSendCompletion,),
     _decode_receives_completions: (DecodeReceiveCompletion,),
     _decode_receives_failures: (DecodeReceiveFailure,),
+    _decode_receives_cancels: (DecodeReceiveCancel,),
+    _prefill_receives_cancels: (PrefillReceiveCancel,),
     _decode_generates: (DecodeGenerate,),
     _decode_answers: (DecodeAnswer,),
     _decode_releases: (DecodeReleasePages,),
@@ -761,6 +776,26 @@ def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFail
     return _decode_fail(d, c, s, m.request, reason, abort=False)
 
 
+def _decode_receive_cancel(d: Design, c: Config, s: State, a: DecodeReceiveCancel) -> State:
+    r = a.request
+    req = evolve(s.requests[r], d_cancel=False)
+    s = _set_req(s, r, req)
+    if req.d in ("received", "admitted", "reserved"):
+        # Prefill may hold a grant and be writing: abort it (and fence the pages).
+        return _decode_fail(d, c, s, r, "cancelled by the client", abort=True)
+    if req.d in ("validated", "generated"):
+        return _decode_fail(d, c, s, r, "cancelled by the client", abort=False)
+    return s  # decode already finished with the request: nothing to stop
+
+
+def _prefill_receive_cancel(d: Design, c: Config, s: State, a: PrefillReceiveCancel) -> State:
+    r = a.request
+    req = evolve(s.requests[r], p_cancel=False)
+    if req.p in ("received", "admitted"):
+        req = _stop_prefill(req, "aborted")
+    return _set_req(s, r, req)
+
+
 def _decode_generate(d: Design, c: Config, s: State, a: DecodeGenerate) -> State:
     r = a.request
     req = s.requests[r]
@@ -879,15 +914,19 @@ def _retransmit(d: Design, c: Config, s: State, a: RetransmitMessage) -> State:
 
 
 def _client_cancel(d: Design, c: Config, s: State, a: ClientCancelRequest) -> State:
+    # The router answers the client at once; decode and prefill hear of it later, each by a call
+    # of its own (`decode_receive_cancel`, `prefill_receive_cancel`).
     r = a.request
     req = s.requests[r]
     s = evolve(s, faults=evolve(s.faults, cancels=s.faults.cancels + 1))
     if req.p == "granted" and req.p_wrote > 0:
         s = evolve(s, ghost=evolve(s.ghost, cancelled_mid_transfer=True))
+    req = _answer_error(req, "cancelled by the client")
     if req.d in ("received", "admitted", "reserved", "validated", "generated"):
-        abort = req.d in ("received", "admitted", "reserved")
-        return _decode_fail(d, c, s, r, "cancelled by the client", abort=abort)
-    return _set_req(s, r, _answer_error(req, "cancelled by the client"))
+        req = evolve(req, d_cancel=True)
+    if req.p in ("received", "admitted"):
+        req = evolve(req, p_cancel=True)
+    return _set_req(s, r, req)
 
 
 def _decode_waiting_timeout(d: Design, c: Config, s: State, a: DecodeWaitingTimeout) -> State:
@@ -1009,6 +1048,8 @@ _STEP = {
     PrefillSendCompletion: _prefill_send_completion,
     DecodeReceiveCompletion: _decode_receive_completion,
     DecodeReceiveFailure: _decode_receive_failure,
+    DecodeReceiveCancel: _decode_receive_cancel,
+    PrefillReceiveCancel: _prefill_receive_cancel,
     DecodeGenerate: _decode_generate,
     DecodeAnswer: _decode_answer,
     DecodeReleasePages: _decode_release,

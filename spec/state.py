@@ -261,6 +261,8 @@ class ReqState:
     d_epoch: int = 0  # prefill's boot epoch this request was sent with
     d_ranks: tuple[int, ...] = ()  # rank set: ranks whose completion arrived and validated
     d_acks: tuple[int, ...] = ()  # rank set: ranks whose drain ack arrived (release fenced)
+    d_cancel: bool = False  # the client cancelled; the router's word is on its way to decode
+    p_cancel: bool = False  # ... and on its way to prefill
     # Ghost.
     not_as_is: bool = False  # some side did not admit the prompt as sent (reject/placeholder/trunc)
     # What decode read when it generated: every shard of every page, page by page (with one

@@ -22,16 +22,16 @@ def test_state_counts_of_two_small_configs_are_pinned() -> None:
     tiny = explore(get_variant("reference"), parse_set(default_config(), TINY))
     assert (tiny.states, tiny.extra["transitions"]) == (16, 18)
     small = explore(get_variant("reference"), parse_set(default_config(), SMALL))
-    assert (small.states, small.extra["transitions"]) == (3488, 7819)
+    assert (small.states, small.extra["transitions"]) == (5040, 12415)
     small_incident = explore(get_variant("incident"), parse_set(default_config(), SMALL))
-    assert small_incident.states == 3238
+    assert small_incident.states == 4467
 
 
 def test_with_two_prefill_ranks_the_small_config_grows_and_the_reference_stays_safe() -> None:
     result = explore(
         get_variant("reference"), parse_set(default_config(), [*SMALL, "prefill_ranks=2"])
     )
-    assert (result.states, result.extra["transitions"]) == (8145, 23422)
+    assert (result.states, result.extra["transitions"]) == (11513, 35387)
     assert result.verdict == "safe" and all(result.witnesses.values())
 
 
