@@ -850,6 +850,9 @@ def _facts(
         req.append([("submitted", rid)])
         if k == "prefill_reject_request":
             prod.append(("prefill_ended", rid))
+        if k == "decode_reject_request" and a.get("code") == "CANCELLED":
+            # Refused on a withdrawal that overtook the submit: after whatever caused it.
+            req.append([("cancelled", rid), ("prefill_ended", rid)])
     elif k == "prefill_restart":
         prod.append(("prefill_epoch", a.get("boot_epoch")))
     elif k == "decode_detect_prefill_restart" and a.get("new_epoch") is not None:
@@ -890,6 +893,8 @@ def _facts(
         prod.append(("abort", rid, gen))
     elif k == "prefill_cancel_request":
         req.append([("cancelled", rid), ("decode_ended", rid)])
+        if a.get("early"):
+            prod.append(("prefill_ended", rid))  # prefill will refuse the request
     elif k == "decode_waiting_timeout":
         prod.append(("abort", rid, gen))
     elif k == "prefill_receive_abort":

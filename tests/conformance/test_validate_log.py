@@ -164,3 +164,24 @@ def test_validate_log_cli_exit_codes(
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     assert main(["validate-log", str(bad)]) == 2
+
+
+def test_a_refusal_on_a_cancel_that_overtook_the_submit_is_merged_after_the_cancel() -> None:
+    # A live gRPC log (campaign seed 13): decode refuses t75r2 with CANCELLED because the
+    # router's withdrawal overtook its submit; the merge must place that refusal after the
+    # router's `client_cancel_request`, and prefill's early cancel of t75r1 ends prefill's part.
+    from conformance.validate import merge_logs, read_log
+
+    log = Path(__file__).parent / "data" / "cancel_overtakes_submit.log.jsonl"
+    report = validate_logs([log])
+    assert report.ok, report.message
+    _, events = read_log(log)
+    by_server: dict[str, list[dict[str, Any]]] = {}
+    for ev in events:
+        by_server.setdefault(ev["server"], []).append(ev)
+    merged = [
+        (ev["event"], ev["args"].get("request_id")) for ev in merge_logs(list(by_server.values()))
+    ]
+    assert merged.index(("client_cancel_request", "t75r2")) < merged.index(
+        ("decode_reject_request", "t75r2")
+    )
