@@ -196,6 +196,10 @@ class Instance:
     fault: bool
 
 
+_COMPARISONS = (z3.Z3_OP_SGT, z3.Z3_OP_SGEQ, z3.Z3_OP_SLT, z3.Z3_OP_SLEQ, z3.Z3_OP_EQ)
+"""The comparisons of a variable with a constant that `Encoding.intervals` reads in a guard."""
+
+
 class Encoding:
     """The Z3 encoding of `variant` on `config`. See the module docstring for the layout."""
 
@@ -241,6 +245,7 @@ class Encoding:
         self._template_vars: list[Any] = []
         self._tpl_rules: list[tuple[Any, dict[str, Any]]] | None = None
         self._packed: dict[tuple[int, str], list[Any]] = {}
+        self._narrowed: dict[str, tuple[list[dict[str, tuple[int, int]]], set[str]]] = {}
         self.instances = self._instances()
         self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
             name: getattr(self, name) for name in {i.name for i in self.instances}
@@ -311,7 +316,53 @@ class Encoding:
             self._states[key] = self._new_state(t, prefix)
         return self._states[key]
 
+    def narrow(self, depth: int, prefix: str = "") -> bool:
+        """Give the states `prefix` 0 .. depth fewer SAT variables: where `intervals` bounds an
+        integer variable at step t, the step's variable is a bit-vector of just the bits that
+        interval needs, zero- (sign-, for a negative bound) extended to `width` in the state's
+        formulas, or the constant itself when the interval is one value; a Bool that no instance
+        changes is the constant False. Formulas are unchanged, at `width` bits: a state's value
+        is in its interval whenever the state is reachable in at most t steps, so on the paths
+        that BMC unrolls from `init` the narrow variable holds exactly the full-width value, and
+        an update whose value would not fit only rules out states that are not reachable.
+        False (nothing narrowed) when the intervals are not shown."""
+        assert self.width is not None and not any(p == prefix for _, p in self._states)
+        steps = self.intervals(depth)
+        if steps is None:
+            return False
+        tpl = self.state_at(0, "tpl_")
+        changed = {
+            name for _, new in self._rules_on(tpl) for name, v in new.items() if not v.eq(tpl[name])
+        }
+        self._narrowed[prefix] = (steps, changed)
+        return True
+
+    def _narrow_state(self, t: int, prefix: str) -> SymState:
+        assert self.width is not None
+        steps, changed = self._narrowed[prefix]
+        if t >= len(steps):
+            raise EncodingError(f"step {t} is beyond the {len(steps) - 1} steps narrowed")
+        out: SymState = {}
+        for name, kind in self.fields:
+            var = f"{prefix}{name}@{t}"
+            if kind == "B":
+                out[name] = z3.Bool(var) if name in changed else z3.BoolVal(False)
+                continue
+            lo, hi = steps[t][name]
+            if lo == hi:
+                out[name] = self.K(lo)
+                continue
+            signed = lo < 0
+            bits = max((-lo - 1).bit_length(), hi.bit_length()) + 1 if signed else hi.bit_length()
+            out[name] = z3.BitVec(var, bits)
+            if bits < self.width:
+                extend = z3.SignExt if signed else z3.ZeroExt
+                out[name] = extend(self.width - bits, out[name])
+        return out
+
     def _new_state(self, t: int, prefix: str) -> SymState:
+        if prefix in self._narrowed:
+            return self._narrow_state(t, prefix)
         return {
             name: z3.Bool(f"{prefix}{name}@{t}")
             if kind == "B"
@@ -1098,35 +1149,28 @@ class Encoding:
         return z3.substitute(self._template, *pairs)
 
     def ranges_fit(self, depth: int) -> bool:
-        """True when an interval analysis shows every integer variable in `[0, 2**(width-1))` in
+        """True when `intervals` shows every integer variable in `[minimum, 2**(width-1))` in
         every state reachable within `depth` steps: then the bit-vectors never wrap around and BMC
-        needs no solver query for it. False means "not shown" (the solver is then asked).
+        needs no solver query for it. False means "not shown" (the solver is then asked)."""
+        return self.width is None or self.intervals(depth) is not None
+
+    def intervals(self, depth: int) -> list[dict[str, tuple[int, int]]] | None:
+        """For t = 0 .. depth, an interval per integer variable holding its value in every state
+        reachable within t steps, each inside `[minimum, 2**(width-1))`; None when not shown.
 
         The analysis is deliberately simple and sound: a variable's interval at step t+1 is the
         union of its interval at step t and of the value of each instance's update expression over
         the step-t intervals, narrowed by the instance's guard where a top-level conjunct of the
-        guard is `v > c` or `v >= c` (this is what keeps `net - 1` non-negative). Every
-        subexpression must stay in the signed range, so bit-vector arithmetic on it is integer
-        arithmetic. Anything it does not understand makes it answer False."""
-        if self.width is None:
-            return True
+        guard compares a variable with a constant (`v > c`, `v >= c`, `v < c`, `v <= c`,
+        `v == c`: this is what keeps `net - 1` non-negative) or bounds a sum of variables from
+        above (`f.crashes + ... < max_faults`); an instance whose guard no value in the step-t
+        intervals meets is left out at that step. Every subexpression must stay in the signed
+        range, so bit-vector arithmetic on it is integer arithmetic. Anything it does not
+        understand makes it answer None."""
+        assert self.width is not None
         top = 2 ** (self.width - 1)
         s = self.state_at(0, "tpl_")
         names = {s[name].get_id(): name for name, kind in self.fields if kind == "I"}
-        updates: list[tuple[dict[str, int], list[tuple[str, Any]]]] = []
-        for guard, new in self._rules_on(s):
-            lower: dict[str, int] = {}
-            conj = list(guard.children()) if z3.is_and(guard) else [guard]
-            for c in conj:
-                kind = c.decl().kind() if z3.is_app(c) else None
-                if kind in (z3.Z3_OP_SGT, z3.Z3_OP_SGEQ) and z3.is_bv_value(c.arg(1)):
-                    name = names.get(c.arg(0).get_id())
-                    if name is not None:
-                        bound = c.arg(1).as_signed_long() + (kind == z3.Z3_OP_SGT)
-                        lower[name] = max(lower.get(name, bound), bound)
-            ints = [(n, v) for n, v in new.items() if n in names.values() and not v.eq(s[n])]
-            updates.append((lower, ints))
-        env = {name: (self.initial(name),) * 2 for name in names.values()}
         # Compile each integer expression once into plain tuples (walking Z3 terms is slow):
         # ("n", value) | ("v", name) | ("ite", a, b) | ("+", args) | ("-", a, b) | None.
         compiled: dict[int, Any] = {}
@@ -1150,9 +1194,67 @@ class Encoding:
                 compiled[key] = node
             return compiled[key]
 
-        programs = [(lower, [(n, comp(v)) for n, v in ints]) for lower, ints in updates]
+        # Per instance: its guard's bounds, as ("lo" | "hi", name, value), ("hi", name, node)
+        # (at most the value of a compiled expression) or ("sum", names, value) (a sum of
+        # variables at most `value`), and its integer updates.
+        updates: list[tuple[list[tuple[str, Any, Any]], list[tuple[str, Any]]]] = []
+        for guard, new in self._rules_on(s):
+            bounds: list[tuple[str, Any, Any]] = []
+            todo = [guard]
+            while todo:
+                c = todo.pop()
+                if z3.is_and(c):
+                    todo.extend(c.children())
+                    continue
+                kind = c.decl().kind() if z3.is_app(c) else None
+                if kind not in _COMPARISONS:
+                    continue
+                name = names.get(c.arg(0).get_id())
+                if not z3.is_bv_value(c.arg(1)):
+                    # `v < e` (`prefill_write_page`: at most its target): v < the most e can be.
+                    if name is not None and kind in (z3.Z3_OP_SLT, z3.Z3_OP_SLEQ):
+                        strict = kind == z3.Z3_OP_SLT
+                        bounds.append(("hi", name, ("-", comp(c.arg(1)), ("n", int(strict)))))
+                    continue
+                value = c.arg(1).as_signed_long()
+                low = {z3.Z3_OP_SGT: value + 1, z3.Z3_OP_SGEQ: value, z3.Z3_OP_EQ: value}
+                high = {z3.Z3_OP_SLT: value - 1, z3.Z3_OP_SLEQ: value, z3.Z3_OP_EQ: value}
+                if name is not None:
+                    if kind in low:
+                        bounds.append(("lo", name, low[kind]))
+                    if kind in high:
+                        bounds.append(("hi", name, high[kind]))
+                elif kind in high and z3.is_app_of(c.arg(0), z3.Z3_OP_BADD):
+                    terms = [names.get(a.get_id()) for a in c.arg(0).children()]
+                    if all(t is not None for t in terms):
+                        bounds.append(("sum", terms, high[kind]))
+            ints = [(n, v) for n, v in new.items() if n in names.values() and not v.eq(s[n])]
+            updates.append((bounds, ints))
+        env = {name: (self.initial(name),) * 2 for name in names.values()}
+        programs = [(bounds, [(n, comp(v)) for n, v in ints]) for bounds, ints in updates]
 
-        def ev(node: Any, lower: dict[str, int]) -> tuple[int, int] | None:
+        def met(bounds: list[tuple[str, Any, Any]]) -> dict[str, tuple[int, int]] | None:
+            """The intervals of the variables a guard bounds, met with it; None: unsatisfiable."""
+            out: dict[str, tuple[int, int]] = {}
+            for tag, name, bound in bounds:
+                if tag == "sum":
+                    ivs = [out.get(n, env[n]) for n in name]
+                    if sum(iv[1] for iv in ivs) >= top or sum(iv[0] for iv in ivs) < -top:
+                        continue  # the sum could wrap around: no bound from it
+                    least = sum(iv[0] for iv in ivs)
+                    for n, (lo, hi) in zip(name, ivs, strict=True):
+                        out[n] = (lo, min(hi, bound - (least - lo)))
+                    continue
+                if not isinstance(bound, int):
+                    most = ev(bound, {})
+                    if most is None:
+                        continue
+                    bound = most[1]
+                lo, hi = out.get(name, env[name])
+                out[name] = (max(lo, bound), hi) if tag == "lo" else (lo, min(hi, bound))
+            return None if any(lo > hi for lo, hi in out.values()) else out
+
+        def ev(node: Any, guard: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
             out: tuple[int, int] | None = None
             if node is None:
                 return None
@@ -1160,40 +1262,44 @@ class Encoding:
             if tag == "n":
                 out = (node[1], node[1])
             elif tag == "v":
-                lo, hi = env[node[1]]
-                out = (max(lo, lower.get(node[1], lo)), hi)
+                out = guard.get(node[1], env[node[1]])
             elif tag == "ite":
-                a, b = ev(node[1], lower), ev(node[2], lower)
+                a, b = ev(node[1], guard), ev(node[2], guard)
                 if a is not None and b is not None:
                     out = (min(a[0], b[0]), max(a[1], b[1]))
             elif tag == "+":
-                parts = [ev(a, lower) for a in node[1]]
+                parts = [ev(a, guard) for a in node[1]]
                 known = [p for p in parts if p is not None]
                 if len(known) == len(parts):
                     out = (sum(p[0] for p in known), sum(p[1] for p in known))
             else:
-                a, b = ev(node[1], lower), ev(node[2], lower)
+                a, b = ev(node[1], guard), ev(node[2], guard)
                 if a is not None and b is not None:
                     out = (a[0] - b[1], a[1] - b[0])
             if out is not None and not (-top <= out[0] and out[1] < top):
                 return None  # could wrap around: not understood
             return out
 
-        for _ in range(depth):
+        steps = [env]
+        while len(steps) <= depth:
             nxt = dict(env)
-            for lower, program in programs:
+            for bounds, program in programs:
+                guard = met(bounds)
+                if guard is None:
+                    continue  # not enabled in any state within the intervals
                 for name, node in program:
-                    iv = ev(node, lower)
+                    iv = ev(node, guard)
                     if iv is None:
-                        return False
+                        return None
                     lo, hi = nxt[name]
                     nxt[name] = (min(lo, iv[0]), max(hi, iv[1]))
-            if nxt == env:
-                break  # a fixpoint: no later step adds anything
+            if nxt == env:  # a fixpoint: no later step adds anything
+                return steps + [env] * (depth + 1 - len(steps))
             env = nxt
             if any(lo < self.minimum(n) or hi >= top for n, (lo, hi) in env.items()):
-                return False
-        return True
+                return None
+            steps.append(env)
+        return steps
 
     def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
         """`values` of steps 0..k. With bit-vectors, each step's variables are packed into one
