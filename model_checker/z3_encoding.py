@@ -196,8 +196,15 @@ class Instance:
     fault: bool
 
 
-_COMPARISONS = (z3.Z3_OP_SGT, z3.Z3_OP_SGEQ, z3.Z3_OP_SLT, z3.Z3_OP_SLEQ, z3.Z3_OP_EQ)
-"""The comparisons of a variable with a constant that `Encoding.intervals` reads in a guard."""
+def _rename(formula: Any, sources: Sequence[Any], targets: Sequence[Any]) -> Any:
+    """`z3.substitute(formula, *zip(sources, targets))` through Z3's C API: the Python API's
+    per-pair checks cost several times the substitution itself (the sorts agree by
+    construction here)."""
+    n = len(sources)
+    old = (z3.Ast * n)(*[x.as_ast() for x in sources])
+    new = (z3.Ast * n)(*[x.as_ast() for x in targets])
+    ctx = formula.ctx
+    return type(formula)(z3.Z3_substitute(ctx.ref(), formula.as_ast(), n, old, new), ctx)
 
 
 class Encoding:
@@ -244,8 +251,9 @@ class Encoding:
         self._states: dict[tuple[int, str], SymState] = {}
         self._template_vars: list[Any] = []
         self._tpl_rules: list[tuple[Any, dict[str, Any]]] | None = None
-        self._packed: dict[tuple[int, str], list[Any]] = {}
-        self._narrowed: dict[str, tuple[list[dict[str, tuple[int, int]]], set[str]]] = {}
+        self._packed: dict[tuple[Any, str], Any] = {}
+        self._tpl_properties: dict[str, Any] | None = None
+        self._narrowed: dict[str, list[dict[str, tuple[int, int]]]] = {}
         self.instances = self._instances()
         self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
             name: getattr(self, name) for name in {i.name for i in self.instances}
@@ -317,38 +325,34 @@ class Encoding:
         return self._states[key]
 
     def narrow(self, depth: int, prefix: str = "") -> bool:
-        """Give the states `prefix` 0 .. depth fewer SAT variables: where `intervals` bounds an
-        integer variable at step t, the step's variable is a bit-vector of just the bits that
-        interval needs, zero- (sign-, for a negative bound) extended to `width` in the state's
-        formulas, or the constant itself when the interval is one value; a Bool that no instance
-        changes is the constant False. Formulas are unchanged, at `width` bits: a state's value
-        is in its interval whenever the state is reachable in at most t steps, so on the paths
-        that BMC unrolls from `init` the narrow variable holds exactly the full-width value, and
-        an update whose value would not fit only rules out states that are not reachable.
-        False (nothing narrowed) when the intervals are not shown."""
+        """Give the states `prefix` 0 .. depth fewer SAT variables, and the solver what no path
+        of t steps can reach: where `intervals` bounds a variable at step t, the step's variable
+        is a bit-vector of just the bits that interval needs, zero- (sign-, for a negative bound)
+        extended to `width` in the state's formulas, or the constant itself when the interval is
+        one value (for a Bool too). Formulas are unchanged, at `width` bits: a state reachable in
+        t steps has its values in the step-t intervals, so on the paths that BMC unrolls from
+        `init` the narrow variable holds exactly the full-width value, and an update whose value
+        would not fit only rules out states that are not reachable within t steps. False
+        (nothing narrowed) when the intervals are not shown."""
         assert self.width is not None and not any(p == prefix for _, p in self._states)
         steps = self.intervals(depth)
         if steps is None:
             return False
-        tpl = self.state_at(0, "tpl_")
-        changed = {
-            name for _, new in self._rules_on(tpl) for name, v in new.items() if not v.eq(tpl[name])
-        }
-        self._narrowed[prefix] = (steps, changed)
+        self._narrowed[prefix] = steps
         return True
 
     def _narrow_state(self, t: int, prefix: str) -> SymState:
         assert self.width is not None
-        steps, changed = self._narrowed[prefix]
+        steps = self._narrowed[prefix]
         if t >= len(steps):
             raise EncodingError(f"step {t} is beyond the {len(steps) - 1} steps narrowed")
         out: SymState = {}
         for name, kind in self.fields:
             var = f"{prefix}{name}@{t}"
-            if kind == "B":
-                out[name] = z3.Bool(var) if name in changed else z3.BoolVal(False)
-                continue
             lo, hi = steps[t][name]
+            if kind == "B":
+                out[name] = z3.BoolVal(lo == 1) if lo == hi else z3.Bool(var)
+                continue
             if lo == hi:
                 out[name] = self.K(lo)
                 continue
@@ -1145,8 +1149,18 @@ class Encoding:
             self._template = self.trans(s, a, s2)
             self._template_vars = [*s.values(), a, *s2.values()]
         s, a, s2 = self.state_at(t, prefix), self.action_at(t, prefix), self.state_at(t + 1, prefix)
-        pairs = list(zip(self._template_vars, [*s.values(), a, *s2.values()], strict=True))
-        return z3.substitute(self._template, *pairs)
+        return _rename(self._template, self._template_vars, [*s.values(), a, *s2.values()])
+
+    def at_step(self, formula: Any, t: int, prefix: str = "") -> Any:
+        """A formula over the template state (`state_at(0, "tpl_")`), renamed to step t's."""
+        tpl = self.state_at(0, "tpl_")
+        return _rename(formula, list(tpl.values()), list(self.state_at(t, prefix).values()))
+
+    def properties_at(self, t: int, prefix: str = "") -> dict[str, Any]:
+        """`properties(state_at(t, prefix))`, by renaming one copy over the template state."""
+        if self._tpl_properties is None:
+            self._tpl_properties = self.properties(self.state_at(0, "tpl_"))
+        return {name: self.at_step(f, t, prefix) for name, f in self._tpl_properties.items()}
 
     def ranges_fit(self, depth: int) -> bool:
         """True when `intervals` shows every integer variable in `[minimum, 2**(width-1))` in
@@ -1155,151 +1169,12 @@ class Encoding:
         return self.width is None or self.intervals(depth) is not None
 
     def intervals(self, depth: int) -> list[dict[str, tuple[int, int]]] | None:
-        """For t = 0 .. depth, an interval per integer variable holding its value in every state
-        reachable within t steps, each inside `[minimum, 2**(width-1))`; None when not shown.
+        """For t = 0 .. depth, an interval per variable (a Bool as 0 = False, 1 = True) holding
+        its value in every state reachable within t steps, the integers inside
+        `[minimum, 2**(width-1))`; None when not shown. See `model_checker.z3_bounds`."""
+        from model_checker.z3_bounds import step_bounds
 
-        The analysis is deliberately simple and sound: a variable's interval at step t+1 is the
-        union of its interval at step t and of the value of each instance's update expression over
-        the step-t intervals, narrowed by the instance's guard where a top-level conjunct of the
-        guard compares a variable with a constant (`v > c`, `v >= c`, `v < c`, `v <= c`,
-        `v == c`: this is what keeps `net - 1` non-negative) or bounds a sum of variables from
-        above (`f.crashes + ... < max_faults`); an instance whose guard no value in the step-t
-        intervals meets is left out at that step. Every subexpression must stay in the signed
-        range, so bit-vector arithmetic on it is integer arithmetic. Anything it does not
-        understand makes it answer None."""
-        assert self.width is not None
-        top = 2 ** (self.width - 1)
-        s = self.state_at(0, "tpl_")
-        names = {s[name].get_id(): name for name, kind in self.fields if kind == "I"}
-        # Compile each integer expression once into plain tuples (walking Z3 terms is slow):
-        # ("n", value) | ("v", name) | ("ite", a, b) | ("+", args) | ("-", a, b) | None.
-        compiled: dict[int, Any] = {}
-
-        def comp(e: Any) -> Any:
-            key = e.get_id()
-            if key not in compiled:
-                node: Any = None
-                if z3.is_bv_value(e):
-                    node = ("n", e.as_signed_long())
-                elif key in names:
-                    node = ("v", names[key])
-                elif z3.is_app(e):
-                    kind = e.decl().kind()
-                    if kind == z3.Z3_OP_ITE:
-                        node = ("ite", comp(e.arg(1)), comp(e.arg(2)))
-                    elif kind == z3.Z3_OP_BADD:
-                        node = ("+", [comp(a) for a in e.children()])
-                    elif kind == z3.Z3_OP_BSUB and e.num_args() == 2:
-                        node = ("-", comp(e.arg(0)), comp(e.arg(1)))
-                compiled[key] = node
-            return compiled[key]
-
-        # Per instance: its guard's bounds, as ("lo" | "hi", name, value), ("hi", name, node)
-        # (at most the value of a compiled expression) or ("sum", names, value) (a sum of
-        # variables at most `value`), and its integer updates.
-        updates: list[tuple[list[tuple[str, Any, Any]], list[tuple[str, Any]]]] = []
-        for guard, new in self._rules_on(s):
-            bounds: list[tuple[str, Any, Any]] = []
-            todo = [guard]
-            while todo:
-                c = todo.pop()
-                if z3.is_and(c):
-                    todo.extend(c.children())
-                    continue
-                kind = c.decl().kind() if z3.is_app(c) else None
-                if kind not in _COMPARISONS:
-                    continue
-                name = names.get(c.arg(0).get_id())
-                if not z3.is_bv_value(c.arg(1)):
-                    # `v < e` (`prefill_write_page`: at most its target): v < the most e can be.
-                    if name is not None and kind in (z3.Z3_OP_SLT, z3.Z3_OP_SLEQ):
-                        strict = kind == z3.Z3_OP_SLT
-                        bounds.append(("hi", name, ("-", comp(c.arg(1)), ("n", int(strict)))))
-                    continue
-                value = c.arg(1).as_signed_long()
-                low = {z3.Z3_OP_SGT: value + 1, z3.Z3_OP_SGEQ: value, z3.Z3_OP_EQ: value}
-                high = {z3.Z3_OP_SLT: value - 1, z3.Z3_OP_SLEQ: value, z3.Z3_OP_EQ: value}
-                if name is not None:
-                    if kind in low:
-                        bounds.append(("lo", name, low[kind]))
-                    if kind in high:
-                        bounds.append(("hi", name, high[kind]))
-                elif kind in high and z3.is_app_of(c.arg(0), z3.Z3_OP_BADD):
-                    terms = [names.get(a.get_id()) for a in c.arg(0).children()]
-                    if all(t is not None for t in terms):
-                        bounds.append(("sum", terms, high[kind]))
-            ints = [(n, v) for n, v in new.items() if n in names.values() and not v.eq(s[n])]
-            updates.append((bounds, ints))
-        env = {name: (self.initial(name),) * 2 for name in names.values()}
-        programs = [(bounds, [(n, comp(v)) for n, v in ints]) for bounds, ints in updates]
-
-        def met(bounds: list[tuple[str, Any, Any]]) -> dict[str, tuple[int, int]] | None:
-            """The intervals of the variables a guard bounds, met with it; None: unsatisfiable."""
-            out: dict[str, tuple[int, int]] = {}
-            for tag, name, bound in bounds:
-                if tag == "sum":
-                    ivs = [out.get(n, env[n]) for n in name]
-                    if sum(iv[1] for iv in ivs) >= top or sum(iv[0] for iv in ivs) < -top:
-                        continue  # the sum could wrap around: no bound from it
-                    least = sum(iv[0] for iv in ivs)
-                    for n, (lo, hi) in zip(name, ivs, strict=True):
-                        out[n] = (lo, min(hi, bound - (least - lo)))
-                    continue
-                if not isinstance(bound, int):
-                    most = ev(bound, {})
-                    if most is None:
-                        continue
-                    bound = most[1]
-                lo, hi = out.get(name, env[name])
-                out[name] = (max(lo, bound), hi) if tag == "lo" else (lo, min(hi, bound))
-            return None if any(lo > hi for lo, hi in out.values()) else out
-
-        def ev(node: Any, guard: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
-            out: tuple[int, int] | None = None
-            if node is None:
-                return None
-            tag = node[0]
-            if tag == "n":
-                out = (node[1], node[1])
-            elif tag == "v":
-                out = guard.get(node[1], env[node[1]])
-            elif tag == "ite":
-                a, b = ev(node[1], guard), ev(node[2], guard)
-                if a is not None and b is not None:
-                    out = (min(a[0], b[0]), max(a[1], b[1]))
-            elif tag == "+":
-                parts = [ev(a, guard) for a in node[1]]
-                known = [p for p in parts if p is not None]
-                if len(known) == len(parts):
-                    out = (sum(p[0] for p in known), sum(p[1] for p in known))
-            else:
-                a, b = ev(node[1], guard), ev(node[2], guard)
-                if a is not None and b is not None:
-                    out = (a[0] - b[1], a[1] - b[0])
-            if out is not None and not (-top <= out[0] and out[1] < top):
-                return None  # could wrap around: not understood
-            return out
-
-        steps = [env]
-        while len(steps) <= depth:
-            nxt = dict(env)
-            for bounds, program in programs:
-                guard = met(bounds)
-                if guard is None:
-                    continue  # not enabled in any state within the intervals
-                for name, node in program:
-                    iv = ev(node, guard)
-                    if iv is None:
-                        return None
-                    lo, hi = nxt[name]
-                    nxt[name] = (min(lo, iv[0]), max(hi, iv[1]))
-            if nxt == env:  # a fixpoint: no later step adds anything
-                return steps + [env] * (depth + 1 - len(steps))
-            env = nxt
-            if any(lo < self.minimum(n) or hi >= top for n, (lo, hi) in env.items()):
-                return None
-            steps.append(env)
-        return steps
+        return step_bounds(self, depth)
 
     def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
         """`values` of steps 0..k. With bit-vectors, each step's variables are packed into one
@@ -1313,8 +1188,7 @@ class Encoding:
         total = sum(bits for *_, bits in layout)
         out: list[dict[str, Any]] = []
         for t in range(k + 1):
-            parts = self._packed_parts(t, prefix)
-            packed = model.eval(z3.Concat(parts) if len(parts) > 1 else parts[0], True).as_long()
+            packed = model.eval(self._packed_step(t, prefix), True).as_long()
             v: dict[str, Any] = {}
             shift = total
             for name, kind, bits in layout:  # Concat puts its first argument in the high bits
@@ -1327,15 +1201,22 @@ class Encoding:
             out.append(v)
         return out
 
-    def _packed_parts(self, t: int, prefix: str) -> list[Any]:
-        """Step t's variables as bit-vectors (a Bool as one bit), for `path_values`; cached."""
+    def _packed_step(self, t: int, prefix: str) -> Any:
+        """Step t's variables concatenated into one bit-vector (a Bool as one bit), for
+        `path_values`: built once over the template state and renamed (building a concatenation
+        of a few hundred terms through the Python API is slow); cached."""
         key = (t, prefix)
         if key not in self._packed:
-            one, zero = z3.BitVecVal(1, 1), z3.BitVecVal(0, 1)
-            s = self.state_at(t, prefix)
-            self._packed[key] = [
-                z3.If(s[name], one, zero) if kind == "B" else s[name] for name, kind in self.fields
-            ]
+            tpl = ("", "tpl_")
+            if tpl not in self._packed:
+                one, zero = z3.BitVecVal(1, 1), z3.BitVecVal(0, 1)
+                s = self.state_at(0, "tpl_")
+                parts = [
+                    z3.If(s[name], one, zero) if kind == "B" else s[name]
+                    for name, kind in self.fields
+                ]
+                self._packed[tpl] = z3.Concat(parts) if len(parts) > 1 else parts[0]
+            self._packed[key] = self.at_step(self._packed[tpl], t, prefix)
         return self._packed[key]
 
     def get_unrolling(self, k: int, prefix: str = "") -> Iterator[Any]:

@@ -177,7 +177,7 @@ def _bmc(
     for k in range(depth + 1):
         if k > 0:
             solver.add(enc.trans_at(k - 1))
-        props = enc.properties(enc.state_at(k))
+        props = enc.properties_at(k)
         live = [name for name in pending if name not in unknown]
         if not live:
             break

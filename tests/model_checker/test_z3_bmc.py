@@ -114,18 +114,19 @@ def test_a_bit_vector_width_too_narrow_for_the_values_is_detected_not_silently_w
     assert bmc(get_variant("incident"), Config(), depth=3).extra["bitvector_width"] == 5
 
 
-def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_not() -> None:
-    """Within 12 steps every counter provably stays below 16 (5 bits); at 16 steps the interval
-    analysis cannot show it at 5 bits but can at 7, which BMC then takes (narrowing each step's
-    integers); without the intervals the solver must show it (and does, at 5 bits)."""
+def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step bounds keep every counter within 5 bits at 20 steps (a counter grows only as
+    often as the instances adding to it can fire), so BMC narrows at 5 bits; where they do not
+    show the ranges, the solver must (and does, at 5 bits)."""
     from model_checker.z3_engines import _bmc
 
-    assert bmc(REFERENCE, SMALL, depth=12).extra["range_check"] == "intervals"
-    assert bmc(REFERENCE, SMALL, depth=12).extra["bitvector_width"] == 5
-    deep = bmc(REFERENCE, SMALL, depth=16)
-    assert deep.extra["range_check"] == "intervals" and deep.extra["bitvector_width"] == 7
+    deep = bmc(REFERENCE, SMALL, depth=20)
+    assert deep.extra["range_check"] == "intervals" and deep.extra["bitvector_width"] == 5
     enc = Encoding(REFERENCE, SMALL, width=5)
-    unnarrowed = _bmc(enc, 16, None, False, time.perf_counter(), narrowed=False)
+    monkeypatch.setattr(enc, "ranges_fit", lambda depth: False)  # as if not shown
+    unnarrowed = _bmc(enc, 12, None, False, time.perf_counter(), narrowed=False)
     assert unnarrowed.extra["range_check"] == "solver" and unnarrowed.extra["bitvector_width"] == 5
 
 
@@ -133,11 +134,12 @@ def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_no
     ("name", "config"),
     [("incident", SMALL), ("reference", SMALL), ("m13_lease_expiry_pull", SMALL)],
 )
-def test_the_step_intervals_hold_every_value_the_explorer_reaches_within_as_many_steps(
+def test_the_step_bounds_hold_every_value_the_explorer_reaches_within_as_many_steps(
     name: str, config: Config
 ) -> None:
-    """`Encoding.narrow` gives step t's integers just the bits of their step-t intervals: sound
-    only if every state reachable within t steps has its values inside them."""
+    """`Encoding.narrow` gives step t's variables just the bits of their step-t intervals (a Bool
+    that cannot be true yet is False): sound only if every state reachable within t steps has its
+    values inside them."""
     from model_checker.explore import build_graph
 
     variant = get_variant(name)
@@ -146,16 +148,15 @@ def test_the_step_intervals_hold_every_value_the_explorer_reaches_within_as_many
     depth = 12
     steps = enc.intervals(depth)
     assert steps is not None and len(steps) == depth + 1
-    ints = [n for n, kind in enc.fields if kind == "I"]
     checked = 0
     for state, d in zip(graph.states, graph.depth_of, strict=True):
         if d > depth:
             continue
         values = enc.abstract(state)
         for t in range(d, depth + 1):
-            for n in ints:
+            for n, _ in enc.fields:
                 lo, hi = steps[t][n]
-                assert lo <= values[n] <= hi, (n, t, values[n], steps[t][n])
+                assert lo <= int(values[n]) <= hi, (n, t, values[n], steps[t][n])
         checked += 1
     assert checked > 100
     # The intervals are per step: the first steps need fewer bits than the last.
