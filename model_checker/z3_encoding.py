@@ -196,15 +196,18 @@ class Instance:
     fault: bool
 
 
-def _rename(formula: Any, sources: Sequence[Any], targets: Sequence[Any]) -> Any:
-    """`z3.substitute(formula, *zip(sources, targets))` through Z3's C API: the Python API's
-    per-pair checks cost several times the substitution itself (the sorts agree by
+def _rename(formulas: Sequence[Any], sources: Sequence[Any], targets: Sequence[Any]) -> list[Any]:
+    """`z3.substitute(f, *zip(sources, targets))` for each f, through Z3's C API: the Python
+    API's per-pair checks cost several times the substitution itself (the sorts agree by
     construction here)."""
     n = len(sources)
     old = (z3.Ast * n)(*[x.as_ast() for x in sources])
     new = (z3.Ast * n)(*[x.as_ast() for x in targets])
-    ctx = formula.ctx
-    return type(formula)(z3.Z3_substitute(ctx.ref(), formula.as_ast(), n, old, new), ctx)
+    out = []
+    for f in formulas:
+        ctx = f.ctx
+        out.append(type(f)(z3.Z3_substitute(ctx.ref(), f.as_ast(), n, old, new), ctx))
+    return out
 
 
 class Encoding:
@@ -1149,18 +1152,20 @@ class Encoding:
             self._template = self.trans(s, a, s2)
             self._template_vars = [*s.values(), a, *s2.values()]
         s, a, s2 = self.state_at(t, prefix), self.action_at(t, prefix), self.state_at(t + 1, prefix)
-        return _rename(self._template, self._template_vars, [*s.values(), a, *s2.values()])
+        targets = [*s.values(), a, *s2.values()]
+        return _rename([self._template], self._template_vars, targets)[0]
 
-    def at_step(self, formula: Any, t: int, prefix: str = "") -> Any:
-        """A formula over the template state (`state_at(0, "tpl_")`), renamed to step t's."""
+    def at_step(self, formulas: Sequence[Any], t: int, prefix: str = "") -> list[Any]:
+        """Formulas over the template state (`state_at(0, "tpl_")`), renamed to step t's."""
         tpl = self.state_at(0, "tpl_")
-        return _rename(formula, list(tpl.values()), list(self.state_at(t, prefix).values()))
+        return _rename(formulas, list(tpl.values()), list(self.state_at(t, prefix).values()))
 
     def properties_at(self, t: int, prefix: str = "") -> dict[str, Any]:
         """`properties(state_at(t, prefix))`, by renaming one copy over the template state."""
         if self._tpl_properties is None:
             self._tpl_properties = self.properties(self.state_at(0, "tpl_"))
-        return {name: self.at_step(f, t, prefix) for name, f in self._tpl_properties.items()}
+        renamed = self.at_step(list(self._tpl_properties.values()), t, prefix)
+        return dict(zip(self._tpl_properties, renamed, strict=True))
 
     def ranges_fit(self, depth: int) -> bool:
         """True when `intervals` shows every integer variable in `[minimum, 2**(width-1))` in
@@ -1216,7 +1221,7 @@ class Encoding:
                     for name, kind in self.fields
                 ]
                 self._packed[tpl] = z3.Concat(parts) if len(parts) > 1 else parts[0]
-            self._packed[key] = self.at_step(self._packed[tpl], t, prefix)
+            self._packed[key] = self.at_step([self._packed[tpl]], t, prefix)[0]
         return self._packed[key]
 
     def get_unrolling(self, k: int, prefix: str = "") -> Iterator[Any]:
