@@ -40,6 +40,7 @@ from typing import Any
 
 import z3
 
+from model_checker.z3_bounds import step_bounds
 from spec.actions import (
     Action,
     ClientCancelRequest,
@@ -1177,8 +1178,6 @@ class Encoding:
         """For t = 0 .. depth, an interval per variable (a Bool as 0 = False, 1 = True) holding
         its value in every state reachable within t steps, the integers inside
         `[minimum, 2**(width-1))`; None when not shown. See `model_checker.z3_bounds`."""
-        from model_checker.z3_bounds import step_bounds
-
         return step_bounds(self, depth)
 
     def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
