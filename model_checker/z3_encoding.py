@@ -40,6 +40,7 @@ from typing import Any
 
 import z3
 
+from model_checker.z3_bounds import step_bounds
 from spec.actions import (
     Action,
     ClientCancelRequest,
@@ -198,6 +199,20 @@ class Instance:
     fault: bool
 
 
+def _rename(formulas: Sequence[Any], sources: Sequence[Any], targets: Sequence[Any]) -> list[Any]:
+    """`z3.substitute(f, *zip(sources, targets))` for each f, through Z3's C API: the Python
+    API's per-pair checks cost several times the substitution itself (the sorts agree by
+    construction here)."""
+    n = len(sources)
+    old = (z3.Ast * n)(*[x.as_ast() for x in sources])
+    new = (z3.Ast * n)(*[x.as_ast() for x in targets])
+    out = []
+    for f in formulas:
+        ctx = f.ctx
+        out.append(type(f)(z3.Z3_substitute(ctx.ref(), f.as_ast(), n, old, new), ctx))
+    return out
+
+
 class Encoding:
     """The Z3 encoding of `variant` on `config`. See the module docstring for the layout."""
 
@@ -242,7 +257,9 @@ class Encoding:
         self._states: dict[tuple[int, str], SymState] = {}
         self._template_vars: list[Any] = []
         self._tpl_rules: list[tuple[Any, dict[str, Any]]] | None = None
-        self._packed: dict[tuple[int, str], list[Any]] = {}
+        self._packed: dict[tuple[Any, str], Any] = {}
+        self._tpl_properties: dict[str, Any] | None = None
+        self._narrowed: dict[str, list[dict[str, tuple[int, int]]]] = {}
         self.instances = self._instances()
         self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
             name: getattr(self, name) for name in {i.name for i in self.instances}
@@ -315,7 +332,49 @@ class Encoding:
             self._states[key] = self._new_state(t, prefix)
         return self._states[key]
 
+    def narrow(self, depth: int, prefix: str = "") -> bool:
+        """Give the states `prefix` 0 .. depth fewer SAT variables, and the solver what no path
+        of t steps can reach: where `intervals` bounds a variable at step t, the step's variable
+        is a bit-vector of just the bits that interval needs, zero- (sign-, for a negative bound)
+        extended to `width` in the state's formulas, or the constant itself when the interval is
+        one value (for a Bool too). Formulas are unchanged, at `width` bits: a state reachable in
+        t steps has its values in the step-t intervals, so on the paths that BMC unrolls from
+        `init` the narrow variable holds exactly the full-width value, and an update whose value
+        would not fit only rules out states that are not reachable within t steps. False
+        (nothing narrowed) when the intervals are not shown."""
+        assert self.width is not None and not any(p == prefix for _, p in self._states)
+        steps = self.intervals(depth)
+        if steps is None:
+            return False
+        self._narrowed[prefix] = steps
+        return True
+
+    def _narrow_state(self, t: int, prefix: str) -> SymState:
+        assert self.width is not None
+        steps = self._narrowed[prefix]
+        if t >= len(steps):
+            raise EncodingError(f"step {t} is beyond the {len(steps) - 1} steps narrowed")
+        out: SymState = {}
+        for name, kind in self.fields:
+            var = f"{prefix}{name}@{t}"
+            lo, hi = steps[t][name]
+            if kind == "B":
+                out[name] = z3.BoolVal(lo == 1) if lo == hi else z3.Bool(var)
+                continue
+            if lo == hi:
+                out[name] = self.K(lo)
+                continue
+            signed = lo < 0
+            bits = max((-lo - 1).bit_length(), hi.bit_length()) + 1 if signed else hi.bit_length()
+            out[name] = z3.BitVec(var, bits)
+            if bits < self.width:
+                extend = z3.SignExt if signed else z3.ZeroExt
+                out[name] = extend(self.width - bits, out[name])
+        return out
+
     def _new_state(self, t: int, prefix: str) -> SymState:
+        if prefix in self._narrowed:
+            return self._narrow_state(t, prefix)
         return {
             name: z3.Bool(f"{prefix}{name}@{t}")
             if kind == "B"
@@ -1118,106 +1177,32 @@ class Encoding:
             self._template = self.trans(s, a, s2)
             self._template_vars = [*s.values(), a, *s2.values()]
         s, a, s2 = self.state_at(t, prefix), self.action_at(t, prefix), self.state_at(t + 1, prefix)
-        pairs = list(zip(self._template_vars, [*s.values(), a, *s2.values()], strict=True))
-        return z3.substitute(self._template, *pairs)
+        targets = [*s.values(), a, *s2.values()]
+        return _rename([self._template], self._template_vars, targets)[0]
+
+    def at_step(self, formulas: Sequence[Any], t: int, prefix: str = "") -> list[Any]:
+        """Formulas over the template state (`state_at(0, "tpl_")`), renamed to step t's."""
+        tpl = self.state_at(0, "tpl_")
+        return _rename(formulas, list(tpl.values()), list(self.state_at(t, prefix).values()))
+
+    def properties_at(self, t: int, prefix: str = "") -> dict[str, Any]:
+        """`properties(state_at(t, prefix))`, by renaming one copy over the template state."""
+        if self._tpl_properties is None:
+            self._tpl_properties = self.properties(self.state_at(0, "tpl_"))
+        renamed = self.at_step(list(self._tpl_properties.values()), t, prefix)
+        return dict(zip(self._tpl_properties, renamed, strict=True))
 
     def ranges_fit(self, depth: int) -> bool:
-        """True when an interval analysis shows every integer variable in `[0, 2**(width-1))` in
+        """True when `intervals` shows every integer variable in `[minimum, 2**(width-1))` in
         every state reachable within `depth` steps: then the bit-vectors never wrap around and BMC
-        needs no solver query for it. False means "not shown" (the solver is then asked).
+        needs no solver query for it. False means "not shown" (the solver is then asked)."""
+        return self.width is None or self.intervals(depth) is not None
 
-        The analysis is deliberately simple and sound: a variable's interval at step t+1 is the
-        union of its interval at step t and of the value of each instance's update expression over
-        the step-t intervals, narrowed by the instance's guard where a top-level conjunct of the
-        guard is `v > c` or `v >= c` (this is what keeps `net - 1` non-negative). Every
-        subexpression must stay in the signed range, so bit-vector arithmetic on it is integer
-        arithmetic. Anything it does not understand makes it answer False."""
-        if self.width is None:
-            return True
-        top = 2 ** (self.width - 1)
-        s = self.state_at(0, "tpl_")
-        names = {s[name].get_id(): name for name, kind in self.fields if kind == "I"}
-        updates: list[tuple[dict[str, int], list[tuple[str, Any]]]] = []
-        for guard, new in self._rules_on(s):
-            lower: dict[str, int] = {}
-            conj = list(guard.children()) if z3.is_and(guard) else [guard]
-            for c in conj:
-                kind = c.decl().kind() if z3.is_app(c) else None
-                if kind in (z3.Z3_OP_SGT, z3.Z3_OP_SGEQ) and z3.is_bv_value(c.arg(1)):
-                    name = names.get(c.arg(0).get_id())
-                    if name is not None:
-                        bound = c.arg(1).as_signed_long() + (kind == z3.Z3_OP_SGT)
-                        lower[name] = max(lower.get(name, bound), bound)
-            ints = [(n, v) for n, v in new.items() if n in names.values() and not v.eq(s[n])]
-            updates.append((lower, ints))
-        env = {name: (self.initial(name),) * 2 for name in names.values()}
-        # Compile each integer expression once into plain tuples (walking Z3 terms is slow):
-        # ("n", value) | ("v", name) | ("ite", a, b) | ("+", args) | ("-", a, b) | None.
-        compiled: dict[int, Any] = {}
-
-        def comp(e: Any) -> Any:
-            key = e.get_id()
-            if key not in compiled:
-                node: Any = None
-                if z3.is_bv_value(e):
-                    node = ("n", e.as_signed_long())
-                elif key in names:
-                    node = ("v", names[key])
-                elif z3.is_app(e):
-                    kind = e.decl().kind()
-                    if kind == z3.Z3_OP_ITE:
-                        node = ("ite", comp(e.arg(1)), comp(e.arg(2)))
-                    elif kind == z3.Z3_OP_BADD:
-                        node = ("+", [comp(a) for a in e.children()])
-                    elif kind == z3.Z3_OP_BSUB and e.num_args() == 2:
-                        node = ("-", comp(e.arg(0)), comp(e.arg(1)))
-                compiled[key] = node
-            return compiled[key]
-
-        programs = [(lower, [(n, comp(v)) for n, v in ints]) for lower, ints in updates]
-
-        def ev(node: Any, lower: dict[str, int]) -> tuple[int, int] | None:
-            out: tuple[int, int] | None = None
-            if node is None:
-                return None
-            tag = node[0]
-            if tag == "n":
-                out = (node[1], node[1])
-            elif tag == "v":
-                lo, hi = env[node[1]]
-                out = (max(lo, lower.get(node[1], lo)), hi)
-            elif tag == "ite":
-                a, b = ev(node[1], lower), ev(node[2], lower)
-                if a is not None and b is not None:
-                    out = (min(a[0], b[0]), max(a[1], b[1]))
-            elif tag == "+":
-                parts = [ev(a, lower) for a in node[1]]
-                known = [p for p in parts if p is not None]
-                if len(known) == len(parts):
-                    out = (sum(p[0] for p in known), sum(p[1] for p in known))
-            else:
-                a, b = ev(node[1], lower), ev(node[2], lower)
-                if a is not None and b is not None:
-                    out = (a[0] - b[1], a[1] - b[0])
-            if out is not None and not (-top <= out[0] and out[1] < top):
-                return None  # could wrap around: not understood
-            return out
-
-        for _ in range(depth):
-            nxt = dict(env)
-            for lower, program in programs:
-                for name, node in program:
-                    iv = ev(node, lower)
-                    if iv is None:
-                        return False
-                    lo, hi = nxt[name]
-                    nxt[name] = (min(lo, iv[0]), max(hi, iv[1]))
-            if nxt == env:
-                break  # a fixpoint: no later step adds anything
-            env = nxt
-            if any(lo < self.minimum(n) or hi >= top for n, (lo, hi) in env.items()):
-                return False
-        return True
+    def intervals(self, depth: int) -> list[dict[str, tuple[int, int]]] | None:
+        """For t = 0 .. depth, an interval per variable (a Bool as 0 = False, 1 = True) holding
+        its value in every state reachable within t steps, the integers inside
+        `[minimum, 2**(width-1))`; None when not shown. See `model_checker.z3_bounds`."""
+        return step_bounds(self, depth)
 
     def path_values(self, model: Any, k: int, prefix: str = "") -> list[dict[str, Any]]:
         """`values` of steps 0..k. With bit-vectors, each step's variables are packed into one
@@ -1231,8 +1216,7 @@ class Encoding:
         total = sum(bits for *_, bits in layout)
         out: list[dict[str, Any]] = []
         for t in range(k + 1):
-            parts = self._packed_parts(t, prefix)
-            packed = model.eval(z3.Concat(parts) if len(parts) > 1 else parts[0], True).as_long()
+            packed = model.eval(self._packed_step(t, prefix), True).as_long()
             v: dict[str, Any] = {}
             shift = total
             for name, kind, bits in layout:  # Concat puts its first argument in the high bits
@@ -1245,15 +1229,22 @@ class Encoding:
             out.append(v)
         return out
 
-    def _packed_parts(self, t: int, prefix: str) -> list[Any]:
-        """Step t's variables as bit-vectors (a Bool as one bit), for `path_values`; cached."""
+    def _packed_step(self, t: int, prefix: str) -> Any:
+        """Step t's variables concatenated into one bit-vector (a Bool as one bit), for
+        `path_values`: built once over the template state and renamed (building a concatenation
+        of a few hundred terms through the Python API is slow); cached."""
         key = (t, prefix)
         if key not in self._packed:
-            one, zero = z3.BitVecVal(1, 1), z3.BitVecVal(0, 1)
-            s = self.state_at(t, prefix)
-            self._packed[key] = [
-                z3.If(s[name], one, zero) if kind == "B" else s[name] for name, kind in self.fields
-            ]
+            tpl = ("", "tpl_")
+            if tpl not in self._packed:
+                one, zero = z3.BitVecVal(1, 1), z3.BitVecVal(0, 1)
+                s = self.state_at(0, "tpl_")
+                parts = [
+                    z3.If(s[name], one, zero) if kind == "B" else s[name]
+                    for name, kind in self.fields
+                ]
+                self._packed[tpl] = z3.Concat(parts) if len(parts) > 1 else parts[0]
+            self._packed[key] = self.at_step([self._packed[tpl]], t, prefix)[0]
         return self._packed[key]
 
     def get_unrolling(self, k: int, prefix: str = "") -> Iterator[Any]:

@@ -123,6 +123,10 @@ class _WidthTooSmall(Exception):
     pass
 
 
+WIDTHS = (5, 7, 10, 16)
+"""The bit-vector widths BMC tries, narrowest first."""
+
+
 def bmc(
     variant: Variant,
     config: Config,
@@ -130,34 +134,38 @@ def bmc(
     timeout: float | None = None,
     first: bool = False,
 ) -> CheckResult:
-    """Bounded model checking with the narrowest bit-vector width that provably fits (5 bits,
-    widened and rerun whenever some value could leave the range within the bound). `first`:
-    stop at the first depth where some property fails (the shortest counterexample of all)."""
-    for width in (5, 7, 10, 16):
+    """Bounded model checking with the narrowest bit-vector width at which the interval analysis
+    bounds every integer within the depth, each step's integers narrowed further to the bits
+    their intervals need there (`Encoding.narrow`). Where no width's intervals suffice, every
+    integer gets one width, 5 bits, widened and rerun whenever the solver finds that some value
+    could leave the range within the bound. `first`: stop at the first depth where some property
+    fails (the shortest counterexample of all)."""
+    started = time.perf_counter()
+    bound = DEFAULT_BMC_DEPTH if depth is None else depth
+    for width in WIDTHS:
+        enc = Encoding(variant, config, width=width)
+        if enc.narrow(bound):
+            return _bmc(enc, bound, timeout, first, started, narrowed=True)
+    for width in WIDTHS:
         try:
-            return _bmc(variant, config, depth, timeout, width, first)
+            enc = Encoding(variant, config, width=width)
+            return _bmc(enc, bound, timeout, first, started, narrowed=False)
         except _WidthTooSmall:
             continue
     raise EncodingError("no bit-vector width up to 16 bits fits this configuration")
 
 
 def _bmc(
-    variant: Variant,
-    config: Config,
-    depth: int | None,
-    timeout: float | None,
-    width: int,
-    first: bool = False,
+    enc: Encoding, depth: int, timeout: float | None, first: bool, started: float, narrowed: bool
 ) -> CheckResult:
     """Bounded model checking, incremental: one solver, one unrolling step added per depth.
 
     At depth k the query is  I(s_0) /\\ T(s_0, s_1) /\\ ... /\\ T(s_{k-1}, s_k) /\\ OR_p not p(s_k)
     over the properties p not yet violated; when it is satisfiable, each of them is asked alone.
-    The first depth at which a property fails gives its shortest counterexample.
+    The first depth at which a property fails gives its shortest counterexample. `narrowed`:
+    `enc.narrow(depth)` holds (and the intervals show that no integer leaves its range).
     """
-    started = time.perf_counter()
-    depth = DEFAULT_BMC_DEPTH if depth is None else depth
-    enc = Encoding(variant, config, width=width)
+    variant, config, width = enc.variant, enc.config, enc.width
     solver = _solver(timeout)
     solver.add(enc.init(enc.state_at(0)))
     pending = [p.name for p in ALWAYS]
@@ -169,7 +177,7 @@ def _bmc(
     for k in range(depth + 1):
         if k > 0:
             solver.add(enc.trans_at(k - 1))
-        props = enc.properties(enc.state_at(k))
+        props = enc.properties_at(k)
         live = [name for name in pending if name not in unknown]
         if not live:
             break
@@ -206,7 +214,7 @@ def _bmc(
     # replayed through the spec, which would catch a wrapped one.) Else a model could be vacuous.
     # A cheap interval analysis usually shows it; where it cannot, the solver is asked.
     range_check = "intervals"
-    if not enc.ranges_fit(reached):
+    if not narrowed and not enc.ranges_fit(reached):
         range_check = "solver"
         ranges = z3.Or([z3.Not(enc.in_range(enc.state_at(t))) for t in range(reached + 1)])
         answer = solver.check(ranges)

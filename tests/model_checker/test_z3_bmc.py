@@ -108,17 +108,60 @@ def test_bmc_and_explorer_agree_on_shortest_lengths_on_a_small_config(name: str)
 def test_a_bit_vector_width_too_narrow_for_the_values_is_detected_not_silently_wrapped() -> None:
     from model_checker.z3_engines import _bmc, _WidthTooSmall
 
-    with pytest.raises(_WidthTooSmall):
-        _bmc(get_variant("incident"), Config(), 3, None, width=3)  # phases go up to 10
+    with pytest.raises(_WidthTooSmall):  # phases go up to 10
+        enc = Encoding(get_variant("incident"), Config(), width=3)
+        _bmc(enc, 3, None, False, time.perf_counter(), narrowed=False)
     assert bmc(get_variant("incident"), Config(), depth=3).extra["bitvector_width"] == 5
 
 
-def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_not() -> None:
-    """Within 12 steps every counter provably stays below 16 (5 bits); at 20 steps the interval
-    analysis cannot show it and the solver must (and does, at 5 bits)."""
-    assert bmc(REFERENCE, SMALL, depth=12).extra["range_check"] == "intervals"
+def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step bounds keep every counter within 5 bits at 20 steps (a counter grows only as
+    often as the instances adding to it can fire), so BMC narrows at 5 bits; where they do not
+    show the ranges, the solver must (and does, at 5 bits)."""
+    from model_checker.z3_engines import _bmc
+
     deep = bmc(REFERENCE, SMALL, depth=20)
-    assert deep.extra["range_check"] == "solver" and deep.extra["bitvector_width"] == 5
+    assert deep.extra["range_check"] == "intervals" and deep.extra["bitvector_width"] == 5
+    enc = Encoding(REFERENCE, SMALL, width=5)
+    monkeypatch.setattr(enc, "ranges_fit", lambda depth: False)  # as if not shown
+    unnarrowed = _bmc(enc, 12, None, False, time.perf_counter(), narrowed=False)
+    assert unnarrowed.extra["range_check"] == "solver" and unnarrowed.extra["bitvector_width"] == 5
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [("incident", SMALL), ("reference", SMALL), ("m13_lease_expiry_pull", SMALL)],
+)
+def test_the_step_bounds_hold_every_value_the_explorer_reaches_within_as_many_steps(
+    name: str, config: Config
+) -> None:
+    """`Encoding.narrow` gives step t's variables just the bits of their step-t intervals (a Bool
+    that cannot be true yet is False): sound only if every state reachable within t steps has its
+    values inside them."""
+    from model_checker.explore import build_graph
+
+    variant = get_variant(name)
+    graph, _, _ = build_graph(variant, config)
+    enc = Encoding(variant, config, width=7)
+    depth = 12
+    steps = enc.intervals(depth)
+    assert steps is not None and len(steps) == depth + 1
+    checked = 0
+    for state, d in zip(graph.states, graph.depth_of, strict=True):
+        if d > depth:
+            continue
+        values = enc.abstract(state)
+        for t in range(d, depth + 1):
+            for n, _ in enc.fields:
+                lo, hi = steps[t][n]
+                assert lo <= int(values[n]) <= hi, (n, t, values[n], steps[t][n])
+        checked += 1
+    assert checked > 100
+    # The intervals are per step: the first steps need fewer bits than the last.
+    width = [sum(hi.bit_length() for lo, hi in steps[t].values() if lo != hi) for t in (1, depth)]
+    assert width[0] < width[1]
 
 
 def test_the_interval_analysis_rejects_a_width_too_narrow() -> None:
