@@ -14,7 +14,7 @@ relations), never by wall-clock time: see `merge_logs`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -963,10 +963,18 @@ def search_logs(
     sent: Sent = {}
     facts_of = _FactsOnce()
 
-    def ready(pos: tuple[int, ...]) -> list[int]:
+    def ready(pos: tuple[int, ...]) -> Iterator[int]:
+        """The heads to try at `pos`, in order: those whose causes are in place, else every head.
+        Lazily: the next one is looked for only once the ones before it failed (the shared facts
+        are then as they were at `pos` again), so most steps look at one head only."""
         heads = [i for i, q in enumerate(queues) if pos[i] < len(q)]
-        good = [i for i in heads if is_ready(i, pos)]
-        return good or heads
+        found = False
+        for i in heads:
+            if is_ready(i, pos):
+                found = True
+                yield i
+        if not found:
+            yield from heads
 
     def is_ready(i: int, pos: tuple[int, ...]) -> bool:
         for group in facts_of(queues[i][pos[i]], sent)[0]:
@@ -996,7 +1004,10 @@ def search_logs(
     # Stack frames: (pos, frontier, candidates left to try, facts this frame's event added).
     start = tuple(0 for _ in queues)
     Frame = tuple[
-        tuple[int, ...], Frontier, list[int], tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]
+        tuple[int, ...],
+        Frontier,
+        Iterator[int],
+        tuple[list[tuple[Any, ...]], tuple[Any, Any] | None],
     ]
     stack: list[Frame] = [(start, dict(v.frontier), ready(start), ([], None))]
     dead: set[tuple[tuple[int, ...], frozenset[State]]] = set()
@@ -1015,14 +1026,14 @@ def search_logs(
                 message=f"all {total} events explained by {len(hist)} spec steps",
                 spec_actions=[action_to_json(a) for a in hist],
             )
-        if not todo or budget <= 0:
+        i = next(todo, None) if budget > 0 else None
+        if i is None:
             stack.pop()
             undo_facts(*added)
             dead.add((pos, frozenset(frontier)))
             if budget <= 0:
                 break
             continue
-        i = todo.pop(0)
         budget -= 1
         ev = queues[i][pos[i]]
         new, violated = v.advance(ev, frontier)
