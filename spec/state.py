@@ -62,12 +62,15 @@ def evolve(obj: _T, **changes: Any) -> _T:
     `_cached_hash`) is not copied; the hashes a state keeps of its requests and pages are (see
     `_items_hash`).
     """
-    data = obj.__dict__.copy()
+    data = obj.__dict__ | changes
     data.pop("_hash", None)
-    data.update(changes)
-    new = object.__new__(type(obj))
-    object.__setattr__(new, "__dict__", data)
+    new = _new_object(type(obj))
+    _set_attribute(new, "__dict__", data)
     return new
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__  # past the frozen dataclass's own __setattr__
 
 
 _FIELD_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
