@@ -11,8 +11,8 @@ Most `always` properties are claims about each request on its own: they are writ
 about one request (`each_request`; `each_page` for a claim about each page), and every property
 says which parts of the state it reads (`reads`). These only let checkers skip work: a state that
 differs from one where a property held only in parts it does not read (or, for a per-request or
-per-page claim, only in other requests or pages) satisfies it too (`check_always_after`). A test checks both declarations on every reachable state of small
-scenarios.
+per-page claim, only in other requests or pages) satisfies it too (`check_always_after`). A test
+checks these declarations on every reachable state of small scenarios.
 
 Deployment-level properties are plain functions of the `Config`: they are what `check-config`
 checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
