@@ -14,7 +14,7 @@ relations), never by wall-clock time: see `merge_logs`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -821,12 +821,25 @@ class Validator:
 
 def read_log(path: Path) -> tuple[dict[str, Any], list[Event]]:
     try:
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        lines = [_json_line(x) for x in path.read_text().splitlines() if x.strip()]
     except (OSError, json.JSONDecodeError) as exc:
         raise LogError(f"{path}: {exc}") from exc
     if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != "event_log":
         raise LogError(f"{path}: line 1 is not an event-log header (kind: event_log)")
     return lines[0], lines[1:]
+
+
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def _json_line(line: str) -> Any:
+    """`json.loads(line)`, quicker for the usual line (one JSON value, nothing around it);
+    any other line is left to `json.loads`, for its value or its error, word for word."""
+    try:
+        value, end = _raw_decode(line)
+    except json.JSONDecodeError:
+        return json.loads(line)
+    return value if end == len(line) else json.loads(line)
 
 
 def _facts(
@@ -1000,14 +1013,22 @@ def search_logs(
     sent: Sent = {}
     facts_of = _FactsOnce()
 
-    def ready(pos: tuple[int, ...]) -> list[int]:
+    def ready(pos: tuple[int, ...]) -> Iterator[int]:
+        """The heads to try at `pos`, in order: those whose causes are in place, else every head.
+        Lazily: the next one is looked for only once the ones before it failed (the shared facts
+        are then as they were at `pos` again), so most steps look at one head only."""
         heads = [i for i, q in enumerate(queues) if pos[i] < len(q)]
-        good = [i for i in heads if is_ready(i, pos)]
-        return good or heads
+        found = False
+        for i in heads:
+            if is_ready(i, pos):
+                found = True
+                yield i
+        if not found:
+            yield from heads
 
     def is_ready(i: int, pos: tuple[int, ...]) -> bool:
         for group in facts_of(queues[i][pos[i]], sent)[0]:
-            if not any(f in known for f in group):
+            if known.keys().isdisjoint(group):  # not one of the group's facts is known
                 return False
         return True
 
@@ -1033,7 +1054,10 @@ def search_logs(
     # Stack frames: (pos, frontier, candidates left to try, facts this frame's event added).
     start = tuple(0 for _ in queues)
     Frame = tuple[
-        tuple[int, ...], Frontier, list[int], tuple[list[tuple[Any, ...]], tuple[Any, Any] | None]
+        tuple[int, ...],
+        Frontier,
+        Iterator[int],
+        tuple[list[tuple[Any, ...]], tuple[Any, Any] | None],
     ]
     stack: list[Frame] = [(start, dict(v.frontier), ready(start), ([], None))]
     dead: set[tuple[tuple[int, ...], frozenset[State]]] = set()
@@ -1052,14 +1076,14 @@ def search_logs(
                 message=f"all {total} events explained by {len(hist)} spec steps",
                 spec_actions=[action_to_json(a) for a in hist],
             )
-        if not todo or budget <= 0:
+        i = next(todo, None) if budget > 0 else None
+        if i is None:
             stack.pop()
             undo_facts(*added)
             dead.add((pos, frozenset(frontier)))
             if budget <= 0:
                 break
             continue
-        i = todo.pop(0)
         budget -= 1
         ev = queues[i][pos[i]]
         new, violated = v.advance(ev, frontier)

@@ -386,11 +386,11 @@ def action_to_json(action: object) -> dict[str, Any]:
     as 0 when absent, so traces of the one-rank model are unchanged.
     """
     args: dict[str, Any] = {}
-    for f in fields(action):  # type: ignore[arg-type]
-        value = getattr(action, f.name)
+    for name in _field_names(type(action)):
+        value = getattr(action, name)
         if isinstance(value, Message | Write):
             value = _without_rank_0(_as_dict(value))
-        args[f.name] = value
+        args[name] = value
     return {"action": action_name(action), "args": _without_rank_0(args)}
 
 
@@ -398,10 +398,22 @@ def _as_dict(value: Message | Write | Tag) -> dict[str, Any]:
     """`dataclasses.asdict` for a message or write (whose fields hold only a `Tag`, numbers,
     strings and tuples of them), without its deep copies."""
     out: dict[str, Any] = {}
-    for f in fields(value):
-        item = getattr(value, f.name)
-        out[f.name] = _as_dict(item) if isinstance(item, Tag) else item
+    for name in _field_names(type(value)):
+        item = getattr(value, name)
+        out[name] = _as_dict(item) if isinstance(item, Tag) else item
     return out
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The names of a dataclass's fields, in order (`dataclasses.fields` is slow to ask again
+    for every action of a long trace)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 def action_from_json(data: dict[str, Any]) -> Action:

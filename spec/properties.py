@@ -8,11 +8,11 @@ bounded-response property over the state graph, checked by the explorer (see
 pages return to the pool, within a bound of steps.
 
 Most `always` properties are claims about each request on its own: they are written as the claim
-about one request (`each_request`), and every property says which parts of the state it reads
-(`reads`). Both only let checkers skip work: a state that differs from one where a property held
-only in parts it does not read (or, for a per-request claim, only in other requests) satisfies it
-too (`check_always_after`). A test checks both declarations on every reachable state of small
-scenarios.
+about one request (`each_request`; `each_page` for a claim about each page), and every property
+says which parts of the state it reads (`reads`). These only let checkers skip work: a state that
+differs from one where a property held only in parts it does not read (or, for a per-request or
+per-page claim, only in other requests or pages) satisfies it too (`check_always_after`). A test
+checks these declarations on every reachable state of small scenarios.
 
 Deployment-level properties are plain functions of the `Config`: they are what `check-config`
 checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.config import Config
-from spec.state import ReqState, State, Tag
+from spec.state import PageState, ReqState, State, Tag, changed_positions
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,14 @@ class Property:
     witness: str = ""
     """The name of the `sometimes` property that shows this one is not vacuous."""
     reads: tuple[str, ...] = ()
-    """What `holds` reads: `State` fields, or `requests.FIELD` for one field of every request
-    (empty: it may read anything)."""
+    """What `holds` reads: `State` fields, or `requests.FIELD` (`pages.FIELD`) for one field of
+    every request (page) (empty: it may read anything)."""
     each_request: Callable[[Config, int, ReqState], bool] | None = None
     """For a claim about each request on its own: the claim about request r, which reads only
     r's `ReqState` and the config. `holds` is then this claim for every request."""
+    each_page: Callable[[Config, PageState], bool] | None = None
+    """For a claim about each page on its own: the claim about one page, which reads only that
+    `PageState` and the config. `holds` is then this claim for every page."""
 
 
 @dataclass(frozen=True)
@@ -140,14 +143,15 @@ def no_late_write_lands_in_reallocated_page(config: Config, state: State) -> boo
     return not state.ghost.late_landing
 
 
+def page_free_holds_nothing(config: Config, page: PageState) -> bool:
+    """A free page holds nothing readable: whatever was there (every rank's shard) was zeroed
+    when it was freed."""
+    return page.owner is not None or (page.content is None and not any(page.rank_shards))
+
+
 def freed_pages_hold_no_readable_data(config: Config, state: State) -> bool:
-    """Free pages hold nothing readable: whatever was there (every rank's shard) was zeroed when
-    it was freed."""
-    return all(
-        page.content is None and not any(page.rank_shards)
-        for page in state.pages
-        if page.owner is None
-    )
+    """`page_free_holds_nothing`, for every page."""
+    return all(page_free_holds_nothing(config, page) for page in state.pages)
 
 
 # --- sometimes ----------------------------------------------------------------------------------
@@ -245,7 +249,7 @@ ALWAYS: tuple[Property, ...] = (
         "decode's page table and its requests agree; no page is granted twice at once",
         page_has_single_owner,
         "can_reuse_freed_page",
-        reads=("requests.d_pages", "requests.d_gen", "pages"),
+        reads=("requests.d_pages", "requests.d_gen", "pages.owner"),
     ),
     Property(
         "no_late_write_lands_in_reallocated_page",
@@ -260,6 +264,7 @@ ALWAYS: tuple[Property, ...] = (
         freed_pages_hold_no_readable_data,
         "can_scrub_written_page",
         reads=("pages",),
+        each_page=page_free_holds_nothing,
     ),
 )
 
@@ -329,19 +334,22 @@ def check_always_after(config: Config, before: State, after: State) -> list[Prop
 
     States share the parts a step leaves alone, so "differs" is an identity test: a property
     whose `reads` are the very same objects in both states still holds, and a claim about each
-    request is checked only for the requests whose state changed.
+    request (each page) is checked only for the requests (pages) whose state changed.
     """
-    if len(before.requests) != len(after.requests):
+    if len(before.requests) != len(after.requests) or len(before.pages) != len(after.pages):
         return check_always(config, after)
-    old = before.requests
-    changed = [r for r, new in enumerate(after.requests) if new is not old[r]]
+    changed = changed_positions(before.requests, after.requests)
     failed = []
     for prop in ALWAYS:
-        if prop.reads and _unchanged(prop.reads, before, after, changed):
+        if prop.reads and _unchanged(prop.reads, before, after):
             continue
         if prop.each_request is not None:
             claim = prop.each_request
             holds = all(claim(config, r, after.requests[r]) for r in changed)
+        elif prop.each_page is not None:
+            page_claim = prop.each_page
+            pages = changed_positions(before.pages, after.pages)
+            holds = all(page_claim(config, after.pages[i]) for i in pages)
         else:
             holds = prop.holds(config, after)
         if not holds:
@@ -349,17 +357,26 @@ def check_always_after(config: Config, before: State, after: State) -> list[Prop
     return failed
 
 
-def _unchanged(reads: tuple[str, ...], before: State, after: State, changed: list[int]) -> bool:
-    """Is every part in `reads` the same in both states? `changed`: the requests that differ."""
-    for part in reads:
-        name, _, field = part.partition(".")
+_PARTS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+
+
+def _unchanged(reads: tuple[str, ...], before: State, after: State) -> bool:
+    """Is every part in `reads` the same in both states?"""
+    parts = _PARTS.get(reads)
+    if parts is None:  # `reads` split into (State field, field of its items or "") pairs, once
+        parts = _PARTS[reads] = tuple(
+            (part.partition(".")[0], part.partition(".")[2]) for part in reads
+        )
+    for name, field in parts:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is new:
+            continue
         if not field:
-            if getattr(before, name) is not getattr(after, name):
+            return False
+        # `requests.FIELD` or `pages.FIELD`: that field of each request (page) that changed.
+        for i in changed_positions(old, new):
+            if getattr(old[i], field) != getattr(new[i], field):
                 return False
-        else:  # `requests.FIELD`
-            for r in changed:
-                if getattr(before.requests[r], field) != getattr(after.requests[r], field):
-                    return False
     return True
 
 

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from operator import attrgetter
+from itertools import compress, count
+from operator import attrgetter, is_not
 from typing import Any, Literal, TypeVar
 
 from spec.config import Config
@@ -58,16 +59,18 @@ def evolve(obj: _T, **changes: Any) -> _T:
 
     The same as `dataclasses.replace`, without re-running `__init__`: the explorer builds hundreds
     of thousands of states and `replace` was more than half of its time. The cached hash (see
-    `_cached_hash`) is not copied; a state's cached hash of its pages is, unless they change.
+    `_cached_hash`) is not copied; the hashes a state keeps of its requests and pages are (see
+    `_items_hash`).
     """
-    data = obj.__dict__.copy()
+    data = obj.__dict__ | changes
     data.pop("_hash", None)
-    if "pages" in changes:
-        data.pop("_pages_hash", None)
-    data.update(changes)
-    new = object.__new__(type(obj))
-    object.__setattr__(new, "__dict__", data)
+    new = _new_object(type(obj))
+    _set_attribute(new, "__dict__", data)
     return new
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__  # past the frozen dataclass's own __setattr__
 
 
 _FIELD_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
@@ -89,19 +92,55 @@ def _cached_hash(self: Any) -> int:
 
 
 def _state_hash(self: State) -> int:
-    """`_cached_hash` for a `State`, which also keeps the hash of its pages apart.
+    """`_cached_hash` for a `State`, which hashes its requests and pages apart (`_items_hash`).
 
-    Hashing the pages means hashing every page; most steps leave them alone, and `evolve` hands
-    the pages' hash on to the next state with them (the trace validator's pools have dozens of
-    pages)."""
+    Hashing the requests and pages means hashing every request and page; a step changes one
+    request or a few pages, and the trace validator's states have dozens of each."""
     data = self.__dict__
     cached: int | None = data.get("_hash")
     if cached is None:
-        pages_hash = data.get("_pages_hash")
-        if pages_hash is None:
-            pages_hash = data["_pages_hash"] = hash(self.pages)
-        cached = data["_hash"] = hash((_STATE_FIELDS_BUT_PAGES(self), pages_hash))
+        requests_hash = _items_hash(data, "_requests_hashes", self.requests)
+        pages_hash = _items_hash(data, "_pages_hashes", self.pages)
+        cached = data["_hash"] = hash((requests_hash, pages_hash, _STATE_OTHER_FIELDS(self)))
     return cached
+
+
+def _items_hash(data: dict[str, Any], key: str, items: tuple[Any, ...]) -> int:
+    """The hash of `items` (a state's requests or pages), kept in `data[key]` with the hash of
+    each item. `evolve` hands the entry on to the next state, where only the items that are not
+    the very same objects are hashed again."""
+    known: tuple[tuple[Any, ...], tuple[int, ...], int] | None = data.get(key)
+    if known is not None and known[0] is items:
+        return known[2]
+    if known is not None and len(known[0]) == len(items):
+        hashes = list(known[1])
+        for i in changed_positions(known[0], items):
+            hashes[i] = hash(items[i])
+    else:
+        hashes = [hash(item) for item in items]
+    item_hashes = tuple(hashes)
+    combined = hash(item_hashes)
+    data[key] = (items, item_hashes, combined)
+    return combined
+
+
+_CHANGED: dict[int, tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]]] = {}
+
+
+def changed_positions(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[int, ...]:
+    """The positions where `new` holds another object than `old` (tuples of the same length):
+    `tuple(i for i, x in enumerate(new) if x is not old[i])`, without a Python-level loop.
+
+    The last answers are kept (by the identity of `new`; the entry keeps both alive): hashing a
+    stepped state and checking its properties (`check_always_after`) ask the same question."""
+    got = _CHANGED.get(id(new))
+    if got is not None and got[0] is old and got[1] is new:
+        return got[2]
+    found = tuple(compress(count(), map(is_not, new, old)))
+    if len(_CHANGED) >= 16:
+        _CHANGED.clear()
+    _CHANGED[id(new)] = (old, new, found)
+    return found
 
 
 # --- The vocabulary of phases -------------------------------------------------------------------
@@ -338,7 +377,9 @@ class State:
     ghost: Ghost = Ghost()
 
 
-_STATE_FIELDS_BUT_PAGES = attrgetter(*(f.name for f in fields(State) if f.name != "pages"))
+_STATE_OTHER_FIELDS = attrgetter(
+    *(f.name for f in fields(State) if f.name not in ("requests", "pages"))
+)
 
 
 def initial_state(config: Config) -> State:

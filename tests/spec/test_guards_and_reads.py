@@ -2,8 +2,8 @@
 
 * `is_enabled` asks only the guard of an action's kind: it must agree with `action in enabled(...)`.
 * `check_always_after` looks only at what differs from a state where every property held, trusting
-  each property's `reads` and `each_request`: it must agree with `check_always`, and a property must
-  not depend on parts of the state it does not declare.
+  each property's `reads`, `each_request` and `each_page`: it must agree with `check_always`, and a
+  property must not depend on parts of the state it does not declare.
 
 Each is checked on every reachable state of small scenarios, for every variant.
 """
@@ -100,7 +100,8 @@ def _stepped(variant: Variant, config: Config, state: State, action: Action) -> 
 
 def test_properties_read_only_what_they_declare() -> None:
     """Swap in another reachable state's parts that a property does not declare: its verdict
-    must not move. (A per-request claim, on each request, must give the property's verdict.)"""
+    must not move. (A per-request claim, on each request, must give the property's verdict; so
+    must a per-page claim, on each page.)"""
     samples: list[tuple[Config, list[State]]] = []
     for name in ("reference", "incident", "m20_unscrubbed_pages", "m13_lease_expiry_pull"):
         variant = next(v for v in VARIANTS if v.name == name)
@@ -114,6 +115,9 @@ def test_properties_read_only_what_they_declare() -> None:
                 if prop.each_request is not None:
                     claims = [prop.each_request(config, r, q) for r, q in enumerate(s.requests)]
                     assert verdict == all(claims), prop.name
+                if prop.each_page is not None:
+                    page_claims = [prop.each_page(config, page) for page in s.pages]
+                    assert verdict == all(page_claims), prop.name
                 assert prop.reads, f"{prop.name} declares what it reads"
                 for other in others:
                     assert prop.holds(config, _with_parts(other, s, prop.reads)) == verdict, (
@@ -122,19 +126,20 @@ def test_properties_read_only_what_they_declare() -> None:
 
 
 def _with_parts(base: State, source: State, reads: tuple[str, ...]) -> State:
-    """`base` with the parts named in `reads` taken from `source` (fields of requests taken
-    request by request)."""
+    """`base` with the parts named in `reads` taken from `source` (fields of requests or pages
+    taken request by request, page by page)."""
     changes: dict[str, Any] = {}
-    request_fields: dict[str, None] = {}
+    item_fields: dict[str, dict[str, None]] = {}
     for part in reads:
         name, _, field = part.partition(".")
         if field:
-            request_fields[field] = None
+            item_fields.setdefault(name, {})[field] = None
         else:
             changes[name] = getattr(source, name)
-    if request_fields and "requests" not in changes:
-        changes["requests"] = tuple(
-            replace(q, **{f: getattr(src, f) for f in request_fields})
-            for q, src in zip(base.requests, source.requests, strict=True)
-        )
+    for name, names in item_fields.items():
+        if name not in changes:
+            changes[name] = tuple(
+                replace(q, **{f: getattr(src, f) for f in names})
+                for q, src in zip(getattr(base, name), getattr(source, name), strict=True)
+            )
     return replace(base, **changes)
