@@ -24,7 +24,13 @@ Two refinements make the bounds tight enough to matter:
   that only faults advance (the epochs), with bounds per part (`_parts`): a path that spent the
   budget on one fault cannot take another, which bounds of all states together cannot tell
   (with one fault, a request cancelled early lets the next one start early, but then no fault is
-  left to end that one early).
+  left to end that one early). The parts are split, too, by the Bools that once true stay true
+  and that guards of other instances read (`_flags`: the router's `submitted` and `ans_set`), so
+  the bounds relate the requests: in a part where a request is not submitted its fields keep their
+  initial values, and a part where it is appears only after the steps its predecessors need to be
+  answered (with one request active at a time, the third request of the default scenario cannot
+  be submitted within 10 steps, where bounds of all states together let it in at step 6). Past
+  `_MAX_PARTS` parts, the split by flags is dropped (the parts joined) for the remaining steps.
 
 The bounds are what makes BMC fast: besides fewer SAT variables, they tell the solver what no
 path of t steps can reach (a request that cannot be submitted yet, a message that cannot have
@@ -33,6 +39,7 @@ been sent), which it would otherwise have to rediscover at every step of every u
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import z3
@@ -549,6 +556,27 @@ def _parts(
     return order, len(budget), bound, [amounts(eff, order) for eff in counts.effects]
 
 
+def _flags(programs: list[Any], counts: _Counts, bools: set[str]) -> list[str]:
+    """The Bools to split states by as well: those that, once true, stay true (every update sets
+    them true, `Or`s them or leaves them), and that some instance's guard reads without that
+    instance setting them (the router's `submitted` and `ans_set`: in-order submission, the
+    active count). Splitting by them keeps per part what they relate: a request not submitted
+    yet keeps its initial values, and reaching a part where it is takes as many steps as the
+    parts before it need to set their flags (the other requests answered)."""
+
+    def monotone(v: str) -> bool:
+        return all(
+            lf == ("add", 0) or lf == ("or",) or _constant(lf) == 1
+            for eff in counts.effects
+            for lf in eff.get(v, [])
+        )
+
+    guarded: set[str] = set()
+    for i, (_, guard, _updates) in enumerate(programs):
+        guarded |= _reads([guard]) - set(counts.effects[i])
+    return sorted(v for v in bools if v in guarded and monotone(v))
+
+
 def _reads(nodes: list[Any]) -> set[str]:
     """The variables compiled terms read."""
     out: set[str] = set()
@@ -611,6 +639,11 @@ def _join(a: Bounds, b: Bounds) -> Bounds:
     return {n: (min(lo, b[n][0]), max(hi, b[n][1])) for n, (lo, hi) in a.items()}
 
 
+_MAX_PARTS = 48
+"""Beyond this many parts, `step_bounds` stops splitting by `_flags` (the analysis' time grows
+with the parts: requests submitted in any order, several at a time, give hundreds)."""
+
+
 def step_bounds(enc: Encoding, depth: int) -> list[Bounds] | None:
     """The bounds of steps 0 .. depth (module docstring), or None when not shown."""
     assert enc.width is not None
@@ -634,12 +667,34 @@ def step_bounds(enc: Encoding, depth: int) -> list[Bounds] | None:
     split = _parts(programs, counts, initial)
     # A part: the values of the counters `split` names, or None past the budget's bound + 1.
     order, spent_of, bound = (split[0], split[1], split[2]) if split else ([], 0, 0)
+    flags = _flags(programs, counts, set(bools.values()))
+    counters = len(order)
 
     def part(values: tuple[int, ...]) -> tuple[int, ...] | None:
         return None if split and sum(values[:spent_of]) > bound + 1 else values
 
+    def targets(p: tuple[int, ...] | None, i: int, succ: Bounds) -> set[tuple[int, ...] | None]:
+        """The parts instance i's successors of part p can lie in."""
+        if p is None:
+            return {None}
+        options = [
+            range(succ[v][0], succ[v][1] + 1) if v in succ else (p[counters + k],)
+            for k, v in enumerate(flags)
+        ]
+        out: set[tuple[int, ...] | None] = set()
+        for d in split[3][i] if split else {()}:
+            q = part(tuple(a + b for a, b in zip(p[:counters], d, strict=True)))
+            if q is None:
+                out.add(None)
+            else:
+                out.update(q + values for values in itertools.product(*options))
+        return out
+
     env: Bounds = {n: (initial[n],) * 2 for n in initial}
-    start = part(tuple(initial[v] for v in order))
+    first = part(tuple(initial[v] for v in order))
+    assert first is not None
+    start = first + tuple(initial[v] for v in flags)
+    order = order + flags
     parts: dict[tuple[int, ...] | None, Bounds] = {start: env}
     steps = [env]
     fires = [0] * len(programs)
@@ -694,8 +749,7 @@ def step_bounds(enc: Encoding, depth: int) -> list[Bounds] | None:
                     mine[i] = max(mine.get(i, 0), k)
                 for name, high in got.sets.items():
                     sets[name] = max(sets.get(name, initial[name]), high)
-                for d in split[3][i] if split else {()}:
-                    q = None if p is None else part(tuple(a + b for a, b in zip(p, d, strict=True)))
+                for q in targets(p, i, got.succ):
                     if q == p and not fresh:
                         continue  # already joined into this part
                     if q not in new_parts:
@@ -717,6 +771,16 @@ def step_bounds(enc: Encoding, depth: int) -> list[Bounds] | None:
             if q is not None:  # the part's counters are exact
                 penv.update({v: (value, value) for v, value in zip(order, q, strict=True)})
         parts = new_parts
+        if flags and len(parts) > _MAX_PARTS:
+            # Too many parts (requests submitted in any order, several at a time): split by
+            # the counters alone from here on, joining the parts that differ in flags only.
+            merged: dict[tuple[int, ...] | None, Bounds] = {}
+            for q, penv in parts.items():
+                key = None if q is None else q[:counters]
+                merged[key] = penv if key not in merged else _join(merged[key], penv)
+            parts, flags, order = merged, [], order[:counters]
+            start = start[:counters]
+            memo, before = {}, {}
         env = parts[start]
         for penv in parts.values():
             env = _join(env, penv)

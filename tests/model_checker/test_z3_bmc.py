@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -130,18 +131,32 @@ def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_no
     assert unnarrowed.extra["range_check"] == "solver" and unnarrowed.extra["bitvector_width"] == 5
 
 
+UNORDERED = replace(SMALL, max_active=2, submit_in_order=False)
+
+
 @pytest.mark.parametrize(
-    ("name", "config"),
-    [("incident", SMALL), ("reference", SMALL), ("m13_lease_expiry_pull", SMALL)],
+    ("name", "config", "max_parts"),
+    [
+        ("incident", SMALL, None),
+        ("reference", SMALL, None),
+        ("m13_lease_expiry_pull", SMALL, None),
+        ("incident", Config(), None),
+        ("reference", UNORDERED, None),
+        # Past `_MAX_PARTS`, the analysis stops splitting by the router's flags mid-way.
+        ("reference", UNORDERED, 6),
+    ],
 )
 def test_the_step_bounds_hold_every_value_the_explorer_reaches_within_as_many_steps(
-    name: str, config: Config
+    name: str, config: Config, max_parts: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`Encoding.narrow` gives step t's variables just the bits of their step-t intervals (a Bool
     that cannot be true yet is False): sound only if every state reachable within t steps has its
     values inside them."""
+    from model_checker import z3_bounds
     from model_checker.explore import build_graph
 
+    if max_parts is not None:
+        monkeypatch.setattr(z3_bounds, "_MAX_PARTS", max_parts)
     variant = get_variant(name)
     graph, _, _ = build_graph(variant, config)
     enc = Encoding(variant, config, width=7)
@@ -162,6 +177,18 @@ def test_the_step_bounds_hold_every_value_the_explorer_reaches_within_as_many_st
     # The intervals are per step: the first steps need fewer bits than the last.
     width = [sum(hi.bit_length() for lo, hi in steps[t].values() if lo != hi) for t in (1, depth)]
     assert width[0] < width[1]
+
+
+def test_the_step_bounds_know_when_the_router_can_submit_a_request() -> None:
+    """Split by the router's flags (`submitted`, `ans_set`), the bounds relate a request's fields
+    to the others': with one request active at a time, in order, the third one waits for both
+    others to be answered, which takes more than 10 steps with one fault at most (the explorer
+    says more than 12); without the split, non-relational bounds let it in at step 6."""
+    enc = Encoding(get_variant("incident"), Config(), width=5)
+    steps = enc.intervals(12)
+    assert steps is not None
+    assert all(steps[t]["r2.submitted"] == (0, 0) for t in range(11))
+    assert all(steps[t]["r2.p"] == steps[t]["r2.d"] == (0, 0) for t in range(11))
 
 
 def test_the_interval_analysis_rejects_a_width_too_narrow() -> None:
