@@ -191,8 +191,9 @@ MAPPING: tuple[Row, ...] = (
         "decode_receive_cancel | stutter | decode_receive_failure | retransmit_message + "
         "decode_receive_failure",
         "request_id",
-        "the client's cancel reaching decode (while the spec's cancel is on its way), or the "
-        "router relaying prefill's failure notice (a stutter when decode already failed it)",
+        "the client's cancel reaching decode (while the spec's cancel is on its way; `early: "
+        "true` when it overtook the submit), or the router relaying prefill's failure notice (a "
+        "stutter when decode already failed it)",
     ),
     Row("decode_waiting_timeout", "decode", "decode_waiting_timeout", "request_id"),
     Row(

@@ -767,6 +767,14 @@ class DecodeCore:
                 self._early_cancels[ev.request_id] = ev.reason
                 while len(self._early_cancels) > self.config.max_tombstones:
                     self._early_cancels.popitem(last=False)
+                # Logged: the request's fate at decode is decided here, not at its refusal.
+                return [
+                    Log(
+                        "decode_abort_request",
+                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                    ),
+                    Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
+                ]
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[DecodeCommand] = [
             Log(
