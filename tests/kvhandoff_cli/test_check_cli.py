@@ -144,7 +144,7 @@ def test_the_reference_is_safe_with_two_prefill_ranks_with_every_witness_reached
     assert code == 0
     data = json.loads(out)
     assert data["verdict"] == "safe" and all(data["witnesses"].values())
-    assert data["states"] == 359_885
+    assert data["states"] == 524_922
 
 
 @pytest.mark.parametrize("module", ["kvhandoff_cli.main", "kvhandoff_cli"])

@@ -7,6 +7,7 @@ from spec import Config, get_variant, parse_set
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_the_reference_is_safe_with_two_faults_in_one_run() -> None:
     # Two faults of any kinds in the same run: a crash and a lost message together, say.
     config = parse_set(Config(), ["max_faults=2"])
@@ -17,6 +18,7 @@ def test_the_reference_is_safe_with_two_faults_in_one_run() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two faults: millions of states since the cancel's trip is modelled
 @pytest.mark.parametrize(
     "variant", ["incident", "m7_release_before_drain", "m10_stale_status_adopted"]
 )
