@@ -27,10 +27,11 @@ What the abstract model keeps and what it abstracts (its correspondence with `sp
 * Completion: sent at any time after the grant, carrying the pages written so far (the spec sends
   it once every granted page is written, which is one of these behaviours).
 * Reservation takes *any* set of free pages (the spec takes the first `pages` free ones).
-* Every way decode gives up on a request (waiting timeout, cancel, failure notice, failed
-  validation, prefill restart detected) is one action `decode_fail`; every way prefill stops (abort,
-  restart, decode restart detected) is `prefill_stop`; the router may answer any unanswered request
-  with an error at any time (`router_answer_error`). Decode restart clears its page table
+* Every way decode gives up on a request (waiting timeout, a cancel reaching it, failure notice,
+  failed validation, prefill restart detected) is one action `decode_fail`; every way prefill
+  stops (abort, a cancel reaching it, restart, decode restart detected) is `prefill_stop`; the
+  router may answer any unanswered request with an error at any time (`router_answer_error`: the
+  client's cancel is answered so, before it reaches the workers). Decode restart clears its page table
   (zeroing pages when the design scrubs).
 * Prompt lengths are uninterpreted predicates (`too_long_for_window/prefill/decode`): every
   configuration at once.
