@@ -109,6 +109,10 @@ def _items_hash(data: dict[str, Any], key: str, items: tuple[Any, ...]) -> int:
     """The hash of `items` (a state's requests or pages), kept in `data[key]` with the hash of
     each item. `evolve` hands the entry on to the next state, where only the items that are not
     the very same objects are hashed again."""
+    if len(items) <= _FEW_ITEMS:
+        # A few items: hashing the tuple (each item keeps its own hash) is cheaper than the
+        # bookkeeping, and keeps the explorer's many small states small.
+        return hash(items)
     known: tuple[tuple[Any, ...], tuple[int, ...], int] | None = data.get(key)
     if known is not None and known[0] is items:
         return known[2]
@@ -123,6 +127,8 @@ def _items_hash(data: dict[str, Any], key: str, items: tuple[Any, ...]) -> int:
     data[key] = (items, item_hashes, combined)
     return combined
 
+
+_FEW_ITEMS = 8
 
 _CHANGED: dict[int, tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]]] = {}
 

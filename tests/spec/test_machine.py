@@ -190,3 +190,32 @@ def test_the_default_scenario_has_two_tenants_an_oversized_prompt_a_crash_and_a_
     assert any(r.pages > c.prefill_max_prompt for r in c.requests)
     assert any(r.pages <= c.context_window for r in c.requests if r.pages > c.prefill_max_prompt)
     assert c.max_crashes >= 1 and c.max_drops >= 1 and c.max_faults >= 1
+
+
+@pytest.mark.parametrize("n", [2, 12])  # below and above the few-items shortcut of `_items_hash`
+def test_a_stepped_states_kept_hash_is_the_hash_of_an_equal_fresh_state(n: int) -> None:
+    # `State` keeps hashes of its parts and hands them on through `evolve`; an equal state
+    # built from scratch must hash the same, on every state of a random walk.
+    import random
+    from dataclasses import fields
+
+    from spec.state import State
+
+    # Past the explicit model's size limits, as the log validator's scenarios are.
+    config = object.__new__(Config)
+    for f in fields(Config):
+        object.__setattr__(config, f.name, getattr(default_config(), f.name))
+    object.__setattr__(
+        config, "requests", tuple(RequestSpec(f"t{i % 3}", 1, i + 1) for i in range(n))
+    )
+    object.__setattr__(config, "decode_pages", n)
+    object.__setattr__(config, "max_active", 2)
+    rng = random.Random(n)
+    state = init(config)
+    for _ in range(60):
+        options = enabled(REFERENCE, config, state)
+        if not options:
+            break
+        state = step(REFERENCE, config, state, rng.choice(options))
+        fresh = State(**{f.name: getattr(state, f.name) for f in fields(State)})
+        assert fresh == state and hash(fresh) == hash(state)
