@@ -8,6 +8,15 @@ from model_checker.explore import explore
 from model_checker.result import CheckResult
 from spec import Config, get_variant
 
+SMALL = [
+    "requests=a:1:1,b:2:2",
+    "decode_pages=2",
+    "prefill_max_prompt=1",
+    "decode_max_prompt=2",
+    "context_window=2",
+]
+"""`--set` values of the small scenario (two requests, two pages) several test modules explore."""
+
 
 @cache
 def explored(variant_name: str) -> CheckResult:

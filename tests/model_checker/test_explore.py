@@ -6,16 +6,9 @@ from spec.actions import action_name
 from spec.properties import SOMETIMES, TERMINATION
 from spec.trace import load_trace, replay
 from spec.variants import VARIANTS
-from tests.explored import explored
+from tests.explored import SMALL, explored
 
 TINY = ["requests=a:1:1", "decode_pages=1", "max_faults=0"]
-SMALL = [
-    "requests=a:1:1,b:2:2",
-    "decode_pages=2",
-    "prefill_max_prompt=1",
-    "decode_max_prompt=2",
-    "context_window=2",
-]
 
 
 def test_state_counts_of_two_small_configs_are_pinned() -> None:

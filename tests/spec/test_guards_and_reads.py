@@ -22,14 +22,8 @@ from spec.machine import enabled, is_enabled
 from spec.properties import check_always, check_always_after
 from spec.state import State
 from spec.variants import VARIANTS, Variant
+from tests.explored import SMALL
 
-SMALL = [
-    "requests=a:1:1,b:2:2",
-    "decode_pages=2",
-    "prefill_max_prompt=1",
-    "decode_max_prompt=2",
-    "context_window=2",
-]
 # Small enough to try every action ever enabled in every state; two faults so that a fault's
 # own budget and the total budget each decide somewhere.
 TINY_FAULTY = ["requests=a:1:1", "decode_pages=1", "max_faults=2"]
