@@ -232,12 +232,13 @@ def _bmc(
         elif p.name in unknown:
             results.append(PropertyResult(p.name, "unknown", depth=reached, detail=unknown[p.name]))
         else:
+            # Not a proof: a violation may need more steps (see `bmc_complete` for when it is).
             results.append(
                 PropertyResult(
                     p.name,
-                    "holds",
+                    "bounded",
                     depth=clean,
-                    detail=f"bounded: no violation within {clean} steps"
+                    detail=f"no violation up to depth {clean}"
                     + (" (stopped at the first counterexample)" if stopped else ""),
                 )
             )
@@ -247,7 +248,6 @@ def _bmc(
         config,
         results,
         started,
-        scope="bounded",
         max_depth=reached,
         found_after_seconds=found_after,
         bitvector_width=width,
@@ -434,7 +434,7 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
         result.seconds = time.perf_counter() - started
         if result.verdict != "violated":
             for r in result.results:
-                if r.verdict == "holds":
+                if r.verdict in ("holds", "bounded"):
                     r.verdict = "unknown"
                     r.detail = "Spacer found a violation deeper than BMC's bound"
         return result
