@@ -10,7 +10,7 @@ from typing import Any
 from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from model_checker.engines import ENGINES, Combined, EngineOptions, EngineRun, combine, run_engine
 from model_checker.render import trace_lines
-from model_checker.result import CheckResult
+from model_checker.result import CheckResult, config_summary
 from model_checker.variant_loader import VariantLoadError, load_variant
 from spec.config import Config, ConfigError, default_config, parse_set
 from spec.variants import VARIANTS, Variant
@@ -22,8 +22,11 @@ def register(sub: Any) -> None:
         help="check the handoff protocol (or a variant) against every property",
         description=(
             "Check every property of a protocol variant on a configuration. Exit 0 when every "
-            "property holds, 1 when one is violated (the shortest counterexample is shown), "
-            "2 on bad usage or input, 3 when inconclusive."
+            "property is proved for the scope printed (this configuration, or any size), 1 when "
+            "one is violated (the shortest counterexample is shown), 2 on bad usage or input, "
+            "3 when inconclusive (unknown, cannot encode the variant, or a bounded search "
+            "without a completeness argument), 4 when engines disagree (--engine all: one "
+            "proves what another violates, a bug in kvhandoff)."
         ),
     )
     p.add_argument(
@@ -228,11 +231,16 @@ def print_verdict(result: CheckResult) -> None:
         print(f"scope: {result.scope_text()}")
 
 
-def print_table(combined: Combined) -> None:
-    """`--engine all`: one line per engine, then the verdict they make together."""
-    print(f"{'engine':8s} {'verdict':14s} {'time':>9s}  scope")
+def print_table(combined: Combined, config: Config) -> None:
+    """`--engine all`: one line per engine (verdict, scope, time, why), for one configuration."""
+    print(f"configuration: {config_summary(config)}")
+    rows = [("engine", "verdict", "scope", "time", "")]
     for run in combined.runs:
-        print(f"{run.engine:8s} {run.verdict.upper():14s} {run.seconds:7.2f} s  {run.scope_text}")
+        rows.append((run.engine, run.verdict.upper(), run.scope, f"{run.seconds:.2f} s", run.note))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(4)]
+        print(("  ".join(cells) + "  " + row[4]).rstrip())
 
 
 def _single_json(run: EngineRun, variant: Variant, config: Config) -> dict[str, Any]:
@@ -314,10 +322,7 @@ def run_check(args: argparse.Namespace) -> int:
         assert shown_result is not None
         print_result(shown_result, variant, final=False)
         print()
-    print_table(combined)
-    for run in runs:
-        if run.result is None:
-            print(_cannot_encode_text(run, where))
+    print_table(combined, config)
     if combined.verdict == "disagree":
         print("ENGINES DISAGREE (a bug in kvhandoff, not a verdict on the protocol):")
         for d in combined.disagreements:
@@ -329,8 +334,13 @@ def run_check(args: argparse.Namespace) -> int:
     if combined.verdict in ("violated", "safe"):
         line += f" (by {', '.join(combined.deciding)})"
     print(line)
-    if deciding is not None and combined.verdict in ("safe", "bounded"):
-        print(f"scope: {deciding.scope_text()}")
+    if combined.verdict in ("safe", "bounded"):
+        # Each deciding engine's own scope: a proof for any size may leave out a property (the
+        # liveness one) that a proof for this configuration covers.
+        scopes: dict[str, list[str]] = {}
+        for name in combined.deciding:
+            scopes.setdefault(by_engine[name].scope, []).append(name)
+        print("scope: " + "; ".join(f"{s} ({', '.join(e)})" for s, e in scopes.items()))
     return code
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from model_checker.explore import explore
-from model_checker.result import EXIT_CODES, CheckResult, PropertyResult, config_summary
+from model_checker.result import EXIT_CODES, CheckResult, PropertyResult
 from spec.config import Config
 from spec.variants import Variant
 
@@ -211,12 +211,33 @@ class EngineRun:
         return "cannot_encode" if self.result is None else self.result.verdict
 
     @property
-    def scope_text(self) -> str:
+    def scope(self) -> str:
+        """What the run covered, in a few words (the configuration is printed once, apart)."""
         if self.result is None:
             return "-"
-        if self.verdict in ("unknown", "violated"):
-            return f"this configuration ({config_summary(self.result.config)})"
-        return self.result.scope_text()
+        if self.result.scope == "any-size" and self.verdict == "safe":
+            return "any size"
+        if self.verdict == "bounded":
+            depth = min(r.depth or 0 for r in self.result.results if r.verdict == "bounded")
+            return f"this configuration, paths of at most {depth} steps"
+        return "this configuration"
+
+    @property
+    def note(self) -> str:
+        """Why the run is inconclusive, or what it found, in one line."""
+        if self.result is None:
+            return f"cannot encode: {self.cannot_encode}"
+        result = self.result
+        if self.verdict == "violated":
+            names = [f"{r.property} @{r.depth}" for r in result.violated()]
+            return "violated: " + ", ".join(names)
+        if self.verdict == "unknown":
+            details = [r.detail for r in result.results if r.verdict == "unknown" and r.detail]
+            return details[0] if details else ""
+        completeness = result.extra.get("completeness")
+        if completeness:
+            return str(completeness["reason"])
+        return ""
 
     @property
     def conclusive(self) -> bool:
@@ -227,8 +248,9 @@ class EngineRun:
             "engine": self.engine,
             "verdict": self.verdict,
             "scope": None if self.result is None else self.result.scope,
-            "scope_text": self.scope_text,
+            "scope_text": self.scope,
             "seconds": round(self.seconds, 3),
+            "note": self.note,
         }
         if self.cannot_encode:
             out["cannot_encode"] = self.cannot_encode

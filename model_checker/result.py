@@ -38,7 +38,8 @@ def config_summary(config: Config) -> str:
     tenants = len(config.tenants)
     ranks = config.prefill_ranks
     return (
-        f"{config.decode_pages} decode pages, {n} request{'s' * (n != 1)}, "
+        f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, "
+        f"{n} request{'s' * (n != 1)}, "
         f"{tenants} tenant{'s' * (tenants != 1)}, {ranks} prefill rank{'s' * (ranks != 1)}, "
         f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}"
     )
