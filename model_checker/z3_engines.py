@@ -112,11 +112,18 @@ def bmc_cached(
 ) -> CheckResult:
     """`bmc`, remembered per (design, config, depth, timeout): kind, prove and spacer fall back
     on BMC to look for a real counterexample, and the matrix runs all of them on one variant.
-    Only pure-design variants are encodable, so the design determines the result."""
+    Only pure-design variants are encodable, so the design determines the result; any other
+    variant must be refused before the lookup, or it would get the result of its design alone."""
+    if not variant.is_pure_design:
+        Encoding(variant, config)  # raises CannotEncode, naming the overrides and added actions
     key = (variant.design, config, depth, timeout, first)
     if key not in _BMC_CACHE:
         _BMC_CACHE[key] = bmc(variant, config, depth, timeout, first)
-    return copy.deepcopy(_BMC_CACHE[key])
+    result = copy.deepcopy(_BMC_CACHE[key])
+    # Two catalogue variants may share a design: the result is this one's.
+    result.variant = variant.name
+    result.extra["expected_breaks"] = list(variant.breaks)
+    return result
 
 
 class _WidthTooSmall(Exception):

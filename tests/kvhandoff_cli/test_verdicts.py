@@ -86,6 +86,20 @@ def test_every_z3_engine_refuses_an_added_action(
     assert f"engine {engine}: cannot encode: " in out and "extra_actions hook generate_early" in out
 
 
+def test_bmc_refuses_an_override_variant_after_checking_its_design(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """BMC remembers results per design: an override variant with the reference's design got the
+    reference's result when it came second in one process (as in the differential test)."""
+    path = str(ROOT / "examples/variant_override_reject.py")
+    assert main(["check", "--engine", "bmc", "--depth", "2", *ONE_REQUEST]) == 3
+    capsys.readouterr()
+    code, out = run(
+        capsys, "check", "--variant", path, "--engine", "bmc", "--depth", "2", *ONE_REQUEST
+    )
+    assert code == 3 and "engine bmc: cannot encode: " in out
+
+
 # --- 1. a bounded search is not a proof ---------------------------------------------------------
 
 

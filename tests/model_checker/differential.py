@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from model_checker.engines import EngineOptions, EngineRun, run_engine
-from model_checker.explore import explore
 from model_checker.result import CheckResult
 from model_checker.variant_loader import load_variant
 from spec.actions import DecodeGenerate
@@ -120,8 +119,12 @@ def mismatches(explored: CheckResult, run: EngineRun) -> list[Mismatch]:
 
 
 def differential(
-    variant: Variant, config: Config, engines: list[str], options: EngineOptions
+    variant: Variant, config: Config, options: dict[str, EngineOptions]
 ) -> tuple[CheckResult, list[EngineRun], list[Mismatch]]:
-    explored = explore(variant, config)
-    runs = [run_engine(e, variant, config, options) for e in engines]
-    return explored, runs, [m for run in runs for m in mismatches(explored, run)]
+    """The explorer's result, each engine's run (`options` names the engines, in order), and
+    every mismatch. The explorer's own run is the reference the others are compared with."""
+    reference = run_engine("explore", variant, config, options.get("explore", EngineOptions()))
+    assert reference.result is not None
+    runs = [reference]
+    runs += [run_engine(e, variant, config, o) for e, o in options.items() if e != "explore"]
+    return reference.result, runs, [m for run in runs for m in mismatches(reference.result, run)]
