@@ -349,8 +349,9 @@ def combine(runs: Sequence[EngineRun]) -> Combined:
     order: tuple[CombinedVerdict, ...] = ("violated", "safe", "bounded")
     for verdict in order:
         hits = by_verdict.get(verdict, [])
-        if hits:
+        if hits and verdict == "safe":
             # A proof for any size is stronger than one for this configuration.
             hits.sort(key=lambda r: r.result is None or r.result.scope != "any-size")
+        if hits:
             return Combined(runs, verdict, [r.engine for r in hits])
     return Combined(runs, "unknown", [])
