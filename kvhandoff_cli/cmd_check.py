@@ -216,7 +216,7 @@ def _cannot_encode_text(run: EngineRun, where: str) -> str:
 
 
 def verdict_line(verdict: str, result: CheckResult | None = None) -> str:
-    """The last word of `kvhandoff check`: the verdict, and for SAFE and BOUNDED the scope."""
+    """The verdict line of `kvhandoff check` (BOUNDED says its depth; the scope line follows)."""
     if result is None or verdict not in ("safe", "bounded"):
         return f"verdict: {verdict.upper()}"
     if verdict == "bounded":
@@ -236,7 +236,8 @@ def print_table(combined: Combined, config: Config) -> None:
     print(f"configuration: {config_summary(config)}")
     rows = [("engine", "verdict", "scope", "time", "")]
     for run in combined.runs:
-        rows.append((run.engine, run.verdict.upper(), run.scope, f"{run.seconds:.2f} s", run.note))
+        verdict = run.verdict.upper().replace("_", " ")
+        rows.append((run.engine, verdict, run.scope, f"{run.seconds:.2f} s", run.note))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         cells = [row[i].ljust(widths[i]) for i in range(4)]
@@ -277,9 +278,8 @@ def run_check(args: argparse.Namespace) -> int:
     names = list(ENGINES) if args.engine == "all" else [args.engine]
     runs = [run_engine(name, variant, config, options) for name in names]
     results = [run.result for run in runs if run.result is not None]
-    where = f"variant file {args.variant}" if args.variant.endswith(".py") else "variant "
-    if not args.variant.endswith(".py"):
-        where += variant.name
+    is_file = args.variant.endswith(".py")
+    where = f"variant file {args.variant}" if is_file else f"variant {variant.name}"
     if args.dot:
         from model_checker.explore import build_graph, to_dot
 

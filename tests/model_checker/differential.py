@@ -9,10 +9,12 @@ options are the ones these catch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import typing
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import spec.variants as spec_variants
 from model_checker.engines import EngineOptions, EngineRun, run_engine
 from model_checker.result import CheckResult
 from model_checker.variant_loader import load_variant
@@ -20,7 +22,7 @@ from spec.actions import DecodeGenerate
 from spec.config import Config, default_config, parse_set
 from spec.machine import step
 from spec.state import State
-from spec.variants import REFERENCE, VARIANTS, Variant, get_variant
+from spec.variants import REFERENCE, VARIANTS, Design, Variant, get_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +66,24 @@ GENERATE_EARLY = REFERENCE.derive(
 )
 
 OVERRIDES: tuple[Variant, ...] = (INCIDENT_AS_OVERRIDES, GENERATE_EARLY)
+
+
+def design_flips() -> list[Variant]:
+    """The reference with one design option changed, for every option and value (and each with
+    the placeholder rejection too, which several options only matter after): a user's variant
+    is any mix of options, and the any-size model reads only some of them."""
+    hints = typing.get_type_hints(Design, globalns=vars(spec_variants))
+    flips: list[dict[str, Any]] = []
+    for f in fields(Design):
+        kind = hints[f.name]
+        values = [True, False] if kind is bool else list(typing.get_args(kind))
+        flips += [{f.name: v} for v in values if v != f.default]
+    placeholder = [{"oversize": "placeholder", **c} for c in flips if "oversize" not in c]
+    out = []
+    for changes in flips + placeholder:
+        name = "flip:" + ",".join(f"{k}={v}" for k, v in changes.items())
+        out.append(REFERENCE.derive(name, "one design option changed", **changes))
+    return out
 
 
 def example_variants() -> list[Variant]:
