@@ -1,7 +1,13 @@
 """The `kvhandoff` command line: one subcommand module per feature.
 
 Exit codes, shared by every subcommand that reports a verdict:
-0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive.
+0 = safe / conforms: proved, for the scope the command prints;
+1 = violated / diverges: a counterexample (replayed through the spec);
+2 = bad usage or bad input;
+3 = inconclusive: unknown, timeout, a state limit, an engine that cannot encode the variant, or a
+    bounded search with no completeness argument (`bounded`);
+4 = engines disagree: one engine proves a property that another violates on the same variant and
+    configuration (`check --engine all`, `matrix`). A bug in kvhandoff, not a verdict.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ EXIT_OK = 0
 EXIT_VIOLATED = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
+EXIT_DISAGREE = 4
 
 # Each module defines `register(subparsers)`, which adds its subcommands and sets `func` on them.
 # `func(args) -> int` returns the exit code.
@@ -39,8 +46,9 @@ def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentP
         prog="kvhandoff",
         description=(
             "Prove, test and teach the prefill->decode KV-cache handoff of disaggregated LLM "
-            "inference. Exit codes: 0 safe/conforms, 1 violated/diverges, 2 bad usage or input, "
-            "3 inconclusive."
+            "inference. Exit codes: 0 safe/conforms (proved, for the scope printed), 1 "
+            "violated/diverges, 2 bad usage or input, 3 inconclusive (unknown, cannot encode, "
+            "bounded), 4 engines disagree (a bug in kvhandoff)."
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,5 +1,7 @@
 """The `prove` engine: inductive-invariant proofs, for any size when the design allows it.
 
+0. A variant with action overrides or added actions, or a configuration with several prefill
+   ranks, is refused (`CannotEncode`, exit 3): neither model below contains them.
 1. If the any-size model (`z3_prove`) covers the variant's design, discharge its obligations:
    scope `"any-size"` (every pool size, every number of requests and tenants).
 2. Otherwise discharge the same obligations on the fixed-configuration encoding, per spec action
@@ -76,10 +78,12 @@ def prove(
 ) -> CheckResult:
     """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails."""
     started = time.perf_counter()
-    if config.prefill_ranks != 1:
-        # The any-size model has one prefill rank; the fixed-config encoding refuses several
-        # (CannotEncode, naming prefill_ranks).
-        Encoding(variant, config)
+    # Both models below are translations of the spec's own rules under the variant's design
+    # options. A Python override or added action reaches neither, so proving the design alone
+    # would prove some other protocol and call it this one; several prefill ranks are outside
+    # both (the any-size model has one rank). The fixed-config encoding refuses all of these
+    # (CannotEncode, naming the action or field), so ask it before either proof.
+    Encoding(variant, config)
     why_not = supports(variant.design)
     if why_not is None:
         obligations = prove_any_size(variant.design, timeout=timeout)

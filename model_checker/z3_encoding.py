@@ -218,7 +218,7 @@ class Encoding:
 
     def __init__(self, variant: Variant, config: Config, width: int | None = 5) -> None:
         if not variant.is_pure_design:
-            names = sorted(variant.step_overrides)
+            names = [f"step_overrides[{name!r}]" for name in sorted(variant.step_overrides)]
             if variant.extra_actions is not None:
                 hook = getattr(variant.extra_actions, "__name__", repr(variant.extra_actions))
                 names.append(f"extra_actions hook {hook}")

@@ -112,11 +112,18 @@ def bmc_cached(
 ) -> CheckResult:
     """`bmc`, remembered per (design, config, depth, timeout): kind, prove and spacer fall back
     on BMC to look for a real counterexample, and the matrix runs all of them on one variant.
-    Only pure-design variants are encodable, so the design determines the result."""
+    Only pure-design variants are encodable, so the design determines the result; any other
+    variant must be refused before the lookup, or it would get the result of its design alone."""
+    if not variant.is_pure_design:
+        Encoding(variant, config)  # raises CannotEncode, naming the overrides and added actions
     key = (variant.design, config, depth, timeout, first)
     if key not in _BMC_CACHE:
         _BMC_CACHE[key] = bmc(variant, config, depth, timeout, first)
-    return copy.deepcopy(_BMC_CACHE[key])
+    result = copy.deepcopy(_BMC_CACHE[key])
+    # Two catalogue variants may share a design: the result is this one's.
+    result.variant = variant.name
+    result.extra["expected_breaks"] = list(variant.breaks)
+    return result
 
 
 class _WidthTooSmall(Exception):
@@ -232,12 +239,13 @@ def _bmc(
         elif p.name in unknown:
             results.append(PropertyResult(p.name, "unknown", depth=reached, detail=unknown[p.name]))
         else:
+            # Not a proof: a violation may need more steps (see `bmc_complete` for when it is).
             results.append(
                 PropertyResult(
                     p.name,
-                    "holds",
+                    "bounded",
                     depth=clean,
-                    detail=f"bounded: no violation within {clean} steps"
+                    detail=f"no violation up to depth {clean}"
                     + (" (stopped at the first counterexample)" if stopped else ""),
                 )
             )
@@ -247,7 +255,6 @@ def _bmc(
         config,
         results,
         started,
-        scope="bounded",
         max_depth=reached,
         found_after_seconds=found_after,
         bitvector_width=width,
@@ -434,7 +441,7 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
         result.seconds = time.perf_counter() - started
         if result.verdict != "violated":
             for r in result.results:
-                if r.verdict == "holds":
+                if r.verdict in ("holds", "bounded"):
                     r.verdict = "unknown"
                     r.detail = "Spacer found a violation deeper than BMC's bound"
         return result
