@@ -11,8 +11,9 @@ from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageE
 from model_checker.engines import ENGINES, EngineCannotEncode, EngineOptions
 from model_checker.render import trace_lines
 from model_checker.result import CheckResult
-from model_checker.variant_loader import VariantLoadError, load_variant
+from model_checker.variant_loader import VariantLoadError, load_variant, trace_variant_header
 from spec.config import Config, ConfigError, default_config, parse_set
+from spec.trace import with_header
 from spec.variants import VARIANTS, Variant
 
 
@@ -264,7 +265,8 @@ def run_check(args: argparse.Namespace) -> int:
         for result in results:
             first = _first_violated(result, variant)
             if first is not None:
-                Path(args.trace_out).write_text(result.trace_text(first))
+                text = with_header(result.trace_text(first), **trace_variant_header(args.variant))
+                Path(args.trace_out).write_text(text)
                 break
     if any(r.verdict == "violated" for r in results):
         code = EXIT_VIOLATED
