@@ -1,7 +1,8 @@
 """The `kvhandoff` command line: one subcommand module per feature.
 
 Exit codes, shared by every subcommand that reports a verdict:
-0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive.
+0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input (an exception in a
+variant file's code included), 3 = inconclusive.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from model_checker.variant_loader import VariantCodeError
 
 EXIT_OK = 0
 EXIT_VIOLATED = 1
@@ -60,6 +63,11 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
     try:
         code: int = func(args)
     except UsageError as exc:
+        print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VariantCodeError as exc:
+        # The user's variant file raised while an engine or a replay ran it: bad input, exit 2,
+        # never a traceback and exit 1 (which CI would read as "the change breaks a property").
         print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code
