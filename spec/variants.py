@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from spec.actions import ACTIONS_BY_NAME, snake_case
 from spec.config import Config, ConfigError
 from spec.properties import ALL_PROPERTY_NAMES
-from spec.state import State
+from spec.state import State, evolve
 
 Oversize = Literal["reject", "placeholder", "truncate"]
 Completion = Literal["granted", "local"]
@@ -169,6 +169,15 @@ class Variant:
     config: Mapping[str, Any] = field(default_factory=dict)
     """Config fields the variant's catalogue entry is checked with, over the default scenario
     (e.g. `{"prefill_ranks": 2}` for a bug only several ranks can show); see `scenario`."""
+    guard_overrides: Mapping[str, EnabledHook] = field(default_factory=dict)
+    """Replaces the guard of the named actions (snake_case names): the hook lists the actions of
+    that kind enabled in a state, with their arguments, in place of the rulebook's own guard
+    (a fault stays within the fault budget)."""
+    state_fields: Mapping[str, Any] = field(default_factory=dict)
+    """State the variant adds, by name, with its initial value (a hashable value: an int, a
+    bool, a tuple). Read it with `variant.get(state, name)` and write it with
+    `variant.put(state, name, value)` in the variant's guards and effects; the explorer keeps it
+    in every state it stores, so it must stay finite."""
     extra_action_types: tuple[type, ...] = ()
     """The classes of the actions `extra_actions` adds (frozen dataclasses, like the spec's own).
     Listing them lets a trace of this variant be read back (`explain`, `replay`), and each needs
@@ -197,6 +206,62 @@ class Variant:
                 )
         self._check_config()
         self._check_actions()
+        self._check_guards_and_fields()
+
+    def _check_guards_and_fields(self) -> None:
+        added = [snake_case(t.__name__) for t in self.extra_action_types]
+        for name, hook in self.guard_overrides.items():
+            if name not in ACTIONS_BY_NAME:
+                hint = (
+                    " (an added action's guard is its extra_actions hook)" if name in added else ""
+                )
+                raise VariantError(
+                    f"variant {self.name!r}: guard_overrides names {name!r}, which is no action "
+                    f"of the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)}{hint}"
+                )
+            if not callable(hook):
+                raise VariantError(
+                    f"variant {self.name!r}: guard_overrides[{name!r}] must be a function "
+                    f"(config, state) -> actions, got {hook!r}"
+                )
+        for name, initial in self.state_fields.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise VariantError(
+                    f"variant {self.name!r}: state field name {name!r} must be an identifier"
+                )
+            try:
+                hash(initial)
+            except TypeError:
+                raise VariantError(
+                    f"variant {self.name!r}: state field {name!r} starts as {initial!r}, which "
+                    "is not hashable (states are compared and stored: use an int, a bool, a str "
+                    "or a tuple)"
+                ) from None
+
+    def get(self, state: State, name: str) -> Any:
+        """The value of the variant's own state field `name` in `state`."""
+        for key, value in state.variant_fields:
+            if key == name:
+                return value
+        try:
+            return self.state_fields[name]
+        except KeyError:
+            raise VariantError(
+                f"variant {self.name!r} has no state field {name!r}"
+                f"{_did_you_mean(name, self.state_fields)}; declare it in state_fields="
+            ) from None
+
+    def put(self, state: State, name: str, value: Any) -> State:
+        """`state` with the variant's state field `name` set to `value`.
+
+        A field at its initial value is not stored, so a state is the same object whatever
+        variant looks at it, and the reference's states are untouched by the mechanism."""
+        if name not in self.state_fields:
+            self.get(state, name)  # raises, naming the field
+        fields = {k: v for k, v in state.variant_fields if k != name}
+        if value != self.state_fields[name]:
+            fields[name] = value
+        return evolve(state, variant_fields=tuple(sorted(fields.items())))
 
     def _check_config(self) -> None:
         fields = [f.name for f in dataclasses.fields(Config)]
@@ -281,7 +346,19 @@ class Variant:
     @property
     def is_pure_design(self) -> bool:
         """True when the variant is only a choice of design options (every engine can encode it)."""
-        return self.extra_actions is None and not self.step_overrides
+        return not self.untranslated()
+
+    def untranslated(self) -> list[str]:
+        """The variant's Python-level constructs, by name: what an engine that translates only
+        the rulebook and the design options cannot see (it must refuse the variant, naming
+        them, rather than check the rest and call it this variant)."""
+        out = [f"step_overrides[{name!r}]" for name in sorted(self.step_overrides)]
+        out += [f"guard_overrides[{name!r}]" for name in sorted(self.guard_overrides)]
+        if self.extra_actions is not None:
+            hook = getattr(self.extra_actions, "__name__", repr(self.extra_actions))
+            out.append(f"extra_actions hook {hook}")
+        out += [f"state field {name!r}" for name in sorted(self.state_fields)]
+        return out
 
 
 REFERENCE = Variant(
