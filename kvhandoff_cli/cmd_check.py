@@ -11,8 +11,9 @@ from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from model_checker.engines import ENGINES, Combined, EngineOptions, EngineRun, combine, run_engine
 from model_checker.render import trace_lines
 from model_checker.result import CheckResult, config_summary
-from model_checker.variant_loader import VariantLoadError, load_variant
+from model_checker.variant_loader import VariantLoadError, load_variant, trace_variant_header
 from spec.config import Config, ConfigError, default_config, parse_set
+from spec.trace import with_header
 from spec.variants import VARIANTS, Variant
 
 
@@ -177,16 +178,8 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
                 f"  deployment checks failing in this config: {', '.join(bad)} "
                 "(the protocol must be safe regardless; see `kvhandoff check-config`)"
             )
-    if variant.breaks:
-        caught = [
-            b
-            for b in variant.breaks
-            if any(r.property == b and r.verdict == "violated" for r in result.results)
-        ]
-        print(
-            f"  expected to break: {', '.join(variant.breaks)}; caught: "
-            f"{', '.join(caught) or 'none'}"
-        )
+    for line in breaks_lines(breaks_json(result, variant)):
+        print(line)
     completeness = result.extra.get("completeness")
     if completeness:
         print(f"  {completeness['reason']}")
@@ -200,6 +193,46 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
             print(line)
         if r.detail:
             print(f"      then: {r.detail}")
+
+
+def breaks_json(result: CheckResult, variant: Variant) -> dict[str, Any]:
+    """What the variant declares it breaks (`breaks=`) against what this engine found.
+
+    `not_caught`: declared, but this engine reports no violation of it (with its verdict there:
+    holds, unknown, or not checked); `not_declared`: violated, but not declared. Neither changes
+    the exit code: the verdict is about the protocol as written, and a declaration is the
+    author's expectation of it. A declared break that a complete search does not catch means the
+    change is safer than its author thought (or `breaks=` is wrong), which the report says.
+    """
+    verdicts: dict[str, str] = {r.property: r.verdict for r in result.results}
+    for name in result.extra.get("not_checked", {}):
+        verdicts.setdefault(name, "not checked")
+    violated = [r.property for r in result.results if r.verdict == "violated"]
+    return {
+        "expected": list(variant.breaks),
+        "caught": [b for b in variant.breaks if verdicts.get(b) == "violated"],
+        "not_caught": {
+            b: verdicts.get(b, "not checked")
+            for b in variant.breaks
+            if verdicts.get(b) != "violated"
+        },
+        "not_declared": [p for p in violated if p not in variant.breaks],
+    }
+
+
+def breaks_lines(breaks: dict[str, Any]) -> list[str]:
+    lines = []
+    if breaks["expected"]:
+        lines.append(
+            f"  expected to break: {', '.join(breaks['expected'])}; caught: "
+            f"{', '.join(breaks['caught']) or 'none'}"
+        )
+    if breaks["not_caught"]:
+        missed = ", ".join(f"{b} ({why})" for b, why in breaks["not_caught"].items())
+        lines.append(f"  declared in breaks= but NOT caught: {missed}")
+    if breaks["not_declared"] and breaks["expected"]:
+        lines.append(f"  caught but not declared in breaks=: {', '.join(breaks['not_declared'])}")
+    return lines
 
 
 def _first_violated(result: CheckResult, variant: Variant) -> Any:
@@ -246,7 +279,7 @@ def print_table(combined: Combined, config: Config) -> None:
 
 def _single_json(run: EngineRun, variant: Variant, config: Config) -> dict[str, Any]:
     if run.result is not None:
-        return run.result.to_json()
+        return {**run.result.to_json(), "breaks": breaks_json(run.result, variant)}
     return {
         "variant": variant.name,
         "engine": run.engine,
@@ -290,18 +323,20 @@ def run_check(args: argparse.Namespace) -> int:
         for result in results:
             first = _first_violated(result, variant)
             if first is not None:
-                Path(args.trace_out).write_text(result.trace_text(first))
+                text = with_header(result.trace_text(first), **trace_variant_header(args.variant))
+                Path(args.trace_out).write_text(text)
                 break
     if len(runs) == 1:
         return _report_one(runs[0], variant, config, where, args.json)
     code = combined.exit_code
     if args.json:
+        engine_json = [{**r.to_json(), "breaks": breaks_json(r, variant)} for r in results]
         out: dict[str, Any] = {
             "variant": variant.name,
             "engine": args.engine,
             "config": config.to_json(),
             **combined.to_json(),
-            "engines": [r.to_json() for r in results],
+            "engines": engine_json,
         }
         cannot = [{"engine": r.engine, "reason": r.cannot_encode} for r in runs if r.result is None]
         if cannot:

@@ -3,7 +3,7 @@
 Exit codes, shared by every subcommand that reports a verdict:
 0 = safe / conforms: proved, for the scope the command prints;
 1 = violated / diverges: a counterexample (replayed through the spec);
-2 = bad usage or bad input;
+2 = bad usage or bad input (an exception in a variant file's code included);
 3 = inconclusive: unknown, timeout, a state limit, an engine that cannot encode the variant, or a
     bounded search with no completeness argument (`bounded`);
 4 = engines disagree: one engine proves a property that another violates on the same variant and
@@ -16,6 +16,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from model_checker.variant_loader import VariantCodeError
 
 EXIT_OK = 0
 EXIT_VIOLATED = 1
@@ -68,6 +70,11 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
     try:
         code: int = func(args)
     except UsageError as exc:
+        print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VariantCodeError as exc:
+        # The user's variant file raised while an engine or a replay ran it: bad input, exit 2,
+        # never a traceback and exit 1 (which CI would read as "the change breaks a property").
         print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code
