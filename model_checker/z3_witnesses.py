@@ -42,6 +42,7 @@ from typing import Any
 import z3
 
 from model_checker import z3_prove as m
+from model_checker.result import CheckResult
 from model_checker.z3_encoding import REASON, D, Encoding, EncodingError, SymState
 from spec.actions import action_name
 from spec.config import Config
@@ -595,3 +596,32 @@ def _dead_or_deep(design: Any, name: str, depth: int, timeout: float | None) -> 
     else:
         why = f"solver unknown: {solver.reason_unknown()}"
     return f"vacuous any-size model: action {name} never fires within {depth} steps ({why})"
+
+
+# --- what the engines do with it ---------------------------------------------------------------
+
+
+def with_movement(
+    result: CheckResult, variant: Variant, config: Config, depth: int, timeout: float | None
+) -> CheckResult:
+    """`result` of a fixed-configuration engine, once its encoding has shown it can move within
+    `depth` steps: the witnesses checked, and on a finding every property that is not violated
+    or unknown becomes unknown (never SAFE). A violated property needs no such check (its trace
+    was replayed through the spec), so a result with one is returned as it is."""
+    if result.verdict == "violated":
+        return result
+    movement = fixed_movement_cached(variant, config, depth, timeout)
+    apply_movement(result, movement)
+    return result
+
+
+def apply_movement(result: CheckResult, movement: Movement) -> None:
+    result.witnesses = movement.reached()
+    result.extra["movement"] = movement.to_json()
+    if not movement.problems:
+        return
+    result.extra["vacuity"] = list(movement.problems)
+    for r in result.results:
+        if r.verdict not in ("violated", "unknown"):
+            r.verdict = "unknown"
+            r.detail = f"not counted: {movement.problems[0]}"

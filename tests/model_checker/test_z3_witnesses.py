@@ -9,11 +9,13 @@ import pytest
 import z3
 
 from model_checker import z3_prove
+from model_checker.engines import ENGINES, EngineOptions
 from model_checker.prove import prove
-from model_checker.z3_witnesses import any_size_movement
+from model_checker.z3_encoding import Encoding
+from model_checker.z3_witnesses import any_size_movement, fixed_movement, spec_reach
 from spec.config import Config, RequestSpec
 from spec.properties import SOMETIMES
-from spec.variants import REFERENCE
+from spec.variants import REFERENCE, get_variant
 
 TINY = Config(
     decode_pages=1,
@@ -63,3 +65,38 @@ def test_prove_reports_an_any_size_model_that_never_lands_a_write(
     # No page ever holds data, so none is scrubbed; the spec scrubs one on the same config.
     assert any("witness can_scrub_written_page" in f for f in findings)
     assert result.witnesses["can_scrub_written_page"] is False
+
+
+def _fixed_without_write_landing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch the fixed-configuration encoding so that decode never receives a write."""
+    original = Encoding.decode_receive_write
+
+    def never(self: Encoding, s: Any, r: int, j: int) -> tuple[Any, Any]:
+        _guard, effect = original(self, s, r, j)
+        return z3.BoolVal(False), effect
+
+    monkeypatch.setattr(Encoding, "decode_receive_write", never)
+
+
+def test_the_fixed_encoding_reaches_every_action_and_witness_as_early_as_the_spec() -> None:
+    movement = fixed_movement(REFERENCE, TINY, depth=12)
+    fired, held = spec_reach(REFERENCE, TINY, 12)
+    assert movement.problems == []
+    # Shortest depths, each path replayed through the spec: the same first steps as the spec's.
+    assert {n: d for n, d in movement.actions.items() if d is not None} == fired
+    assert {n: d for n, d in movement.witnesses.items() if d is not None} == held
+    assert movement.actions["decode_receive_write"] is not None
+
+
+@pytest.mark.parametrize("engine", ["bmc", "kind", "spacer", "prove"])
+def test_every_fixed_config_engine_reports_an_encoding_that_never_lands_a_write(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    _fixed_without_write_landing(monkeypatch)
+    # prove takes the fixed-config obligations for a one-sided design.
+    variant = get_variant("one_sided_fenced") if engine == "prove" else REFERENCE
+    result = ENGINES[engine](variant, TINY, EngineOptions(depth=12, timeout=60))
+    assert result.verdict == "unknown" and result.exit_code == 3, result.results
+    assert not any(r.verdict == "holds" for r in result.results)
+    assert any("action decode_receive_write never fires" in f for f in result.extra["vacuity"])
+    assert result.witnesses["can_complete_handoff"] is False
