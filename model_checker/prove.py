@@ -211,5 +211,5 @@ def _inductive_subset(
         kept -= bad
         if not kept:
             return kept, rounds, first
-        obligations = run(kept)
+        obligations = run(set(kept))
         rounds += 1

@@ -84,6 +84,11 @@ class Movement:
             "seconds": round(self.seconds, 4),
         }
 
+    @property
+    def unknown(self) -> bool:
+        """Some query came back `unknown` (a timeout, say)."""
+        return any("solver unknown" in p for p in self.problems)
+
     def reached(self) -> dict[str, bool]:
         """The witnesses checked, and whether each was reached (the `CheckResult.witnesses`)."""
         return {name: d is not None for name, d in self.witnesses.items()}
@@ -304,10 +309,11 @@ def _copy(got: Movement) -> Movement:
 def fixed_movement_cached(
     variant: Variant, config: Config, depth: int, timeout: float | None = None
 ) -> Movement:
-    """`fixed_movement`, remembered per (design, config, depth, timeout): bmc, kind, spacer and
-    fixed-config prove all ask it of the same encoding."""
-    key = (variant.design, config, depth, timeout, _code())
-    if key not in _FIXED_CACHE:
+    """`fixed_movement`, remembered per (design, config, depth): bmc, kind, spacer and
+    fixed-config prove all ask it of the same encoding. The timeout only matters to an answer
+    with a solver `unknown`, which is asked again."""
+    key = (variant.design, config, depth, _code())
+    if key not in _FIXED_CACHE or _FIXED_CACHE[key].unknown:
         _FIXED_CACHE[key] = fixed_movement(variant, config, depth, timeout)
     return _copy(_FIXED_CACHE[key])
 
@@ -570,9 +576,9 @@ _ANY_SIZE_CACHE: dict[tuple[Any, ...], Movement] = {}
 def any_size_movement_cached(
     variant: Variant, config: Config, timeout: float | None = None
 ) -> Movement:
-    """`any_size_movement`, remembered per (design, config, timeout)."""
-    key = (variant.design, config, timeout, _code())
-    if key not in _ANY_SIZE_CACHE:
+    """`any_size_movement`, remembered per (design, config); asked again after an `unknown`."""
+    key = (variant.design, config, _code())
+    if key not in _ANY_SIZE_CACHE or _ANY_SIZE_CACHE[key].unknown:
         _ANY_SIZE_CACHE[key] = any_size_movement(variant, config, timeout)
     return _copy(_ANY_SIZE_CACHE[key])
 
