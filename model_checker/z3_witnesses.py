@@ -458,10 +458,17 @@ def _decl(x: Any) -> Any:
 def _renamed(decl: Any, old: str, new: str) -> Any:
     """`decl` with the suffix `old` of its name replaced by `new`, as `substitute_funs` takes it."""
     name = decl.name()
-    assert name.endswith(old), (name, old)
-    sorts = [decl.domain(i) for i in range(decl.arity())]
-    target = z3.Function(name[: -len(old)] + new, *sorts, decl.range())
-    return (decl, target(*[z3.Var(i, s) for i, s in enumerate(sorts)]))
+    key = (name, new)
+    if key not in _RENAMED:
+        assert name.endswith(old), (name, old)
+        sorts = [decl.domain(i) for i in range(decl.arity())]
+        target = z3.Function(name[: -len(old)] + new, *sorts, decl.range())
+        _RENAMED[key] = (decl, target(*[z3.Var(i, s) for i, s in enumerate(sorts)]))
+    return _RENAMED[key]
+
+
+_RENAMED: dict[tuple[str, str], tuple[Any, Any]] = {}
+"""`_renamed`'s answers (declarations are made once per name)."""
 
 
 PASSES: tuple[tuple[dict[Any, int], int, tuple[str, ...] | None], ...] = (
@@ -495,7 +502,7 @@ def _unroll(
     # renamed per step: grounding is the costly part.
     before, after = m.state("@wA"), m.state("@wB")
     tpl_sel, tpl, own = _any_size_step(design, before, after, "@T")
-    tpl = [ground(c) for c in tpl] + ground.closure()
+    template = z3.And([ground(c) for c in tpl] + ground.closure())
     variable = [n for n in m.SYMBOLS]
     restarts: list[Any] = []
     # One unrolling of `depth` steps (every path extends: decode_restart is always enabled),
@@ -508,7 +515,7 @@ def _unroll(
         pairs = [_renamed(_decl(before.syms[n]), "@wA", f"@w{d - 1}") for n in variable]
         pairs += [_renamed(_decl(after.syms[n]), "@wB", f"@w{d}") for n in variable]
         pairs += [_renamed(_decl(x), "@T", f"@{d - 1}") for x in own]
-        solver.add(*[z3.substitute_funs(c, *pairs) for c in tpl])
+        solver.add(z3.substitute_funs(template, *pairs))
         sel = z3.substitute_funs(tpl_sel, *pairs)
         states.append(s2)
         restarts.append(sel == names.index("decode_restart"))
@@ -518,8 +525,18 @@ def _unroll(
         solver.add(*ground.closure())
     pending = {n: z3.Or(fs) for n, fs in at_step.items()}
     found: dict[str, int] = {}
+    # A whole handoff first: its path takes most actions at once, and leaves fewer queries.
+    first = [n for n in ("can_complete_handoff",) if n in pending]
     while pending:
-        answer = solver.check(z3.Or(list(pending.values())))
+        alone = bool(first)
+        goal = pending[first.pop()] if alone else z3.Or(list(pending.values()))
+        answer = solver.check(goal)
+        if answer == z3.unknown:
+            return found, f"solver unknown on the any-size model: {solver.reason_unknown()}"
+        if answer == z3.unsat:
+            if alone:
+                continue
+            break
         if answer == z3.unknown:
             return found, f"solver unknown on the any-size model: {solver.reason_unknown()}"
         if answer == z3.unsat:

@@ -88,7 +88,11 @@ def test_the_fixed_encoding_reaches_every_action_and_witness_as_early_as_the_spe
     assert movement.actions["decode_receive_write"] is not None
 
 
-@pytest.mark.parametrize("engine", ["bmc", "kind", "spacer", "prove"])
+@pytest.mark.parametrize(
+    "engine",
+    # prove's fixed-config obligations take about 15 s here: deep runs are marked slow.
+    ["bmc", "kind", "spacer", pytest.param("prove", marks=pytest.mark.slow)],
+)
 def test_every_fixed_config_engine_reports_an_encoding_that_never_lands_a_write(
     monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
