@@ -579,15 +579,42 @@ def _obligations(run: DemoRun) -> list[str]:
         lines += _table(keys, [[o.get(k, "") for k in keys] for o in listed])
         lines.append("")
     witnesses = result.witnesses
+    movement = result.extra.get("movement") or {}
+    depths = movement.get("witnesses") or {}
+    unchecked = movement.get("not_checked") or {}
     claims = {p.name: p for p in (*ALWAYS, TERMINATION)}
     rows = []
     for r in result.results:
         prop = claims.get(r.property)
         witness = prop.witness if prop else ""
-        reached = witnesses.get(witness)
-        w = f"`{witness}` {'reached' if reached else 'NOT reached'}" if witness else ""
+        # Only what this engine checked: a witness it cannot express is said so, not "NOT reached".
+        if not witness:
+            w = ""
+        elif witness in witnesses:
+            at = depths.get(witness)
+            w = f"`{witness}` " + ("NOT reached" if not witnesses[witness] else "reached")
+            w += f" (step {at})" if at is not None else ""
+        elif witness in unchecked:
+            w = f"`{witness}` not checked by this engine: {unchecked[witness]}"
+        else:
+            w = f"`{witness}` not checked by this engine"
         rows.append([f"`{r.property}`", prop.claim if prop else "", r.verdict, w])
     lines += _table(["property", "claim", "verdict", "non-vacuity witness"], rows)
+    if movement:
+        actions = movement.get("actions") or {}
+        fired = sum(1 for at in actions.values() if at is not None)
+        lines += [
+            "",
+            f"The {movement.get('model')} model can move: {fired}/{len(actions)} of its actions "
+            f"fire and {sum(witnesses.values())}/{len(witnesses)} witnesses are reached within "
+            f"{movement.get('depth')} steps"
+            + (
+                f"; findings: {'; '.join(result.extra['vacuity'])}"
+                if result.extra.get("vacuity")
+                else ""
+            )
+            + ".",
+        ]
     if result.extra.get("response_bound") is not None:
         lines += [
             "",

@@ -22,6 +22,7 @@ import z3
 from model_checker.result import CheckResult, PropertyResult
 from model_checker.z3_encoding import Encoding, EncodingError, SymState
 from model_checker.z3_invariants import fixed_invariants
+from model_checker.z3_witnesses import with_movement
 from spec.actions import Action
 from spec.config import Config
 from spec.properties import ALWAYS, TERMINATION
@@ -149,6 +150,21 @@ def bmc(
     fails (the shortest counterexample of all)."""
     started = time.perf_counter()
     bound = DEFAULT_BMC_DEPTH if depth is None else depth
+    result = _bmc_widths(variant, config, bound, timeout, first, started)
+    # Every action fires and every witness holds within the bound, where the spec's do.
+    result = with_movement(result, variant, config, bound, timeout)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _bmc_widths(
+    variant: Variant,
+    config: Config,
+    bound: int,
+    timeout: float | None,
+    first: bool,
+    started: float,
+) -> CheckResult:
     for width in WIDTHS:
         enc = Encoding(variant, config, width=width)
         if enc.narrow(bound):
@@ -338,7 +354,7 @@ def kinduction(
             results = [
                 PropertyResult(p.name, "holds", depth=k, detail=f"{k}-inductive") for p in ALWAYS
             ]
-            return _result(
+            proved = _result(
                 variant,
                 "kind",
                 config,
@@ -348,6 +364,10 @@ def kinduction(
                 k=k,
                 invariants=sorted(invs),
             )
+            # The proof counts once the encoding shows it can move (within BMC's depth).
+            proved = with_movement(proved, variant, config, DEFAULT_BMC_DEPTH, timeout)
+            proved.seconds = time.perf_counter() - started
+            return proved
         if answer == z3.sat:
             m = step.model()
             vals = [enc.values(m, s) for s in states]
@@ -470,7 +490,7 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
         PropertyResult(p.name, "holds", detail="Spacer invariant, re-checked by induction")
         for p in ALWAYS
     ]
-    return _result(
+    proved = _result(
         variant,
         "spacer",
         config,
@@ -479,6 +499,10 @@ def spacer(variant: Variant, config: Config, timeout: float | None = None) -> Ch
         scope="fixed-config",
         invariant_size=len(str(found)),
     )
+    # The proof counts once the encoding shows it can move (within BMC's depth).
+    proved = with_movement(proved, variant, config, DEFAULT_BMC_DEPTH, timeout)
+    proved.seconds = time.perf_counter() - started
+    return proved
 
 
 def _instantiate(answer: Any, relation: Any, args: Sequence[Any]) -> Any:

@@ -145,12 +145,13 @@ class Action:
     """Constraints on the action's parameter functions (e.g. the pages it reserves are free)."""
 
 
-def actions(d: Design) -> list[Action]:
-    """The abstract model's actions (see the module docstring for how they cover the spec's)."""
-    r, t = z3.Consts("a_r a_t", Req)
-    q = z3.Const("a_q", Page)
-    chosen = z3.Function("a_chosen", Page, BOOL)
-    stop_lost = z3.Bool("a_lost")
+def actions(d: Design, tag: str = "") -> list[Action]:
+    """The abstract model's actions (see the module docstring for how they cover the spec's).
+    `tag` names the parameters apart: an unrolling takes a fresh set at every step."""
+    r, t = z3.Consts(f"a_r{tag} a_t{tag}", Req)
+    q = z3.Const(f"a_q{tag}", Page)
+    chosen = z3.Function(f"a_chosen{tag}", Page, BOOL)
+    stop_lost = z3.Bool(f"a_lost{tag}")
     validated = "full" == d.validation
 
     def answer_error(s: St, who: Any) -> Update:
@@ -703,13 +704,18 @@ def prove_any_size(
     design: Design,
     timeout: float | None = None,
     weaken: dict[str, Callable[[St], Any]] | None = None,
+    only: set[str] | None = None,
 ) -> list[Obligation]:
-    """Discharge every obligation; `weaken` replaces invariants by name (tests break one)."""
+    """Discharge every obligation; `weaken` replaces invariants by name (tests break one).
+    `only`: the claims (invariants and properties) to assume and prove, the others dropped."""
     s = state()
     invs = invariants(s)
     if weaken:
         invs.update({name: f(s) for name, f in weaken.items()})
     props = properties(s)
+    if only is not None:
+        invs = {n: f for n, f in invs.items() if n in only}
+        props = {n: f for n, f in props.items() if n in only}
     claims = {**invs, **props}
     inv_all = z3.And(list(claims.values()))
     out: list[Obligation] = []
