@@ -83,8 +83,8 @@ def _patched_actions(
     """Replace the update of one action of the any-size model."""
     original = z3_prove.actions
 
-    def actions(design: Any) -> list[z3_prove.Action]:
-        out = original(design)
+    def actions(design: Any, *args: Any, **kwargs: Any) -> list[z3_prove.Action]:
+        out = original(design, *args, **kwargs)
         for act in out:
             if act.name == name:
                 act.update = (lambda old: lambda s: change(old(s), s))(act.update)
