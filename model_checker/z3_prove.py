@@ -154,9 +154,11 @@ def actions(d: Design) -> list[Action]:
     validated = "full" == d.validation
 
     def answer_error(s: St, who: Any) -> Update:
+        # A client keeps the first answer it got (the spec's `_answer_error`): an error after an
+        # OK answer changes nothing.
         return {
             "ans_set": lambda x: z3.Or(s.ans_set(x), x == who),
-            "ans_ok": lambda x: z3.And(s.ans_ok(x), x != who),
+            "ans_ok": lambda x: z3.And(s.ans_ok(x), z3.Or(x != who, s.ans_set(x))),
         }
 
     def set1(f: Any, who: Any, value: Any) -> Callable[[Any], Any]:
@@ -323,8 +325,8 @@ def actions(d: Design) -> list[Action]:
             "own": lambda x: z3.BoolVal(False),
             "granted": lambda x, y: z3.BoolVal(False),
             "d": lambda x: z3.If(keep(x), s.d(x), D["lost"]),
+            # The router answers an error to the clients still waiting; an answer given stays.
             "ans_set": lambda x: z3.Or(s.ans_set(x), z3.Not(keep(x))),
-            "ans_ok": lambda x: z3.And(s.ans_ok(x), keep(x)),
         }
         if d.scrub:
             out["has"] = lambda x: z3.BoolVal(False)
@@ -512,6 +514,8 @@ def invariants(s: St) -> dict[str, Any]:
                 s.d(x) >= 0,
                 s.d(x) < len(D_PHASES),
                 s.p_gen(x) >= 0,
+                # Only an answer given can be OK (the spec's `answer.ok` lives in the answer).
+                z3.Implies(s.ans_ok(x), s.ans_set(x)),
             ),
         ),
         "generations_are_unique": z3.ForAll(
