@@ -9,7 +9,7 @@ from typing import Any
 
 from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from model_checker.engines import ENGINES, Combined, EngineOptions, EngineRun, combine, run_engine
-from model_checker.render import trace_lines
+from model_checker.render import group_counterexamples, steps, trace_lines
 from model_checker.result import CheckResult, config_summary
 from model_checker.variant_loader import VariantLoadError, load_variant, trace_variant_header
 from spec.config import Config, ConfigError, default_config, parse_set
@@ -135,7 +135,7 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
         }[r.verdict]
         extra = ""
         if r.verdict == "violated" and r.trace is not None:
-            extra = f"  (counterexample: {len(r.trace)} steps)"
+            extra = f"  (counterexample: {steps(len(r.trace))})"
         elif r.detail:
             extra = f"  ({r.detail})"
         print(f"  {label}  {r.property}{extra}")
@@ -185,12 +185,39 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
         print(f"  {completeness['reason']}")
     if final:
         print_verdict(result)
-    for r in result.violated():
-        if r.trace is None:
-            continue
-        print(f"\ncounterexample for {r.property} ({len(r.trace)} steps):")
-        for line in trace_lines(r.trace, result.config, r.loop_start):
-            print(line)
+    print_counterexamples(result)
+
+
+def print_counterexamples(result: CheckResult) -> None:
+    """One listing per distinct counterexample. A property whose counterexample is the first steps
+    of another's (BFS finds runs that share their beginning) is named, not listed again, and the
+    listing marks the step where it breaks."""
+    violated = [r for r in result.violated() if r.trace is not None]
+    listings, same_as = group_counterexamples(
+        [(r.property, r.trace, r.loop_start) for r in violated if r.trace is not None]
+    )
+    listed = {x.property: x for x in listings}
+    for r in violated:
+        assert r.trace is not None
+        n = len(r.trace)
+        if r.property in same_as:
+            host, _ = same_as[r.property]
+            whole = n == len(listed[host].trace)
+            where = "" if whole else f", first {steps(n)}"
+            print(f"\ncounterexample for {r.property} ({steps(n)}): same run as {host}{where}")
+        else:
+            marks: dict[int, list[str]] = {}
+            for name, length in listed[r.property].prefixes:
+                marks.setdefault(length, []).append(name)
+            print(f"\ncounterexample for {r.property} ({steps(n)}):")
+            lines = trace_lines(
+                r.trace,
+                result.config,
+                r.loop_start,
+                {i: f"breaks {', '.join(names)}" for i, names in marks.items()},
+            )
+            for line in lines:
+                print(line)
         if r.detail:
             print(f"      then: {r.detail}")
 

@@ -4,6 +4,15 @@ Every reachable state is visited once, in breadth-first order, so the first stat
 an `always` property ends a shortest counterexample. Every counterexample is replayed through
 `spec.step` (with guards checked) before it is reported.
 
+Among the shortest counterexamples, the one with the fewest fault steps is reported: a reader
+should not have to wonder what a crash or a lost message has to do with a bug that needs neither.
+The search counts the faults on each state's path (`faults_on_path`); a state reached at the same
+depth from a parent with fewer faults takes that parent, and a property already broken by a state
+whose path has faults is checked again on the later states of that same depth that have fewer,
+keeping the first that breaks it. (In the spec a state's fault budget already counts its faults,
+so the parent rule matters only for variants whose own steps skip the count; the second rule is
+what turns "a cancel, then the bug" into the bug alone when both are as short.)
+
 `every_request_terminates` is checked on the graph of *protocol* edges (fault actions removed):
 from every reachable state, whatever faults happened before, the protocol on its own must bring
 every request to an end. A state with no protocol step left that is not done ("stuck"), or a cycle
@@ -40,6 +49,7 @@ class StateGraph:
     states: list[State]
     parent: list[int]
     via: list[Action | None]
+    faults_on_path: list[int]
     protocol_succ: list[list[int]]
     all_edges: list[list[tuple[int, Action]]] | None
     depth_of: list[int]
@@ -131,6 +141,7 @@ def _search(
     states = [s0]
     parent = [-1]
     via: list[Action | None] = [None]
+    faults_on_path = [0]
     depth_of = [0]
     protocol_succ: list[list[int]] = []
     all_edges: list[list[tuple[int, Action]]] | None = [] if keep_edges else None
@@ -142,11 +153,19 @@ def _search(
     complete = True
     shared = _Shared()
 
+    # Properties broken at their shortest depth by a state with faults on its path: the later
+    # states of that depth with fewer faults may break them too (see the module docstring).
+    improvable: list[Any] = []
+
     def inspect(i: int, s: State) -> None:
-        nonlocal pending_witnesses
+        nonlocal pending_witnesses, improvable
         for prop in always:
             if prop.name not in first_violation and not prop.holds(config, s):
                 first_violation[prop.name] = i
+                if faults_on_path[i]:
+                    improvable.append(prop)
+        if improvable:
+            improvable = [p for p in improvable if _improve(p, i, s)]
         if pending_witnesses:
             still = []
             for w in pending_witnesses:
@@ -156,15 +175,28 @@ def _search(
                     still.append(w)
             pending_witnesses = still
 
+    def _improve(prop: Any, i: int, s: State) -> bool:
+        """Take state i as prop's counterexample if it is as short with fewer faults; True while
+        a better one may still come."""
+        best = first_violation[prop.name]
+        if depth_of[i] != depth_of[best]:
+            return False  # past that depth: nothing shorter or as short remains
+        if faults_on_path[i] < faults_on_path[best] and not prop.holds(config, s):
+            first_violation[prop.name] = i
+            return faults_on_path[i] > 0
+        return True
+
     inspect(0, s0)
     head = 0
     while head < len(states):
         s = states[head]
         succ: list[int] = []
         edges: list[tuple[int, Action]] = []
+        depth = depth_of[head] + 1
         for action in enabled(variant, config, s):
             t = step(variant, config, s, action)
             transitions += 1
+            fault = is_fault(action)
             j = index.get(t)
             if j is None:
                 j = len(states)
@@ -176,9 +208,15 @@ def _search(
                 states.append(t)
                 parent.append(head)
                 via.append(action)
-                depth_of.append(depth_of[head] + 1)
+                faults_on_path.append(faults_on_path[head] + fault)
+                depth_of.append(depth)
                 inspect(j, t)
-            if not is_fault(action):
+            elif depth_of[j] == depth and faults_on_path[head] + fault < faults_on_path[j]:
+                # As short a path to t, with fewer faults: t's path runs through this parent.
+                parent[j] = head
+                via[j] = action
+                faults_on_path[j] = faults_on_path[head] + fault
+            if not fault:
                 succ.append(j)
             if all_edges is not None:
                 edges.append((j, action))
@@ -187,7 +225,15 @@ def _search(
             all_edges.append(edges)
         head += 1
     graph = StateGraph(
-        states, parent, via, protocol_succ, all_edges, depth_of, transitions, complete
+        states,
+        parent,
+        via,
+        faults_on_path,
+        protocol_succ,
+        all_edges,
+        depth_of,
+        transitions,
+        complete,
     )
     return graph, first_violation, witnesses
 

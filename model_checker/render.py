@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from spec.actions import Action, action_name
@@ -50,10 +51,73 @@ def describe(action: Action, config: Config) -> str:
 
 
 def trace_lines(
-    trace: tuple[Action, ...], config: Config, loop_start: int | None = None
+    trace: tuple[Action, ...],
+    config: Config,
+    loop_start: int | None = None,
+    marks: Mapping[int, str] | None = None,
 ) -> list[str]:
+    """One numbered line per step; `marks[i]` is written after step i (1-based)."""
     out = []
     for i, action in enumerate(trace):
         marker = "  <- loop starts" if loop_start is not None and i == loop_start else ""
+        if marks and i + 1 in marks:
+            marker += f"  <- {marks[i + 1]}"
         out.append(f"{i + 1:4d}. {describe(action, config)}{marker}")
     return out
+
+
+def steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One counterexample to print, and the properties whose counterexamples are its prefixes."""
+
+    property: str
+    trace: tuple[Action, ...]
+    loop_start: int | None
+    prefixes: tuple[tuple[str, int], ...]
+    """(property, length) of each other counterexample that is this one's first steps."""
+
+
+def group_counterexamples(
+    found: Sequence[tuple[str, tuple[Action, ...], int | None]],
+) -> tuple[list[Listing], dict[str, tuple[str, int]]]:
+    """Counterexamples (property, trace, loop_start), in report order, as few listings as can
+    show them all: a counterexample that is the first steps of another's (or equal to it) is not
+    listed again; it is named as `same_as[property] = (listed property, its length)`.
+
+    A lasso (a counterexample with a loop) is listed on its own: its meaning is the loop, which
+    a prefix of another run does not have. Equal counterexamples are listed once, under the
+    property reported first.
+    """
+
+    def contains(big: tuple[Action, ...], small: tuple[Action, ...]) -> bool:
+        return len(small) <= len(big) and big[: len(small)] == small
+
+    listed: list[int] = []
+    for i, (_, trace, loop) in enumerate(found):
+        covered = loop is None and any(
+            j != i
+            and found[j][2] is None
+            and contains(found[j][1], trace)
+            and (len(found[j][1]) > len(trace) or j < i)
+            for j in range(len(found))
+        )
+        if not covered:
+            listed.append(i)
+    same_as: dict[str, tuple[str, int]] = {}
+    prefixes: dict[int, list[tuple[str, int]]] = {i: [] for i in listed}
+    for i, (name, trace, _) in enumerate(found):
+        if i in prefixes:
+            continue
+        # The longest listed run that starts with this one (listed before it on a tie).
+        host = max(
+            (j for j in listed if found[j][2] is None and contains(found[j][1], trace)),
+            key=lambda j: (len(found[j][1]), -j),
+        )
+        same_as[name] = (found[host][0], len(trace))
+        prefixes[host].append((name, len(trace)))
+    listings = [Listing(found[i][0], found[i][1], found[i][2], tuple(prefixes[i])) for i in listed]
+    return listings, same_as

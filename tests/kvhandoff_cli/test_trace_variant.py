@@ -99,6 +99,10 @@ def test_a_trace_of_an_added_action_explains_without_variant(
     assert code == 0 and "sequenceDiagram" in out
     code, out, _ = run(capsys, "explain", "warm.jsonl", "--variant", "warm.py")
     assert code == 0 and "decode_warm_page" in out
+    # replay reads the added step too; the implementation has no counterpart for it
+    code, out, err = run(capsys, "replay", "warm.jsonl")
+    assert code == 0, err
+    assert "1. decode_warm_page (nothing to do on the target now)" in out
 
 
 def test_a_header_naming_an_unknown_variant_without_a_file_is_exit_2(
