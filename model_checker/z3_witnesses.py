@@ -15,8 +15,13 @@ Two models are asked:
   answer's depth is the shortest. Every path found is decoded and replayed through the spec,
   which must take the same actions and reach the same witnesses: a "reached" is a spec fact.
 * the any-size model (`z3_prove`): an unrolling of its actions from its `init`, every symbol of
-  step t+1 defined by an `ite` over the step's action; a witness that needs two states (a page
-  granted again) compares the current state with an earlier one. The faults it folds into
+  step t+1 defined by an `ite` over the step's action, over small universes (`PASSES`: one
+  request and page, 10 steps; two requests of two tenants, 8 steps, for the page-reuse
+  witnesses) with every quantifier expanded over their elements, so that each query is
+  quantifier-free and cheap; a path found there is a run of the any-size model at that size. It
+  asks "some pending goal holds at some step" while satisfiable (the step reported is the one on
+  the path found, not always the shortest). A witness that needs two states (a page granted
+  again) compares the current state with an earlier one. The faults it folds into
   `decode_fail` / `prefill_stop` / `router_answer_error` (timeouts, cancels, lost messages,
   refused writes) have no witness there: those are listed as not checked, with the reason.
 
@@ -57,8 +62,8 @@ SPEC_DEPTH = 20
 
 @dataclass
 class Movement:
-    """What a model was shown to do: the first step each action fires at and the first depth
-    each witness holds at (None: not within `depth`), and the findings."""
+    """What a model was shown to do: the step each action fires at and the depth each witness
+    holds at (the shortest on the fixed encoding; None: not within `depth`), and the findings."""
 
     model: str
     depth: int
