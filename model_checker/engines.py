@@ -94,7 +94,8 @@ def bmc_completeness(variant: Variant, config: Config, result: CheckResult) -> C
     configuration. Otherwise the result stays `bounded` and says which depth would be complete.
     """
     bounded = [r for r in result.results if r.verdict == "bounded"]
-    if not bounded:
+    if not bounded or result.violated():
+        # A counterexample decides the verdict already: no explicit search for the others.
         return result
     started = time.perf_counter()
     searched = state_space_depth(variant, config)
