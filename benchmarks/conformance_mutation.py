@@ -14,8 +14,8 @@ time). Anything after `--` is passed to `conform` (say `-- --traces 1000` for a 
 
 Printed: the kill table (mutant, where the bug lives, verdict per target, traces run until the
 kill, seconds), then the kill rate per target (over all mutants, and over the mutants the target
-runs the code of: the in-process target does not run the gRPC servers' `edge` code) and the total
-time.
+runs the code of, less the mutants argued equivalent: the in-process target does not run the
+gRPC servers' `edge` code) and the total time.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 from mutants.catalogue import MUTANTS, Mutant  # noqa: E402
 
 PACKAGES = ("impl", "spec", "conformance", "kvhandoff_cli", "model_checker")
+TREE = ROOT  # the tree whose copy is mutated (--tree: another checkout, e.g. a baseline)
 
 
 @dataclass
@@ -58,10 +59,10 @@ class Outcome:
         return self.verdict in ("killed", "crash")
 
 
-def copy_tree(dest: Path) -> None:
+def copy_tree(dest: Path, tree: Path | None = None) -> None:
     for pkg in PACKAGES:
         shutil.copytree(
-            ROOT / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            (tree or TREE) / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
 
 
@@ -104,7 +105,8 @@ def run_one(mutant: Mutant | None, target: str, timeout: float, extra: list[str]
             except json.JSONDecodeError:
                 continue
             break
-    traces = report.get("traces")
+    # The program that first diverged (before Hypothesis shrank it), else the traces run.
+    traces = report.get("traces_to_failure", report.get("traces"))
     failures = report.get("failures") or []
     detail = ""
     if failures:
@@ -136,10 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per conform run (default 300)"
     )
+    p.add_argument(
+        "--tree",
+        type=Path,
+        help="the checkout to copy and mutate (default: this one), e.g. a worktree of main "
+        "for a baseline",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--list", action="store_true", help="list the catalogue and exit")
     args = p.parse_args(args_in)
 
+    global TREE
+    if args.tree is not None:
+        TREE = args.tree.resolve()
     mutants = list(MUTANTS)
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -171,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {}
     for t in targets:
         runs = [by[(m.name, t)] for m in mutants]
-        reach = [by[(m.name, t)] for m in mutants if t == "grpc" or m.where != "edge"]
+        # The score proper: mutants the target runs the code of, less those argued equivalent.
+        reach = [
+            by[(m.name, t)]
+            for m in mutants
+            if (t == "grpc" or m.where != "edge") and not m.equivalent
+        ]
         summary[t] = {
             "killed": sum(o.killed for o in runs),
             "mutants": len(runs),
@@ -212,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         s = summary[t]
         print(
             f"{t}: killed {s['killed']}/{s['mutants']} ({100 * s['rate']:.0f} %); "
-            f"{s['killed_of_reachable']}/{s['reachable']} of the mutants whose code it runs; "
+            f"{s['killed_of_reachable']}/{s['reachable']} "
+            f"({100 * s['killed_of_reachable'] / max(1, s['reachable']):.0f} %) of the mutants "
+            "whose code it runs, less those argued equivalent; "
             f"{s['seconds']} s of conform runs"
         )
     print(f"total {total:.1f} s (conform args: {' '.join(extra) or 'defaults'})")

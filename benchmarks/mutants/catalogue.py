@@ -119,6 +119,12 @@ MUTANTS: tuple[Mutant, ...] = (
         DECODE,
         "releasing_but_lands = req.state is RequestState.RELEASING and self._b.late_writes_land",
         "releasing_but_lands = req.state is RequestState.RELEASING",
+        equivalent=(
+            "the spec lets a write land in a page that a failed request still owns (its receive "
+            "step checks the page's owner, not the request's phase): nothing reads those pages, and "
+            "release scrubs them; the implementation's RELEASING is the spec's failed-not-yet-"
+            "released, so storing such a write is a behaviour of the reference protocol"
+        ),
     ),
     # ------------------------------------------------------------------ decode: completion
     _m(
@@ -191,6 +197,13 @@ MUTANTS: tuple[Mutant, ...] = (
         DECODE,
         "        if self._b.release_before_drain:\n            return [abort, *self._release(",
         "        if True:\n            return [abort, *self._release(",
+        equivalent=(
+            "the reference protocol fences release by generation, not by prefill's ack (the spec's "
+            "decode releases a failed request at once): a write of the released generation that "
+            "arrives later is refused on receipt, because decode keeps the released (request, "
+            "generation) and checks every write against the current owner; only the one-sided "
+            "designs (m7, m8) need the drain"
+        ),
     ),
     # ------------------------------------------------------------------ decode: admission
     _m(
@@ -261,6 +274,12 @@ MUTANTS: tuple[Mutant, ...] = (
         '                    Log("prefill_receive_abort", {**args, "in_flight": True}),\n'
         "                    ack,\n"
         "                    CancelWrites(req.request_id, ev.generation),",
+        equivalent=(
+            "decode's release is fenced by generation (see release_before_drain): an early ack lets "
+            "decode release sooner, the writes still in flight are refused as writes of a released "
+            "generation, and prefill's second ack (when its stream closes) matches nothing; the "
+            "spec's reference decode needs no ack at all"
+        ),
     ),
     _m(
         "grant_length_not_compared",
@@ -268,6 +287,13 @@ MUTANTS: tuple[Mutant, ...] = (
         PREFILL,
         "if not (req.placeholder or req.truncated or self._b.local_completion_count):",
         "if False:",
+        equivalent=(
+            "an honest decode grants exactly pages_for(prompt) for the prompt the router gave both "
+            "workers, so the grant always agrees with prefill's view in the reference; the spec's "
+            "prefill takes any grant without comparing (a short or long grant is caught by decode's "
+            "coverage and count checks), so only a forged grant could tell, and the spec requires "
+            "no refusal of it"
+        ),
     ),
     _m(
         "writes_in_reverse_order",
@@ -296,6 +322,13 @@ MUTANTS: tuple[Mutant, ...] = (
         PREFILL,
         "        if tell_decode and not self._b.silent_prefill_abort:",
         "        if tell_decode and not self._b.silent_prefill_abort and status is Status.OK:",
+        equivalent=(
+            "the router relays every error answer of prefill to decode while decode's result is "
+            "pending (the reference's second path for prefill's notice), and when the router has "
+            "already answered (a client cancel) it has already withdrawn the request from decode; "
+            "decode therefore fails the request on every path, and the spec's mapping explains the "
+            "router's relay as decode_receive_failure"
+        ),
     ),
     # ------------------------------------------------------------------ router
     _m(
