@@ -24,7 +24,7 @@ the target so far, and the spec's own receive step is taken on a copy of that st
 | `completion_wrong_room` | the current generation, another room | ignored |
 | `write_wrong_room` | a page of the grant, another room | refused: no page changes |
 | `write_wrong_generation` | a page of the grant, a generation never granted | refused |
-| `write_page_not_granted` | the grant's identity, a page outside the grant | refused |
+| `write_page_not_granted` | the grant's identity, a page outside the grant (another request's, if any) | refused |
 | `write_replay_released` | a write of an earlier, released generation of the request, replayed (a late or duplicated write) | refused (the spec's ownership check) |
 | `abort_ack_replay_released` | the abort ack of a released generation, again | no page changes owner |
 
@@ -166,10 +166,11 @@ def expected(variant: Variant, config: Config, state: State, attack: Attack) -> 
         elif kind == "write_wrong_generation":
             gen = _NEVER_GRANTED
         elif kind == "write_page_not_granted":
-            others = [p for p in range(config.decode_pages) if p not in req.d_pages]
-            if not others:
+            # Another request's page if there is one (the sharper test), else a free one.
+            page_or_none = _not_granted_page(state, config, r)
+            if page_or_none is None:
                 return None
-            page = others[0]
+            page = page_or_none
         return _write_expectation(
             variant, config, state, Write(rm, gen, page, _tag(config, r, req.d_gen)), prop
         )
@@ -205,6 +206,14 @@ _CONTRACT = {
     "write_corrupt_data": "page bytes that do not hash to the claimed digest carry no tag of "
     "this generation: refused",
 }
+
+
+def _not_granted_page(state: State, config: Config, r: int) -> int | None:
+    req = state.requests[r]
+    others = [p for p in range(config.decode_pages) if p not in req.d_pages]
+    owned = [p for p in others if state.pages[p].owner is not None]
+    choice = owned or others
+    return choice[0] if choice else None
 
 
 def _tag(config: Config, r: int, generation: int) -> Tag:

@@ -26,7 +26,7 @@ from hypothesis import target as hypothesis_target
 
 from conformance.lockstep import Divergence, Session, run_program
 from conformance.target import Target, TargetError, require_one_prefill_rank
-from spec.actions import FAULT_ACTIONS, Action, action_name, is_fault
+from spec.actions import FAULT_ACTIONS, Action, DecodeWaitingTimeout, action_name, is_fault
 from spec.config import Config, default_config
 from spec.trace import dump_trace
 
@@ -88,7 +88,8 @@ def boundary_tokens(config: Config) -> list[int]:
 
 def draw_scenario(data: st.DataObject, config: Config) -> tuple[Config, dict[int, int]]:
     """A program's scenario: `config` itself (what a failure shrinks to), or `config` with each
-    request's prompt drawn from `boundary_tokens`. Returns the scenario and each request's shortfall in tokens (`Target.shortfall`)."""
+    request's prompt drawn from `boundary_tokens` and, sometimes, one more request in flight
+    at once. Returns the scenario and each request's shortfall in tokens (`Target.shortfall`)."""
     if not data.draw(st.booleans(), label="boundary scenario"):
         return config, {}
     ps = config.page_size
@@ -101,7 +102,9 @@ def draw_scenario(data: st.DataObject, config: Config) -> tuple[Config, dict[int
         requests.append(replace(q, pages=pages))
         if pages * ps != tokens:
             shortfall[r] = pages * ps - tokens
-    return replace(config, requests=tuple(requests)), shortfall
+    # Sometimes a second request in flight (pages of two requests held at once).
+    active = data.draw(st.sampled_from([config.max_active, config.max_active + 1]))
+    return replace(config, requests=tuple(requests), max_active=active), shortfall
 
 
 FAULT_KINDS: tuple[type, ...] = tuple(
@@ -177,7 +180,8 @@ def _abstract(s: Any) -> tuple[Any, ...]:
 
 def progress(session: Session) -> float:
     """How deep a program got (Hypothesis `target()` steers towards more): writes landed,
-    completions validated, answers generated, and probes of decode that could be made."""
+    completions validated and answers generated (the same on every target that explains the
+    same spec steps, so a seed draws the same programs in-process and through the harness)."""
     score = 0.0
     for ev in session.events:
         kind = ev["event"]
@@ -187,7 +191,7 @@ def progress(session: Session) -> float:
             score += 3
         elif kind == "decode_generate":
             score += 3
-    return score + 0.1 * session.probed
+    return score
 
 
 @dataclass
@@ -296,10 +300,18 @@ def run(
         # Swarm testing: each program allows its own subset of fault kinds, and the first
         # `calm` steps none (so that programs reach the handoff before a fault strikes).
         kinds = data.draw(st.sets(st.sampled_from(FAULT_KINDS)), label="fault kinds")
+        if scenario.max_active > cfg.max_active:
+            # A target's clock may fire every waiting request's timeout at once (the in-process
+            # target's does): with several in flight, the spec's one-request timeout is no
+            # step it can take.
+            kinds = kinds - {DecodeWaitingTimeout}
         calm = data.draw(st.integers(min_value=0, max_value=length), label="fault-free steps")
         # A scripted prefix: the calm steps take the first step the spec lists (protocol order:
         # submit, admit, reserve, grant, write, ...), which drives a request into its handoff.
         scripted = data.draw(st.booleans(), label="scripted prefix")
+        # Strike: the first step after the calm ones is a fault (when one is allowed), so that
+        # the state the prefix reached is the one a fault hits.
+        strike = data.draw(st.booleans(), label="fault right after the calm steps")
 
         seen: set[str] = set()
 
@@ -310,8 +322,11 @@ def run(
             ]
             if not allowed:
                 return None
+            faults = [a for a in allowed if is_fault(a)]
             if scripted and len(program) < calm:
                 action = allowed[0]
+            elif strike and len(program) == calm and faults:
+                action = data.draw(st.sampled_from(faults))
             else:
                 action = data.draw(st.sampled_from(allowed))
             program.append(action)

@@ -421,10 +421,12 @@ class InProcTarget(Target):
             elif kind == "write_wrong_generation":
                 gen = Generation(gen + (1 << 20))
             elif kind == "write_page_not_granted":
+                # Another request's page if there is one, else a free one (as the spec's probe).
                 others = [p for p in range(core.config.num_pages) if p not in pages]
+                owned = [p for p in others if core.owner_of(PageId(p)) is not None]
                 if not others:
                     return None
-                page = others[0]
+                page = (owned or others)[0]
             elif kind == "write_forged_token":
                 token = bytes(b ^ 0xFF for b in token) or b"forged"
             elif kind == "write_corrupt_data":

@@ -369,7 +369,9 @@ class Matchers:
             if ignored:
                 check = _unchanged_decode(r)
             elif verdict == "validated":
-                check = _decode_phase(r, "validated")
+                # This very completion must be what validates: a second `validated` verdict
+                # (a duplicate completion decode took again) is not explained by the first.
+                check = _becomes(r, "validated")
             else:
                 check = _decode_phase(r, "failed")
             out.append(Match((DecodeReceiveCompletion(m),), check))
@@ -584,6 +586,10 @@ def _unchanged_decode(r: int) -> Callable[[State, State], bool]:
 
 def _decode_phase(r: int, phase: str) -> Callable[[State, State], bool]:
     return lambda a, b: b.requests[r].d == phase
+
+
+def _becomes(r: int, phase: str) -> Callable[[State, State], bool]:
+    return lambda a, b: a.requests[r].d != phase and b.requests[r].d == phase
 
 
 def _decode_failed_or_unchanged(r: int) -> Callable[[State, State], bool]:

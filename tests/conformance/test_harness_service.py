@@ -62,7 +62,8 @@ def test_reference_conforms_through_the_harness_service(
     code = main([*argv, "--json", "--out", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
-    assert out["verdict"] == "conforms" and out["traces"] == 50
+    # Hypothesis runs the examples it discards too: at least the 50 asked for.
+    assert out["verdict"] == "conforms" and out["traces"] >= 50
     assert out["target"] == inproc_server.address and out["not_covered"] == {}
 
 
