@@ -187,7 +187,7 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
             print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file})")
         for line in _not_covered_lines(report.not_covered):
             print(line)
-        if report.coverage is not None:
+        if report.coverage is not None and report.conforms:
             print(f"  {report.coverage.summary()}")
     return EXIT_OK if report.conforms else EXIT_VIOLATED
 

@@ -284,7 +284,7 @@ def test_faults_the_engine_cannot_inject_are_skipped_and_reported_not_covered(
 ) -> None:
     server = serve("127.0.0.1:0", "limited", factory=_Limited)
     try:
-        argv = ["conform", "--target", server.address, "--traces", "40", "--seed", "1"]
+        argv = ["conform", "--target", server.address, "--traces", "150", "--seed", "1"]
         assert main([*argv, "--out", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert "conforms" in out
