@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,3 +135,25 @@ def test_restart_detection_must_name_the_requests_it_failed() -> None:
     forgot = copy.deepcopy(detect)
     forgot["args"]["failed"] = []  # a restart that did not fail the request its prefill held
     assert not silent.feed(forgot)
+
+
+def test_a_probe_failure_is_shrunk_saved_and_replays(tmp_path: Any) -> None:
+    from conformance import campaign
+    from conformance.replay import replay_trace
+
+    class Trusting(InProcTarget):
+        def probe(self, attack: adversary.Attack) -> adversary.ProbeResult | None:
+            got = super().probe(attack)
+            if got is not None and attack.kind == "write_corrupt_data":
+                return adversary.ProbeResult("accepted", True, "no per-page digest check")
+            return got
+
+    report = campaign.run("inproc", "reference", traces=30, out_dir=tmp_path, target=Trusting())
+    assert report.verdict == "diverges" and report.traces_to_failure is not None
+    failure = report.failures[0]
+    assert failure.kind == "adversarial" and "write_corrupt_data" in failure.message
+    replayed = replay_trace(Path(failure.trace_file), Trusting())
+    assert replayed.verdict == "diverges"
+    assert replayed.first_divergence is not None
+    assert "write_corrupt_data" in replayed.first_divergence["message"]
+    assert replay_trace(Path(failure.trace_file), InProcTarget()).verdict == "conforms"
