@@ -197,6 +197,10 @@ def replay_trace(
                     note_reproduced(predicted)
             return kinds
 
+        # A probe's failure counts only where the events themselves diverge nowhere (the
+        # event that first diverges says more about what the target did).
+        probed: list[dict[str, Any]] = []
+
         def probe_divergence(at: int) -> None:
             # The adversarial probes of a lockstep run (`conformance.adversary`), so that a
             # campaign failure they found replays too.
@@ -208,13 +212,15 @@ def replay_trace(
                     continue
                 problem = adversary.judge(attack, want, got)
                 if problem is not None:
-                    report.first_divergence = {
-                        "step": at,
-                        "message": problem,
-                        "event": None,
-                        "violated": [want.prop],
-                        "enabled_there": [],
-                    }
+                    probed.append(
+                        {
+                            "step": at,
+                            "message": problem,
+                            "event": None,
+                            "violated": [want.prop],
+                            "enabled_there": [],
+                        }
+                    )
                     return
 
         def note_reproduced(v: Validator) -> None:
@@ -243,7 +249,7 @@ def replay_trace(
                         target.wait_answered(r)
             performed = drive(target, action)
             kinds = absorb()
-            if target.fine_grained and report.first_divergence is None and oracle.failed is None:
+            if target.fine_grained and not probed and oracle.failed is None:
                 probe_divergence(len(report.steps) + 1)
             report.steps.append(
                 ReplayStep(
@@ -316,6 +322,8 @@ def replay_trace(
                 "pages: " + target.describe()
             )
             report.reproduced.append("every_request_terminates")
+        if report.first_divergence is None and probed:
+            report.first_divergence = probed[0]
         report.not_covered = target.not_covered()
     finally:
         target.close()
