@@ -14,6 +14,7 @@ plays back deterministically.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis import target as hypothesis_target
 
-from conformance.lockstep import Divergence, run_program
+from conformance.lockstep import Divergence, Session, run_program
 from conformance.target import Target, TargetError, require_one_prefill_rank
-from spec.actions import Action
+from spec.actions import FAULT_ACTIONS, Action, DecodeWaitingTimeout, action_name, is_fault
 from spec.config import Config, default_config
 from spec.trace import dump_trace
 
@@ -72,6 +74,126 @@ def campaign_config() -> Config:
     return replace(default_config(), max_faults=4)
 
 
+def boundary_tokens(config: Config) -> list[int]:
+    """Prompt lengths in tokens at and around every limit and page boundary of `config` (a
+    target's advertised limits): 1, page-1, page, page+1, and limit-1, limit, limit+1 for the
+    prefill limit, the decode limit and the context window. (An empty prompt is a bad request
+    the spec does not model: the scenario's requests have at least one page.)"""
+    ps = config.page_size
+    out = [1, ps - 1, ps, ps + 1]
+    for limit in (config.prefill_max_prompt, config.decode_max_prompt, config.context_window):
+        out += [limit * ps - 1, limit * ps, limit * ps + 1]
+    return sorted({t for t in out if t >= 1})
+
+
+def draw_scenario(data: st.DataObject, config: Config) -> tuple[Config, dict[int, int]]:
+    """A program's scenario: `config` itself (what a failure shrinks to), or `config` with each
+    request's prompt drawn from `boundary_tokens` and, sometimes, one more request in flight
+    at once. Returns the scenario and each request's shortfall in tokens (`Target.shortfall`)."""
+    if not data.draw(st.booleans(), label="boundary scenario"):
+        return config, {}
+    ps = config.page_size
+    lengths = boundary_tokens(config)
+    requests = []
+    shortfall: dict[int, int] = {}
+    for r, q in enumerate(config.requests):
+        tokens = data.draw(st.sampled_from([q.pages * ps, *lengths]), label=f"tokens of {r}")
+        pages = -(-tokens // ps)
+        requests.append(replace(q, pages=pages))
+        if pages * ps != tokens:
+            shortfall[r] = pages * ps - tokens
+    # Sometimes a second request in flight (pages of two requests held at once).
+    active = data.draw(st.sampled_from([config.max_active, config.max_active + 1]))
+    return replace(config, requests=tuple(requests), max_active=active), shortfall
+
+
+FAULT_KINDS: tuple[type, ...] = tuple(
+    k for k in FAULT_ACTIONS if k.__name__ not in ("PrefillLeaseExpire", "NetworkFailTransfer")
+)
+
+
+# The outcome fields of event-log lines: (event, outcome) pairs are counted by them.
+_OUTCOME_FIELDS = ("outcome", "verdict", "status")
+
+
+@dataclass
+class Coverage:
+    """What a campaign reached of the spec: the spec actions that explained the target's events
+    (fired), the actions the spec enabled somewhere but that never fired, (event, outcome)
+    pairs of the target's log, adversarial probes by (attack, reaction), and the distinct
+    abstract states (each request's prefill and decode phase and answer, the kinds of messages
+    in flight, whether writes are in flight) the runs went through."""
+
+    fired: dict[str, int] = field(default_factory=dict)
+    enabled: set[str] = field(default_factory=set)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    probes: dict[str, int] = field(default_factory=dict)
+    states: set[tuple[Any, ...]] = field(default_factory=set)
+
+    def add(self, session: Session, options_seen: set[str]) -> None:
+        from spec.machine import step
+        from spec.state import initial_state
+
+        self.enabled |= options_seen
+        for ev in session.events:
+            for key in _OUTCOME_FIELDS:
+                if key in ev["args"]:
+                    pair = f"{ev['event']}:{ev['args'][key]}"
+                    self.outcomes[pair] = self.outcomes.get(pair, 0) + 1
+                    break
+        for pair, n in session.probe_outcomes.items():
+            self.probes[pair] = self.probes.get(pair, 0) + n
+        s = initial_state(session.config)
+        self.states.add(_abstract(s))
+        for a in session.explained_actions():
+            name = action_name(a)
+            self.fired[name] = self.fired.get(name, 0) + 1
+            s = step(session.variant, session.config, s, a)
+            self.states.add(_abstract(s))
+
+    def to_json(self) -> dict[str, Any]:
+        unfired = sorted(self.enabled - set(self.fired))
+        return {
+            "actions_fired": dict(sorted(self.fired.items())),
+            "actions_unfired": unfired,
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "probes": dict(sorted(self.probes.items())),
+            "abstract_states": len(self.states),
+        }
+
+    def summary(self) -> str:
+        j = self.to_json()
+        line = (
+            f"coverage: {len(j['actions_fired'])} spec actions fired, "
+            f"{len(j['outcomes'])} (event, outcome) pairs, {sum(self.probes.values())} "
+            f"adversarial probes, {j['abstract_states']} abstract states"
+        )
+        if j["actions_unfired"]:
+            line += f"; enabled but never fired: {', '.join(j['actions_unfired'])}"
+        return line
+
+
+def _abstract(s: Any) -> tuple[Any, ...]:
+    reqs = tuple((q.p, q.d, None if q.answer is None else q.answer.ok) for q in s.requests)
+    return reqs, tuple(sorted({m.kind for m in s.network})), bool(s.writes)
+
+
+def progress(session: Session) -> float:
+    """How deep a program got (Hypothesis `target()` steers towards more): writes landed,
+    completions validated and answers generated (the same on every target that explains the
+    same spec steps, so a seed draws the same programs in-process and through the harness)."""
+    score = 0.0
+    for ev in session.events:
+        kind = ev["event"]
+        if kind == "decode_receive_write" and ev["args"].get("outcome") == "accepted":
+            score += 1
+        elif kind == "decode_receive_completion" and ev["args"].get("verdict") == "validated":
+            score += 3
+        elif kind == "decode_generate":
+            score += 3
+    return score
+
+
 @dataclass
 class Failure:
     kind: str
@@ -93,6 +215,10 @@ class CampaignReport:
     """Spec steps driven in all (for steps/s)."""
     not_covered: dict[str, str] = field(default_factory=dict)
     """Operations the target said it cannot perform (skipped, not failed): operation -> why."""
+    coverage: Coverage | None = None
+    """What the campaign reached of the spec (fine-grained targets)."""
+    traces_to_failure: int | None = None
+    """The program (1-based) that first diverged, before shrinking (`traces` counts those too)."""
 
     @property
     def conforms(self) -> bool:
@@ -108,6 +234,12 @@ class CampaignReport:
             "failures": [asdict(f) for f in self.failures],
             "seconds": round(self.seconds, 3),
             "not_covered": dict(sorted(self.not_covered.items())),
+            **({"coverage": self.coverage.to_json()} if self.coverage is not None else {}),
+            **(
+                {"traces_to_failure": self.traces_to_failure}
+                if self.traces_to_failure is not None
+                else {}
+            ),
         }
 
 
@@ -142,6 +274,8 @@ def run(
         return coarse
     program: list[Action] = []
     counters = {"traces": 0, "steps": 0}
+    used: dict[str, Any] = {"config": cfg, "shortfall": {}}
+    coverage = Coverage()
 
     @settings(
         max_examples=traces,
@@ -158,22 +292,61 @@ def run(
         program.clear()
         counters["traces"] += 1
 
-        def choose(options: list[Action]) -> Action:
-            action = data.draw(st.sampled_from(options))
+        # The length is drawn first so that a failure shrinks to a short program.
+        length = data.draw(st.integers(min_value=1, max_value=steps))
+        scenario, shortfall = draw_scenario(data, cfg)
+        used["config"], used["shortfall"] = scenario, shortfall
+        target.shortfall = shortfall
+        # Swarm testing: each program allows its own subset of fault kinds, and the first
+        # `calm` steps none (so that programs reach the handoff before a fault strikes).
+        kinds = data.draw(st.sets(st.sampled_from(FAULT_KINDS)), label="fault kinds")
+        if scenario.max_active > cfg.max_active:
+            # A target's clock may fire every waiting request's timeout at once (the in-process
+            # target's does): with several in flight, the spec's one-request timeout is no
+            # step it can take.
+            kinds = kinds - {DecodeWaitingTimeout}
+        calm = data.draw(st.integers(min_value=0, max_value=length), label="fault-free steps")
+        # A scripted prefix: the calm steps take the first step the spec lists (protocol order:
+        # submit, admit, reserve, grant, write, ...), which drives a request into its handoff.
+        scripted = data.draw(st.booleans(), label="scripted prefix")
+        # Strike: the first step after the calm ones is a fault (when one is allowed), so that
+        # the state the prefix reached is the one a fault hits.
+        strike = data.draw(st.booleans(), label="fault right after the calm steps")
+
+        seen: set[str] = set()
+
+        def choose(options: list[Action]) -> Action | None:
+            seen.update(action_name(a) for a in options)
+            allowed = [
+                a for a in options if not is_fault(a) or (type(a) in kinds and len(program) >= calm)
+            ]
+            if not allowed:
+                return None
+            faults = [a for a in allowed if is_fault(a)]
+            if scripted and len(program) < calm:
+                action = allowed[0]
+            elif strike and len(program) == calm and faults:
+                action = data.draw(st.sampled_from(faults))
+            else:
+                action = data.draw(st.sampled_from(allowed))
             program.append(action)
             counters["steps"] += 1
             return action
 
-        # The length is drawn first so that a failure shrinks to a short program.
-        length = data.draw(st.integers(min_value=1, max_value=steps))
         try:
             try:
-                run_program(target, cfg, mode, choose, length)
+                session = run_program(target, scenario, mode, choose, length)
+                hypothesis_target(progress(session), label="progress")
+                coverage.add(session, seen)
             finally:
                 target.close()
+                target.shortfall = {}
         except TargetError as exc:
             # A target that fails (not diverges) must not be shrunk as if it were a bug.
             raise _TargetFailed(exc) from exc
+        except Divergence:
+            counters.setdefault("first_failure", counters["traces"])
+            raise
 
     start = time.perf_counter()
     failures: list[Failure] = []
@@ -182,7 +355,9 @@ def run(
     except _TargetFailed as stop:
         raise stop.error from None
     except Divergence as exc:
-        path = save_failure(out, target_name, mode, seed, cfg, list(program), exc)
+        path = save_failure(
+            out, target_name, mode, seed, used["config"], list(program), exc, used["shortfall"]
+        )
         failures.append(Failure(exc.kind, exc.property, str(path), exc.message))
     seconds = time.perf_counter() - start
     return CampaignReport(
@@ -195,6 +370,8 @@ def run(
         seconds=seconds,
         step_count=counters["steps"],
         not_covered=target.not_covered(),
+        coverage=coverage,
+        traces_to_failure=counters.get("first_failure"),
     )
 
 
@@ -206,6 +383,7 @@ def save_failure(
     config: Config,
     program: list[Action],
     exc: Divergence,
+    shortfall: Mapping[int, int] | None = None,
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     safe = target_name.replace(":", "_").replace("/", "_")
@@ -221,6 +399,8 @@ def save_failure(
             property=exc.property,
             failure=exc.kind,
             message=exc.message,
+            # Requests whose prompt ends inside a page (tokens short of whole pages).
+            **({"shortfall": {str(r): n for r, n in shortfall.items()}} if shortfall else {}),
         )
     )
     return path

@@ -61,7 +61,9 @@ class GrpcTarget(Target):
             config.page_size,
             config.decode_pages,
             config.prefill_max_prompt,
+            config.decode_max_prompt,
             config.context_window,
+            len(config.requests),
         )
         if self.cluster is not None and (key != self._key or not self.cluster.quiescent()):
             self.shutdown()
@@ -76,9 +78,16 @@ class GrpcTarget(Target):
                 # Requests run concurrently here: a pool that holds them all at once, so that
                 # decode never refuses for a full pool (the spec's decode waits instead; see
                 # the mapping's note on RESOURCE_EXHAUSTED).
-                decode_pages=max(config.decode_pages, sum(q.pages for q in config.requests)),
+                # (Sized for the longest prompts a scenario of as many requests can have, so
+                # that scenarios that differ only in prompt lengths share a cluster.)
+                decode_pages=max(
+                    config.decode_pages, len(config.requests) * (config.context_window + 1)
+                ),
                 prefill_pages=config.prefill_max_prompt,
                 context_window=config.context_window * config.page_size,
+                # The scenario's own decode limit, not the pool's: its exact-limit prompts are
+                # the boundary the spec speaks of.
+                decode_max_prompt=config.decode_max_prompt * config.page_size,
                 heartbeat_interval_s=0.05,
                 log_dir=self.log_dir,
                 state_dir=root / "state",
@@ -110,7 +119,7 @@ class GrpcTarget(Target):
     def submit(self, r: int) -> None:
         assert self.config is not None
         spec = self.config.requests[r]
-        tokens = [canary_token(self.config, spec.tenant)] * (spec.pages * self.config.page_size)
+        tokens = [canary_token(self.config, spec.tenant)] * self.prompt_tokens(self.config, r)
 
         def call() -> None:
             with self.cluster.client() as c:
@@ -225,6 +234,45 @@ class GrpcTarget(Target):
             out[r] = ans
         return out
 
+    def answer_problems(self) -> list[str]:
+        """Exact answers: the copy-head model echoes the prompt it attends over, so an ok
+        answer to an all-canary prompt is exactly as many of the tenant's canary tokens as
+        were asked for (anything else was generated from data that is not the prompt's)."""
+        assert self.config is not None
+        out = []
+        for r, res in sorted(self.results.items()):
+            if res.status != "ok":
+                continue
+            want = canary_token(self.config, self.config.requests[r].tenant)
+            n = min(1024, self.prompt_tokens(self.config, r))
+            tokens = list(res.tokens)
+            if tokens != [want] * n:
+                wrong = sorted({t for t in tokens if t != want})[:8]
+                out.append(
+                    f"answer to {self.request_id(r)} has {len(tokens)} tokens, "
+                    f"{sum(t != want for t in tokens)} of them not the prompt's canary {want} "
+                    f"(e.g. {wrong}); the spec's answer echoes the {n}-token prompt"
+                )
+        return out
+
+    def dirty_free_pages(self) -> list[int]:
+        """Decode pages that no request owns and that are not zero (freed pages must hold
+        nothing readable: `freed_pages_hold_no_readable_data`)."""
+        cluster = self.cluster
+        server = cluster.decode_server
+
+        def scan() -> list[int]:
+            core, pool = server.core, server.pool
+            return [
+                p
+                for p in range(pool.num_pages)
+                if core.owner_of(p) is None
+                and (bool(pool.k[:, p].any()) or bool(pool.v[:, p].any()))
+            ]
+
+        result: list[int] = cluster.runtime.call(scan)
+        return result
+
     def close(self) -> None:
         """Keep the cluster for the next trace (see `shutdown`)."""
 
@@ -245,6 +293,26 @@ def _count_lines(path: Path) -> int:
 
 
 COARSE_ACTIONS = (RouterSubmitRequest, ClientCancelRequest, PrefillRestart)
+
+
+def boundary_scenario(rng: random.Random, config: Config) -> tuple[Config, dict[int, int]]:
+    """`config` with each request's prompt drawn from `campaign.boundary_tokens` (or its own
+    length), and the requests' shortfall in tokens (`Target.shortfall`)."""
+    from dataclasses import replace
+
+    from conformance.campaign import boundary_tokens
+
+    ps = config.page_size
+    lengths = boundary_tokens(config)
+    requests = []
+    shortfall: dict[int, int] = {}
+    for r, q in enumerate(config.requests):
+        tokens = rng.choice([q.pages * ps, *lengths])
+        pages = -(-tokens // ps)
+        requests.append(replace(q, pages=pages))
+        if pages * ps != tokens:
+            shortfall[r] = pages * ps - tokens
+    return replace(config, requests=tuple(requests)), shortfall
 
 
 def run_coarse_campaign(
@@ -272,7 +340,12 @@ def run_coarse_campaign(
     try:
         for i in range(traces):
             rng = random.Random(seed * 1_000_003 + i)
-            target.start(config, mode)
+            scenario, shortfall = config, dict[int, int]()
+            if rng.random() < 0.5:
+                # Prompts at and around every limit and page boundary (see `boundary_tokens`).
+                scenario, shortfall = boundary_scenario(rng, config)
+            target.shortfall = shortfall
+            target.start(scenario, mode)
             program: list[Action] = []
             submitted: list[int] = []
             for _ in range(steps):
@@ -307,14 +380,25 @@ def run_coarse_campaign(
             target.settle()
             done += 1
             events = target.take_events()
-            headers = log_headers(target, config)
+            headers = log_headers(target, scenario)
             problem = _judge(target, submitted, headers, events)
             if problem is not None:
                 kind, prop, message = problem
                 out.mkdir(parents=True, exist_ok=True)
                 safe = target_name.replace(":", "_").replace("/", "_")
                 path = out / f"conform-{safe}-{mode}-seed{seed}-trace{i}.jsonl"
-                head = dump_trace(config, program, kind="scenario", mode=mode, target=target_name)
+                head = dump_trace(
+                    scenario,
+                    program,
+                    kind="scenario",
+                    mode=mode,
+                    target=target_name,
+                    **(
+                        {"shortfall": {str(r): n for r, n in shortfall.items()}}
+                        if shortfall
+                        else {}
+                    ),
+                )
                 path.write_text(head)
                 log_path = path.with_suffix(".log.jsonl")
                 import json
@@ -398,6 +482,17 @@ def _judge(
             return ("no_answer", "every_request_terminates", f"{target.request_id(r)} unanswered")
     if not target.quiescent():
         return ("not_quiescent", "every_request_terminates", target.describe())
+    problems = getattr(target, "answer_problems", None)
+    for problem in problems() if problems is not None else []:
+        return ("data", "decode_reads_only_validated_pages", problem)
+    dirty = getattr(target, "dirty_free_pages", None)
+    pages = dirty() if dirty is not None else []
+    if pages:
+        return (
+            "data",
+            "freed_pages_hold_no_readable_data",
+            f"decode pages {pages} are free and not zeroed after the run settled",
+        )
     return None
 
 

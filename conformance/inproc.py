@@ -13,15 +13,27 @@ is a ghost tag: (writer request id, tenant) of the last write that landed.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from conformance.adversary import Attack, ProbeResult
 from conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
 from impl.core import decode as dc
 from impl.core import prefill as pc
 from impl.core import router as rc
-from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.core.common import (
+    Generation,
+    Log,
+    PageId,
+    Reply,
+    RequestId,
+    Room,
+    Status,
+    Tenant,
+    completion_digest,
+)
 from impl.modes import get_mode
 from spec.config import Config
 
@@ -85,6 +97,8 @@ class InProcTarget(Target):
         self.tokens = 0
         self.submitted: set[int] = set()
         self.prefill_done: set[RequestId] = set()
+        # Every grant decode sent, by request: what a forged or replayed message is made from.
+        self.grants_sent: dict[RequestId, list[dc.SendGrant]] = {}
         # The decode health probe: decode learns prefill's epoch from it.
         self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
 
@@ -131,7 +145,7 @@ class InProcTarget(Target):
                 rid,
                 Tenant(spec.tenant),
                 Room(spec.room),
-                spec.pages * self.page_size,
+                self.prompt_tokens(self.config, r),
                 4,
                 self.now,
             )
@@ -347,6 +361,100 @@ class InProcTarget(Target):
 
     def answers(self) -> dict[int, TargetAnswer]:
         return dict(self.answered)
+
+    def page_contents(self) -> dict[int, str | None]:
+        return {p: (c[0] if c is not None else None) for p, c in self.content.items()}
+
+    # ------------------------------------------------------------------ adversarial probes
+
+    def probe(self, attack: Attack) -> ProbeResult | None:
+        """Answer a forged message on a copy of decode: the run itself is untouched."""
+        rid = RequestId(self.request_id(attack.request))
+        clone = copy.deepcopy(self.decode)
+        event = self._forge(clone, rid, attack.kind)
+        if event is None:
+            return None
+        before = _bookkeeping(clone)
+        cmds = clone.handle(event)
+        after = _bookkeeping(clone)
+        changed = before != after
+        logs = [c for c in cmds if isinstance(c, Log)]
+        detail = "; ".join(f"{c.kind} {dict(c.args)}" for c in logs)[:400]
+        if isinstance(event, dc.WriteReceived):
+            stored = any(isinstance(c, dc.StorePage) for c in cmds)
+            return ProbeResult("accepted" if stored else "refused", changed, detail)
+        if isinstance(event, dc.CompletionReceived):
+            verdicts = [c.args for c in logs if c.kind == "decode_receive_completion"]
+            if any(v.get("verdict") == "validated" for v in verdicts):
+                return ProbeResult("validated", changed, detail)
+            if verdicts and not all(v.get("ignored") for v in verdicts):
+                return ProbeResult("failed", changed, detail)
+            return ProbeResult("ignored", changed, detail)
+        return ProbeResult("ignored", changed, detail)
+
+    def _forge(self, core: dc.DecodeCore, rid: RequestId, kind: str) -> dc.DecodeEvent | None:
+        view = core.grant_of(rid)
+        if kind.startswith(("completion_", "write_")) and kind != "write_replay_released":
+            if view is None or view.state != "waiting":
+                return None
+            gen, room, token, pages = view.generation, view.room, view.token, view.pages
+            if kind.startswith("completion_"):
+                digests = [self._page_digest(rid, gen, i) for i in range(len(pages))]
+                count, digest = len(pages), completion_digest(gen, pages, digests)
+                if kind == "completion_undercount":
+                    count -= 1
+                elif kind == "completion_overcount":
+                    count += 1
+                elif kind == "completion_bad_digest":
+                    digest = bytes(b ^ 0xFF for b in digest)
+                elif kind == "completion_wrong_generation":
+                    gen = Generation(gen + (1 << 20))
+                elif kind == "completion_wrong_room":
+                    room = Room(room + 1000)
+                elif kind == "completion_forged_token":
+                    token = bytes(b ^ 0xFF for b in token) or b"forged"
+                return dc.CompletionReceived(rid, room, gen, token, count, digest)
+            page, index = int(pages[0]), 0
+            data = claimed = self._page_digest(rid, gen, 0)
+            if kind == "write_wrong_room":
+                room = Room(room + 1000)
+            elif kind == "write_wrong_generation":
+                gen = Generation(gen + (1 << 20))
+            elif kind == "write_page_not_granted":
+                # Another request's page if there is one, else a free one (as the spec's probe).
+                others = [p for p in range(core.config.num_pages) if p not in pages]
+                owned = [p for p in others if core.owner_of(PageId(p)) is not None]
+                if not others:
+                    return None
+                page = (owned or others)[0]
+            elif kind == "write_forged_token":
+                token = bytes(b ^ 0xFF for b in token) or b"forged"
+            elif kind == "write_corrupt_data":
+                data = hashlib.sha256(b"corrupted page").digest()[:8]
+            return dc.WriteReceived(rid, room, gen, token, page, 1_000_000 + index, data, claimed)
+        # Replays: the latest earlier generation of the request, no longer the current one.
+        current = view.generation if view is not None and view.state == "waiting" else None
+        old = [g for g in self.grants_sent.get(rid, []) if g.generation != current]
+        if not old:
+            return None
+        g = old[-1]
+        if kind == "write_replay_released":
+            if not g.pages:
+                return None
+            digest = self._page_digest(rid, g.generation, 0)
+            return dc.WriteReceived(
+                rid, g.room, g.generation, g.token, int(g.pages[0]), 1_000_000, digest, digest
+            )
+        if kind == "abort_ack_replay_released":
+            if view is not None and view.generation == g.generation:
+                return None  # still being released: a real ack, not a replay
+            return dc.AbortAckReceived(rid, g.room, g.generation)
+        return None
+
+    @staticmethod
+    def _page_digest(rid: RequestId, generation: int, index: int) -> bytes:
+        # The digest an honest prefill's write of page `index` carries (see `_write_send`).
+        return hashlib.sha256(f"{rid}/{generation}/{index}".encode()).digest()[:8]
 
     # ------------------------------------------------------------------ plumbing
 
@@ -565,6 +673,7 @@ class InProcTarget(Target):
                 case Log():
                     self._record("decode", cmd.kind, dict(cmd.args))
                 case dc.SendGrant():
+                    self.grants_sent.setdefault(cmd.request_id, []).append(cmd)
                     self._push("grant", cmd.request_id, int(cmd.generation), cmd)
                 case dc.SendAbort():
                     self._push("abort", cmd.request_id, int(cmd.generation), cmd)
@@ -579,6 +688,15 @@ class InProcTarget(Target):
                 case Reply():
                     reply = cmd
         return reply
+
+
+def _bookkeeping(core: dc.DecodeCore) -> tuple[object, ...]:
+    """What decode knows about pages and requests (what a refused message must not change)."""
+    owners = tuple(
+        sorted((int(p), str(core.owner_of(PageId(p)))) for p in range(core.config.num_pages))
+    )
+    requests = tuple(sorted((str(rid), repr(core.grant_of(rid))) for rid in core.active_requests()))
+    return core.free_pages, owners, requests
 
 
 __all__ = ["InProcTarget"]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance import adversary
 from conformance.registry import counterpart
 from conformance.target import Target, require_one_prefill_rank
 from conformance.validate import Ids, ValidationReport, Validator
@@ -68,6 +69,11 @@ class Session:
     variant: Variant = REFERENCE
     steps: list[StepRecord] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    probes: bool = True
+    """After each step, play a forged prefill against decode (`conformance.adversary`)."""
+    probed: int = 0
+    probe_outcomes: dict[str, int] = field(default_factory=dict)
+    """`attack:reaction` -> how many probes got it (for coverage)."""
 
     def __post_init__(self) -> None:
         require_one_prefill_rank(self.config)
@@ -97,6 +103,36 @@ class Session:
                     rep,
                 )
         self._check_canaries()
+        self._check_pages()
+
+    def explained_actions(self) -> tuple[Action, ...]:
+        """The spec actions that explain the target's events so far (one explanation)."""
+        from conformance.validate import flatten_history
+
+        return flatten_history(next(iter(self.validator.frontier.values()), ()))
+
+    def _check_pages(self) -> None:
+        """A page may hold data only where the spec says that same write's data is (a freed
+        page is zeroed: `freed_pages_hold_no_readable_data`). Holding less is allowed: a target
+        may zero more than the spec requires (a restarted decode's pool, say)."""
+        contents = self.target.page_contents()
+        if contents is None:
+            return
+        held = {p: w for p, w in contents.items() if w is not None}
+        if not held:
+            return
+        names = {self.target.request_id(r): r for r in range(len(self.config.requests))}
+        for s in self.validator.frontier:
+            if all(_holds(s, p, names.get(w)) for p, w in held.items()):
+                return
+        s = self.state
+        bad = {p: (w, s.pages[p].content if p < len(s.pages) else None) for p, w in held.items()}
+        raise Divergence(
+            "data",
+            "freed_pages_hold_no_readable_data",
+            "decode pages hold data the spec says is not there (page: target's writer, spec's "
+            f"content): {bad}",
+        )
 
     def _check_canaries(self) -> None:
         for r, ans in self.target.answers().items():
@@ -121,7 +157,28 @@ class Session:
             self.validator.take_silent(action)
 
         self.steps.append(StepRecord(action, performed, len(self.events) - before))
+        if self.probes:
+            self._probe()
         return performed
+
+    def _probe(self) -> None:
+        """Forged messages against decode, each judged by the spec's reaction to it."""
+        state = self.state
+        for attack in adversary.attacks_for(state):
+            want = adversary.expected(self.variant, self.config, state, attack)
+            if want is None:
+                continue
+            got = self.target.probe(attack)
+            if got is None:
+                if attack.kind == adversary.ATTACKS[0] and not self.probed:
+                    return  # this target cannot probe at all
+                continue
+            self.probed += 1
+            pair = f"{attack.kind}:{got.outcome}"
+            self.probe_outcomes[pair] = self.probe_outcomes.get(pair, 0) + 1
+            problem = adversary.judge(attack, want, got)
+            if problem is not None:
+                raise Divergence("adversarial", want.prop, problem, attack)
 
     def finish(self) -> None:
         """Settle the target and run the final checks."""
@@ -160,6 +217,14 @@ class Session:
                     f"{self.target.request_id(r)} was answered from pages holding "
                     f"{ans.read}; the spec read {spec_read}",
                 )
+
+
+def _holds(s: State, page: int, writer: int | None) -> bool:
+    """The spec's page `page` holds data written by request `writer`."""
+    if page >= len(s.pages):
+        return False
+    content = s.pages[page].content
+    return content is not None and content.request == writer
 
 
 def _reads_agree(s: State, r: int, read: list[str | None]) -> bool:

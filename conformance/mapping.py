@@ -209,7 +209,8 @@ MAPPING: tuple[Row, ...] = (
         "decode_detect_prefill_restart",
         "decode",
         "decode_detect_prefill_restart | stutter",
-        "new_epoch",
+        "new_epoch; failed: the requests it failed (none the spec's step keeps, and every one "
+        "whose grant the lost prefill held)",
     ),
     Row("decode_generate", "decode", "decode_generate", "request_id, pages == granted pages"),
     Row(

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from conformance import adversary
 from conformance.grpc_target import log_headers, split_by_server
 from conformance.lockstep import drive
 from conformance.target import Target, require_one_prefill_rank
@@ -165,6 +166,8 @@ def replay_trace(
     config: Config = trace.config
     require_one_prefill_rank(config)
     report = ReplayReport(mode=mode, target=target.name)
+    # Prompts that ended inside a page when the trace was recorded (`Target.shortfall`).
+    target.shortfall = {int(r): int(n) for r, n in dict(trace.header.get("shortfall", {})).items()}
     target.start(config, mode)
     try:
         ids = Ids(config.page_size)
@@ -198,6 +201,32 @@ def replay_trace(
                     note_reproduced(predicted)
             return kinds
 
+        # A probe's failure counts only where the events themselves diverge nowhere (the
+        # event that first diverges says more about what the target did).
+        probed: list[dict[str, Any]] = []
+
+        def probe_divergence(at: int) -> None:
+            # The adversarial probes of a lockstep run (`conformance.adversary`), so that a
+            # campaign failure they found replays too.
+            state = next(iter(oracle.frontier))
+            for attack in adversary.attacks_for(state):
+                want = adversary.expected(REFERENCE, config, state, attack)
+                got = target.probe(attack) if want is not None else None
+                if want is None or got is None:
+                    continue
+                problem = adversary.judge(attack, want, got)
+                if problem is not None:
+                    probed.append(
+                        {
+                            "step": at,
+                            "message": problem,
+                            "event": None,
+                            "violated": [want.prop],
+                            "enabled_there": [],
+                        }
+                    )
+                    return
+
         def note_reproduced(v: Validator) -> None:
             # Broken in *every* state that explains the events: the target's run, not one of
             # several spec behaviours that fit it, broke the property.
@@ -224,6 +253,8 @@ def replay_trace(
                         target.wait_answered(r)
             performed = drive(target, action)
             kinds = absorb()
+            if target.fine_grained and not probed and oracle.failed is None:
+                probe_divergence(len(report.steps) + 1)
             report.steps.append(
                 ReplayStep(
                     i,
@@ -295,9 +326,12 @@ def replay_trace(
                 "pages: " + target.describe()
             )
             report.reproduced.append("every_request_terminates")
+        if report.first_divergence is None and probed:
+            report.first_divergence = probed[0]
         report.not_covered = target.not_covered()
     finally:
         target.close()
+        target.shortfall = {}
     return report
 
 

@@ -19,7 +19,9 @@ that names both requests (`TargetAnswer.foreign`).
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from conformance.registry import deliver_kinds
@@ -73,6 +75,11 @@ class Target(abc.ABC):
     """An implementation under test. Subclass it (or speak the harness protocol, docs/conformance.md)."""
 
     name: str = "target"
+    shortfall: Mapping[int, int] = MappingProxyType({})
+    """Tokens short of whole pages, by request: request r's prompt is `pages * page_size -
+    shortfall[r]` tokens (0 <= shortfall < page_size, so its page count, which is all the spec
+    speaks of, is unchanged). The campaign sets it per program to play prompts that end inside
+    a page; a target that builds prompts should honour it (`prompt_tokens`)."""
     fine_grained: bool = True
     """True when `deliver`/`drop`/`duplicate` control single messages (lockstep possible); a
     coarse target supports only submit, cancel, crashes and `settle`, and is judged on its log."""
@@ -137,6 +144,10 @@ class Target(abc.ABC):
     def request_id(self, r: int) -> str:
         return f"r{r}"
 
+    def prompt_tokens(self, config: Config, r: int) -> int:
+        """The length in tokens of request r's prompt (see `shortfall`)."""
+        return config.requests[r].pages * config.page_size - self.shortfall.get(r, 0)
+
     def wait_answered(self, r: int) -> None:
         """Block until request r's client has its answer (coarse targets; replay uses it to keep
         a trace's order: a request the trace answered before the next submit is answered)."""
@@ -145,6 +156,19 @@ class Target(abc.ABC):
     def describe(self) -> str:
         """What is still in progress (for reports)."""
         return ""
+
+    def probe(self, attack: Any) -> Any:
+        """Play a faulty or malicious prefill against decode (`conformance.adversary`): send
+        decode the forged message `attack` describes and say how it reacted (a
+        `conformance.adversary.ProbeResult`), without changing the run (the in-process target
+        answers on a copy of its decode). None: this target cannot probe, or has nothing to
+        forge it from now (no grant, no earlier generation of the request)."""
+        return None
+
+    def page_contents(self) -> dict[int, str | None] | None:
+        """Whose data each decode page holds now: page -> the request id of the write that last
+        landed there, None for a zeroed page. None: this target cannot tell (not checked)."""
+        return None
 
     def not_covered(self) -> dict[str, str]:
         """Operations this target said it cannot perform at all (operation -> why), e.g. a

@@ -369,7 +369,9 @@ class Matchers:
             if ignored:
                 check = _unchanged_decode(r)
             elif verdict == "validated":
-                check = _decode_phase(r, "validated")
+                # This very completion must be what validates: a second `validated` verdict
+                # (a duplicate completion decode took again) is not explained by the first.
+                check = _becomes(r, "validated")
             else:
                 check = _decode_phase(r, "failed")
             out.append(Match((DecodeReceiveCompletion(m),), check))
@@ -413,9 +415,33 @@ class Matchers:
         return out
 
     def m_decode_detect_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        named = ev["args"].get("failed")
         if s.decode_sees_prefill_epoch != s.prefill_epoch:
+            if named is not None and not self._fails_as_named(s, named):
+                return []
             return [Match((DecodeDetectPrefillRestart(),))]
         return [Match(())]
+
+    def _fails_as_named(self, s: State, named: list[Any]) -> bool:
+        """The requests a restart detection says it failed: only requests the spec's step fails
+        (waiting on the old prefill), and at least those whose grant that prefill held."""
+        failed = set()
+        for rid in named:
+            q = self.ids.requests.get(str(rid))
+            if q is None:
+                return False
+            failed.add(q)
+        may = {
+            q
+            for q, req in enumerate(s.requests)
+            if req.d in ("received", "admitted", "reserved") and req.d_epoch != s.prefill_epoch
+        }
+        must = {
+            q
+            for q in may
+            if s.requests[q].d == "reserved" and s.requests[q].p_gen == s.requests[q].d_gen
+        }
+        return must <= failed <= may
 
     def m_decode_generate(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
@@ -562,6 +588,10 @@ def _decode_phase(r: int, phase: str) -> Callable[[State, State], bool]:
     return lambda a, b: b.requests[r].d == phase
 
 
+def _becomes(r: int, phase: str) -> Callable[[State, State], bool]:
+    return lambda a, b: a.requests[r].d != phase and b.requests[r].d == phase
+
+
 def _decode_failed_or_unchanged(r: int) -> Callable[[State, State], bool]:
     return lambda a, b: b.requests[r].d == "failed" or a.requests[r].d == b.requests[r].d
 
@@ -569,6 +599,11 @@ def _decode_failed_or_unchanged(r: int) -> Callable[[State, State], bool]:
 def _extend(hist: tuple[Any, ...], actions: Candidate) -> tuple[Any, ...]:
     """Histories are linked (parent, actions) pairs: extending one is O(1), not O(length)."""
     return (hist, actions) if actions else hist
+
+
+def flatten_history(hist: tuple[Any, ...]) -> tuple[Action, ...]:
+    """A frontier state's action history as a flat tuple of spec actions."""
+    return _flatten(hist)
 
 
 def _flatten(hist: tuple[Any, ...]) -> tuple[Action, ...]:

@@ -63,6 +63,9 @@ class ClusterConfig:
     decode_pages: int | None = None
     prefill_pages: int | None = None
     context_window: int | None = None
+    decode_max_prompt: int | None = None
+    """Decode's prompt limit in tokens, below what its pool holds (None: the pool's, capped by
+    the window). The conformance suite sets it to a scenario's limit."""
     waiting_timeout_s: float = 30.0
     abort_retry_s: float = 1.0
     release_timeout_s: float = 5.0
@@ -97,7 +100,7 @@ class ClusterConfig:
         return Limits(
             c.context_window,
             min(c.context_window, c.prefill_pages * c.page_size),
-            min(c.context_window, c.decode_pages * c.page_size),
+            min(c.context_window, c.decode_pages * c.page_size, c.decode_max_prompt or (1 << 62)),
         )
 
 

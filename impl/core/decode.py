@@ -860,25 +860,27 @@ class DecodeCore:
     def _fail_after_prefill_loss(
         self, old_epoch: int | None, new_epoch: int | None, why: str
     ) -> list[DecodeCommand]:
-        cmds: list[DecodeCommand] = [
-            Log(
-                "decode_detect_prefill_restart",
-                {"old_epoch": old_epoch, "new_epoch": new_epoch, "reason": why},
-            )
-        ]
+        failed: list[RequestId] = []
+        cmds: list[DecodeCommand] = []
         for req in list(self._requests.values()):
             # Only requests held by the lost prefill; a grant still in flight has no epoch yet
             # and fails (or succeeds) on its own delivery.
             if req.prefill_epoch is None or req.prefill_epoch == new_epoch:
                 continue
             if req.state is RequestState.WAITING:
+                failed.append(req.request_id)
                 cmds += self._answer(
                     req, Status.UNAVAILABLE, f"request {req.request_id!r} failed: {why}"
                 )
             if req.state is not RequestState.GENERATING:
                 # The writer is gone, so none of its writes can still land: release is safe.
                 cmds += self._release(req, "prefill_lost")
-        return cmds
+        # The line names the requests it failed, so that a log shows which recovery path acted.
+        detect = Log(
+            "decode_detect_prefill_restart",
+            {"old_epoch": old_epoch, "new_epoch": new_epoch, "reason": why, "failed": failed},
+        )
+        return [detect, *cmds]
 
     def _on_tick(self, ev: Tick) -> list[DecodeCommand]:
         cmds: list[DecodeCommand] = []

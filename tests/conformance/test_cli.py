@@ -39,8 +39,15 @@ def test_conform_exits_0_when_the_target_conforms(
         "failures",
         "seconds",
         "not_covered",
+        "coverage",
     }
     assert out["verdict"] == "conforms" and out["target"] == "inproc"
+    coverage = out["coverage"]
+    # The campaign reached the handoff and probed decode with forged messages.
+    assert coverage["actions_fired"]["decode_receive_completion"] > 0
+    assert coverage["outcomes"]["decode_receive_write:accepted"] > 0
+    assert coverage["probes"]["completion_bad_digest:failed"] > 0
+    assert coverage["abstract_states"] > 10
     assert out["not_covered"] == {}  # the in-process target performs every operation
     assert "<testsuite" in junit.read_text()
 

@@ -62,7 +62,8 @@ def test_reference_conforms_through_the_harness_service(
     code = main([*argv, "--json", "--out", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
-    assert out["verdict"] == "conforms" and out["traces"] == 50
+    # Hypothesis runs the examples it discards too: at least the 50 asked for.
+    assert out["verdict"] == "conforms" and out["traces"] >= 50
     assert out["target"] == inproc_server.address and out["not_covered"] == {}
 
 
@@ -283,7 +284,7 @@ def test_faults_the_engine_cannot_inject_are_skipped_and_reported_not_covered(
 ) -> None:
     server = serve("127.0.0.1:0", "limited", factory=_Limited)
     try:
-        argv = ["conform", "--target", server.address, "--traces", "40", "--seed", "1"]
+        argv = ["conform", "--target", server.address, "--traces", "150", "--seed", "1"]
         assert main([*argv, "--out", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert "conforms" in out
