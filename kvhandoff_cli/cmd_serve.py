@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,13 @@ def register(subparsers: Any) -> None:
         ),
     )
     serve.add_argument("role", choices=ROLES)
+    serve.add_argument(
+        "--transport",
+        choices=("grpc", "mooncake"),
+        default="grpc",
+        help="how page data moves: in the gRPC write stream (grpc) or one-sided with Mooncake's "
+        "transfer engine over TCP (mooncake; set it on prefill and decode)",
+    )
     serve.add_argument(
         "--mode", default="reference", help="implementation mode (see impl/modes.py)"
     )
@@ -143,6 +151,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         log_dir=args.log_dir,
         state_dir=args.state_dir,
         tls=_tls(args),
+        transport=args.transport,
     ).resolved()
 
 
@@ -159,6 +168,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from impl.errors import KvhandoffError
 
     config = _cluster_config(args)
+    if config.transport == "mooncake" and args.role != "router":
+        _reexec_with_loopback_bind()
     try:
         if args.role == "all":
             cluster = Cluster(config)
@@ -179,6 +190,24 @@ def run_serve(args: argparse.Namespace) -> int:
         return _serve_one(args, config)
     except KvhandoffError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _reexec_with_loopback_bind() -> None:
+    """Mooncake's listeners bind every interface unless a bind wrapper is preloaded (see
+    impl/transport/loopback.py); preloading needs a fresh process image, so start this command
+    again with it. Once only: if it is still missing, the transport's own error explains."""
+    from impl.errors import ConfigError
+    from impl.transport import loopback
+
+    if loopback.is_loaded() or os.environ.get("KVHANDOFF_PRELOAD_TRIED"):
+        return
+    try:
+        env = loopback.preload_env(dict(os.environ))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    env["KVHANDOFF_PRELOAD_TRIED"] = "1"
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def _serve_one(args: argparse.Namespace, config: Any) -> int:
@@ -218,6 +247,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
                 limits.context_window,
                 pages_per_message=config.pages_per_message,
                 device=config.device,
+                transport=config.transport,
             ),
             mode,
         )
@@ -233,6 +263,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
                 waiting_timeout_s=config.waiting_timeout_s,
                 device=config.device,
                 state_dir=config.state_dir,
+                transport=config.transport,
             ),
             mode,
         )
