@@ -166,6 +166,9 @@ class DecodeServer(BaseServer):
                 case dc.ReleasePages():
                     if cmd.scrub:
                         self.pool.scrub(cmd.pages)
+                        if self.landing is not None:
+                            # Never read, but it held a tenant's data: scrub it like the pool.
+                            self.landing[list(cmd.pages)] = 0
                 case dc.Generate():
                     asyncio.get_running_loop().call_soon(self._generate, cmd)
                 case dc.AnswerRequest():
@@ -381,6 +384,8 @@ class DecodeServer(BaseServer):
             if stores:
                 self._store(msg, stores, landed)
                 accepted += len(stores)
+                if msg.landed:
+                    self.metrics.inc("kvhandoff_landed_pages_total", len(stores))
         return pb.WriteSummary(pages_accepted=accepted)
 
     def _copy_landed(self, page_ids: Sequence[int]) -> list[torch.Tensor | None]:
