@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -194,20 +193,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _reexec_with_loopback_bind() -> None:
     """Mooncake's listeners bind every interface unless a bind wrapper is preloaded (see
-    impl/transport/loopback.py); preloading needs a fresh process image, so start this command
-    again with it. Once only: if it is still missing, the transport's own error explains."""
+    impl/transport/loopback.py); preloading needs a fresh process image."""
     from impl.errors import ConfigError
     from impl.transport import loopback
 
-    if loopback.is_loaded() or os.environ.get("KVHANDOFF_PRELOAD_TRIED"):
-        return
     try:
-        env = loopback.preload_env(dict(os.environ))
+        loopback.reexec_with_preload()
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    env["KVHANDOFF_PRELOAD_TRIED"] = "1"
-    sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def _serve_one(args: argparse.Namespace, config: Any) -> int:

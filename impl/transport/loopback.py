@@ -67,6 +67,19 @@ def preload_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "LD_PRELOAD": ":".join([lib, *current])}
 
 
+def reexec_with_preload() -> None:
+    """Start this command again (same interpreter and arguments) with the wrapper preloaded,
+    unless it already is. Once only: if it is still missing after that, the transport's own
+    error explains. Raises ConfigError when the wrapper cannot be built."""
+    if is_loaded() or os.environ.get("KVHANDOFF_PRELOAD_TRIED"):
+        return
+    env = preload_env(dict(os.environ))
+    env["KVHANDOFF_PRELOAD_TRIED"] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def main(argv: list[str]) -> int:
     if argv == ["build"]:
         print(build())

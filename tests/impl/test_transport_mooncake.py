@@ -212,3 +212,32 @@ def test_abort_waits_for_in_flight_one_sided_writes(make_cluster: Callable[..., 
     release.set()
     assert cluster.wait_quiescent(10)
     assert cluster.decode_pages()[1] == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "traces", "verdict"), [("reference", 20, "conforms"), ("incident", 10, "diverges")]
+)
+def test_conformance_campaign_over_mooncake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, traces: int, verdict: str
+) -> None:
+    from conformance import campaign
+    from conformance.grpc_target import GrpcTarget
+    from impl.transport.mooncake import MooncakeTransport
+
+    writes: list[int] = []
+    real_write = MooncakeTransport.write
+
+    def counted(self: MooncakeTransport, endpoint: str, ops: list[WriteOp]) -> None:
+        writes.append(len(ops))
+        real_write(self, endpoint, ops)
+
+    monkeypatch.setattr(MooncakeTransport, "write", counted)
+    target = GrpcTarget(transport="mooncake")
+    try:
+        report = campaign.run(
+            "grpc", mode, traces=traces, steps=20, seed=0, out_dir=tmp_path, target=target
+        )
+    finally:
+        target.shutdown()
+    assert report.verdict == verdict, report.failures
+    assert sum(writes) > 0, "no page went one-sided"
