@@ -257,7 +257,7 @@ def test_abort_waits_for_in_flight_one_sided_writes(make_cluster: Callable[..., 
 
 
 @pytest.mark.parametrize(
-    ("mode", "traces", "verdict"), [("reference", 20, "conforms"), ("incident", 10, "diverges")]
+    ("mode", "traces", "verdict"), [("reference", 10, "conforms"), ("incident", 10, "diverges")]
 )
 def test_conformance_campaign_over_mooncake(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, traces: int, verdict: str
