@@ -317,7 +317,7 @@ class DecodeServer(BaseServer):
                 return "a landed-pages notice, but this decode runs the in-band grpc transport"
             if msg.data:
                 return f"a landed-pages notice carries {len(msg.data)} bytes of data (must be 0)"
-        elif tuple(msg.page_shape) != shape.page_shape:
+        if tuple(msg.page_shape) != shape.page_shape:
             return f"page shape {list(msg.page_shape)} is not the pool's {list(shape.page_shape)}"
         if msg.dtype != DTYPE_NAME:
             return f"dtype {msg.dtype!r} is not the pool's {DTYPE_NAME!r}"
