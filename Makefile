@@ -4,16 +4,27 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow test-render lint typecheck proto clean
+.PHONY: venv demo test test-slow test-render lint typecheck proto clean mooncake-libs
 
 venv: $(STAMP)
 
 # The stamp depends on pyproject.toml so editing dependencies reinstalls; otherwise idempotent.
-$(STAMP): pyproject.toml
+# The mooncake extra is the `--transport mooncake` page path; its wheel links libibverbs (Debian's
+# libibverbs1, installed here when missing) and the loopback bind wrapper is compiled with cc.
+$(STAMP): pyproject.toml impl/transport/loopback_bind.c
+	ldconfig -p | grep -q 'libibverbs\.so\.1 ' || $(MAKE) mooncake-libs
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,mooncake]'
+	$(BIN)/python -m impl.transport.loopback build
 	touch $(STAMP)
+
+# libibverbs1 (and the libnl libraries it pulls in); apt-get update only when the lists are stale.
+mooncake-libs:
+	SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	$$SUDO apt-get install -y -q --no-install-recommends libibverbs1 >/dev/null 2>&1 || \
+	{ $$SUDO apt-get update -q >/dev/null && \
+	  $$SUDO apt-get install -y -q --no-install-recommends libibverbs1 >/dev/null; }
 
 demo: venv
 	$(BIN)/kvhandoff demo

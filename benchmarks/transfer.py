@@ -1,6 +1,12 @@
-"""Handoff throughput over loopback gRPC vs a raw TCP socket sending the same bytes, same run.
+"""Handoff throughput of each transport (gRPC, Mooncake) vs a raw TCP socket, same run.
 
-    python benchmarks/transfer.py [--device cpu|cuda] [--pages 64] [--repeats 20] [--json]
+    python benchmarks/transfer.py [--device cpu|cuda] [--pages 64] [--repeats 20]
+                                  [--transports grpc,mooncake] [--json]
+
+Transports: ``grpc`` streams the pages inside the gRPC write stream; ``mooncake`` writes them
+one-sided into decode's landing pool with Mooncake's TransferEngine over TCP and sends data-less
+notices on the stream (decode then copies each slot out, digests and stores it). The handoff clock
+is the same for both.
 
 gRPC: a reference-mode cluster on loopback, prefill, decode and router each in its own process
 (``kvhandoff serve ROLE``), as deployed; each request's prompt fills ``--pages`` pages, and a
@@ -152,37 +158,59 @@ class RawTcp:
         return done[0]
 
 
-def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
-    """Prefill, decode and router each in their own process, as deployed; gRPC handoffs and raw
-    TCP transfers alternate so that both see the same machine conditions."""
-    raw = RawTcp(args)
+def _start_cluster(
+    args: argparse.Namespace, transport: str, procs: list[subprocess.Popen[str]]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     pp, dp = _free_port(), _free_port()
+    t = ("--transport", transport)
+    p, pinfo = _serve(
+        "prefill", args, "--port", str(pp), "--decode", f"127.0.0.1:{dp}", "--metrics-port", "0", *t
+    )
+    procs.append(p)
+    d, dinfo = _serve(
+        "decode", args, "--port", str(dp), "--prefill", f"127.0.0.1:{pp}", "--metrics-port", "0", *t
+    )
+    procs.append(d)
+    r, rinfo = _serve("router", args, "--prefill", f"127.0.0.1:{pp}", "--decode", f"127.0.0.1:{dp}")
+    procs.append(r)
+    return pinfo, dinfo, rinfo
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """One cluster per transport, prefill, decode and router each in their own process, as
+    deployed; a handoff on every transport and a raw TCP transfer alternate so that all see the
+    same machine conditions."""
+    raw = RawTcp(args)
     procs: list[subprocess.Popen[str]] = []
     raw_times: list[float] = []
+    clusters = {}
+    clients: dict[str, Client] = {}
+    before: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+    after: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+    e2e: dict[str, list[float]] = {t: [] for t in args.transports}
+    tokens = args.pages * args.page_size
+    prompt = [65 + (i % 26) for i in range(tokens)]
     try:
-        p, pinfo = _serve(
-            "prefill", args, "--port", str(pp), "--decode", f"127.0.0.1:{dp}", "--metrics-port", "0"
-        )
-        procs.append(p)
-        d, dinfo = _serve(
-            "decode", args, "--port", str(dp), "--prefill", f"127.0.0.1:{pp}", "--metrics-port", "0"
-        )
-        procs.append(d)
-        r, rinfo = _serve(
-            "router", args, "--prefill", f"127.0.0.1:{pp}", "--decode", f"127.0.0.1:{dp}"
-        )
-        procs.append(r)
-        tokens = args.pages * args.page_size
-        prompt = [65 + (i % 26) for i in range(tokens)]
-        with Client(rinfo["router"], max_message_bytes=64 << 20) as client:
-            client.generate_or_raise("warmup", prompt, 4)
-            raw.once()
-            d0, p0 = _scrape(dinfo["metrics"]), _scrape(pinfo["metrics"])
-            for _ in range(args.repeats):
-                client.generate_or_raise("bench", prompt, 4)
-                raw_times.append(raw.once())
-            d1, p1 = _scrape(dinfo["metrics"]), _scrape(pinfo["metrics"])
+        for transport in args.transports:
+            clusters[transport] = _start_cluster(args, transport, procs)
+            clients[transport] = Client(
+                clusters[transport][2]["router"], max_message_bytes=64 << 20
+            )
+            clients[transport].generate_or_raise("warmup", prompt, 4)
+        raw.once()
+        for transport, (pinfo, dinfo, _) in clusters.items():
+            before[transport] = (_scrape(dinfo["metrics"]), _scrape(pinfo["metrics"]))
+        for _ in range(args.repeats):
+            for transport in args.transports:
+                t0 = time.perf_counter()
+                clients[transport].generate_or_raise("bench", prompt, 4)
+                e2e[transport].append(time.perf_counter() - t0)
+            raw_times.append(raw.once())
+        for transport, (pinfo, dinfo, _) in clusters.items():
+            after[transport] = (_scrape(dinfo["metrics"]), _scrape(pinfo["metrics"]))
     finally:
+        for client in clients.values():
+            client.close()
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -191,16 +219,21 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
     def delta(a: dict[str, float], b: dict[str, float], key: str) -> float:
         return b.get(key, 0.0) - a.get(key, 0.0)
 
-    seconds = delta(d0, d1, "kvhandoff_handoff_seconds_total")
-    handoffs = delta(d0, d1, "kvhandoff_handoffs_total")
-    grpc_report = {
-        "handoffs": handoffs,
-        "mean_handoff_s": seconds / handoffs,
-        "pages_per_s": delta(d0, d1, "kvhandoff_handoff_pages_total") / seconds,
-        "bytes_per_s": delta(d0, d1, "kvhandoff_handoff_bytes_total") / seconds,
-        "validation_share": delta(d0, d1, "kvhandoff_validation_seconds_total") / seconds,
-        "sender_digest_share": delta(p0, p1, "kvhandoff_sender_digest_seconds_total") / seconds,
-    }
+    reports = {}
+    for transport in args.transports:
+        (d0, p0), (d1, p1) = before[transport], after[transport]
+        seconds = delta(d0, d1, "kvhandoff_handoff_seconds_total")
+        handoffs = delta(d0, d1, "kvhandoff_handoffs_total")
+        reports[transport] = {
+            "handoffs": handoffs,
+            "mean_handoff_s": seconds / handoffs,
+            "pages_per_s": delta(d0, d1, "kvhandoff_handoff_pages_total") / seconds,
+            "bytes_per_s": delta(d0, d1, "kvhandoff_handoff_bytes_total") / seconds,
+            "landed_pages": delta(d0, d1, "kvhandoff_landed_pages_total"),
+            "validation_share": delta(d0, d1, "kvhandoff_validation_seconds_total") / seconds,
+            "sender_digest_share": delta(p0, p1, "kvhandoff_sender_digest_seconds_total") / seconds,
+            "median_request_s": statistics.median(e2e[transport]),
+        }
     total = sum(raw_times)
     raw_report = {
         "handoffs": len(raw_times),
@@ -209,7 +242,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
         "pages_per_s": args.pages * len(raw_times) / total,
         "bytes_per_s": len(raw.payload) * len(raw_times) / total,
     }
-    return grpc_report, raw_report
+    return reports, raw_report
 
 
 def main() -> int:
@@ -222,18 +255,27 @@ def main() -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--pages-per-message", type=int, default=16)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument(
+        "--transports",
+        default="grpc,mooncake",
+        type=lambda v: [t for t in v.split(",") if t],
+        help="comma-separated transports to measure (grpc, mooncake)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    unknown = [t for t in args.transports if t not in ("grpc", "mooncake")]
+    if unknown or not args.transports:
+        p.error(f"--transports takes grpc and/or mooncake, got {args.transports}")
     shape = PoolShape(args.layers, args.page_size, args.heads, args.head_dim)
-    g, r = run(args)
-    report = {
+    reports, r = run(args)
+    report: dict[str, Any] = {
         "device": args.device,
         "page_bytes": shape.page_bytes,
         "pages_per_handoff": args.pages,
         "pages_per_message": args.pages_per_message,
-        "grpc": g,
+        **reports,
         "raw_tcp": r,
-        "grpc_vs_raw": g["bytes_per_s"] / r["bytes_per_s"],
+        **{f"{t}_vs_raw": g["bytes_per_s"] / r["bytes_per_s"] for t, g in reports.items()},
     }
     if args.json:
         print(json.dumps(report))
@@ -242,21 +284,25 @@ def main() -> int:
     print(
         f"page {shape.page_bytes // 1024} KiB, {args.pages} pages per handoff "
         f"({args.pages * shape.page_bytes / mib:.0f} MiB), {args.pages_per_message} pages per "
-        f"message, device {args.device}, {g['handoffs']} handoffs"
+        f"message, device {args.device}, {args.repeats} handoffs per transport"
     )
+    for t, g in reports.items():
+        print(
+            f"{t + ' handoff':<20}: {g['pages_per_s']:10.0f} pages/s "
+            f"{g['bytes_per_s'] / mib:8.1f} MiB/s (mean {g['mean_handoff_s'] * 1e3:.1f} ms, "
+            f"request {g['median_request_s'] * 1e3:.1f} ms median)"
+        )
     print(
-        f"gRPC handoff : {g['pages_per_s']:10.0f} pages/s {g['bytes_per_s'] / mib:8.1f} MiB/s "
-        f"(mean {g['mean_handoff_s'] * 1e3:.1f} ms)"
-    )
-    print(
-        f"raw TCP      : {r['pages_per_s']:10.0f} pages/s {r['bytes_per_s'] / mib:8.1f} MiB/s "
+        f"{'raw TCP':<20}: {r['pages_per_s']:10.0f} pages/s {r['bytes_per_s'] / mib:8.1f} MiB/s "
         f"(mean {r['mean_handoff_s'] * 1e3:.1f} ms)"
     )
-    print(f"gRPC / raw   : {report['grpc_vs_raw']:.2f}")
-    print(
-        f"validation   : {g['validation_share'] * 100:.1f}% of handoff time at decode "
-        f"(+ {g['sender_digest_share'] * 100:.1f}% sender digests at prefill)"
-    )
+    for t in reports:
+        print(f"{t + ' / raw':<20}: {report[t + '_vs_raw']:.2f}")
+    for t, g in reports.items():
+        print(
+            f"{t + ' validation':<20}: {g['validation_share'] * 100:.1f}% of handoff time at "
+            f"decode (+ {g['sender_digest_share'] * 100:.1f}% sender digests at prefill)"
+        )
     return 0
 
 

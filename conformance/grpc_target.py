@@ -41,8 +41,9 @@ class GrpcTarget(Target):
     name = "grpc"
     fine_grained = False
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", transport: str = "grpc") -> None:
         self.device = device
+        self.transport = transport  # page data path (impl.transport.TRANSPORT_NAMES)
         self.cluster: Any = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._key: tuple[Any, ...] | None = None
@@ -89,6 +90,7 @@ class GrpcTarget(Target):
                 # the boundary the spec speaks of.
                 decode_max_prompt=config.decode_max_prompt * config.page_size,
                 heartbeat_interval_s=0.05,
+                transport=self.transport,
                 log_dir=self.log_dir,
                 state_dir=root / "state",
             )

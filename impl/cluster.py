@@ -84,6 +84,7 @@ class ClusterConfig:
     log_dir: Path | None = None
     state_dir: Path | None = None
     tls: TlsFiles | None = None
+    transport: str = "grpc"  # how page data moves: impl.transport.TRANSPORT_NAMES
 
     def resolved(self) -> ClusterConfig:
         d = defaults_for(get_mode(self.mode))
@@ -169,6 +170,7 @@ class Cluster:
             prefill_dead_after_misses=c.prefill_dead_after_misses,
             device=c.device,
             state_dir=self.state_dir,
+            transport=c.transport,
         )
 
     def _prefill_settings(self, port: int, decode: str) -> PrefillSettings:
@@ -185,6 +187,7 @@ class Cluster:
             write_delay_s=c.write_delay_s,
             orphan_grant_timeout_s=c.orphan_grant_timeout_s,
             device=c.device,
+            transport=c.transport,
         )
 
     def _log(self, role: str) -> EventLog | None:

@@ -30,6 +30,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--mode", default="reference", help="implementation mode (impl.modes)")
     p.add_argument(
+        "--transport",
+        choices=("grpc", "mooncake"),
+        default="grpc",
+        help="page data path of --target grpc's servers (default grpc; mooncake: one-sided "
+        "writes with Mooncake's transfer engine)",
+    )
+    p.add_argument(
         "--traces",
         type=int,
         default=None,
@@ -151,8 +158,21 @@ def run_conform(args: argparse.Namespace) -> int:
     if args.traces < 1 or args.steps < 1:
         raise UsageError("--traces and --steps must be at least 1")
 
+    if args.transport != "grpc":
+        if args.target != "grpc":
+            raise UsageError(f"--transport {args.transport} needs --target grpc")
+        from impl.errors import ConfigError
+        from impl.transport import loopback
+
+        try:
+            loopback.reexec_with_preload()
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
+
     def body() -> int:
         target = _make_target(args.target, args.mode)
+        if args.transport != "grpc":
+            target.transport = args.transport
         try:
             return _conform(args, target)
         finally:

@@ -28,6 +28,13 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("role", choices=ROLES)
     serve.add_argument(
+        "--transport",
+        choices=("grpc", "mooncake"),
+        default="grpc",
+        help="how page data moves: in the gRPC write stream (grpc) or one-sided with Mooncake's "
+        "transfer engine over TCP (mooncake; set it on prefill and decode)",
+    )
+    serve.add_argument(
         "--mode", default="reference", help="implementation mode (see impl/modes.py)"
     )
     serve.add_argument("--host", default="127.0.0.1")
@@ -143,6 +150,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         log_dir=args.log_dir,
         state_dir=args.state_dir,
         tls=_tls(args),
+        transport=args.transport,
     ).resolved()
 
 
@@ -159,6 +167,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from impl.errors import KvhandoffError
 
     config = _cluster_config(args)
+    if config.transport == "mooncake" and args.role != "router":
+        _reexec_with_loopback_bind()
     try:
         if args.role == "all":
             cluster = Cluster(config)
@@ -178,6 +188,18 @@ def run_serve(args: argparse.Namespace) -> int:
             return EXIT_OK
         return _serve_one(args, config)
     except KvhandoffError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _reexec_with_loopback_bind() -> None:
+    """Mooncake's listeners bind every interface unless a bind wrapper is preloaded (see
+    impl/transport/loopback.py); preloading needs a fresh process image."""
+    from impl.errors import ConfigError
+    from impl.transport import loopback
+
+    try:
+        loopback.reexec_with_preload()
+    except ConfigError as exc:
         raise UsageError(str(exc)) from exc
 
 
@@ -218,6 +240,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
                 limits.context_window,
                 pages_per_message=config.pages_per_message,
                 device=config.device,
+                transport=config.transport,
             ),
             mode,
         )
@@ -233,6 +256,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
                 waiting_timeout_s=config.waiting_timeout_s,
                 device=config.device,
                 state_dir=config.state_dir,
+                transport=config.transport,
             ),
             mode,
         )

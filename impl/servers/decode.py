@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import torch
 
 from impl.core import decode as dc
 from impl.core.common import Generation, Log, Reply, RequestId, Room, Status, Tenant
@@ -26,11 +27,13 @@ from impl.pool import (
     PoolShape,
     page_digest,
     resolve_device,
+    tensor_bytes,
     tensor_from_bytes,
 )
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.transport import OneSidedTransport, Transport, open_transport
 
 MAX_REQUEST_ID = 128
 MAX_TENANT = 128
@@ -51,6 +54,7 @@ class DecodeSettings:
     prefill_dead_after_misses: int = 5
     device: str = "auto"
     state_dir: Path | None = None
+    transport: str = "grpc"  # how page data arrives: impl.transport.TRANSPORT_NAMES
 
 
 def next_boot(state_dir: Path | None) -> int:
@@ -103,6 +107,16 @@ class DecodeServer(BaseServer):
         self.device = resolve_device(s.device)
         self.pool = PagePool(s.shape, s.num_pages, self.device)
         self.model = CopyHeadModel(s.shape, self.device)
+        self.transport: Transport = open_transport(s.transport)
+        # One-sided transports write into this landing pool (one wire-layout slot per page id),
+        # never into `self.pool`: decode copies a slot out, checks the copy, and stores only an
+        # accepted copy, so a write that lands late or in the wrong slot is never read.
+        self.landing: torch.Tensor | None = None
+        if isinstance(self.transport, OneSidedTransport):
+            self.landing = torch.zeros((s.num_pages, *s.shape.page_shape), dtype=self.pool.k.dtype)
+            self.transport.register(
+                self.landing.data_ptr(), self.landing.numel() * self.landing.element_size()
+            )
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
         self._answers: dict[RequestId, list[int]] = {}
         self.validation_seconds = 0.0  # digest + coverage checks, for the transfer benchmark
@@ -122,6 +136,10 @@ class DecodeServer(BaseServer):
         if self.boot > 1:
             self.log_event("decode_restart", boot=self.boot, boot_epoch=self.boot_epoch)
         self.spawn(self._heartbeat())
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await super().stop(grace)
+        self.transport.close()
 
     # -------------------------------------------------------------- core driving
 
@@ -148,6 +166,9 @@ class DecodeServer(BaseServer):
                 case dc.ReleasePages():
                     if cmd.scrub:
                         self.pool.scrub(cmd.pages)
+                        if self.landing is not None:
+                            # Never read, but it held a tenant's data: scrub it like the pool.
+                            self.landing[list(cmd.pages)] = 0
                 case dc.Generate():
                     asyncio.get_running_loop().call_soon(self._generate, cmd)
                 case dc.AnswerRequest():
@@ -191,6 +212,10 @@ class DecodeServer(BaseServer):
             token=cmd.token,
             prompt_tokens=cmd.prompt_len,
         )
+        if isinstance(self.transport, OneSidedTransport) and self.landing is not None:
+            grant.transfer_endpoint = self.transport.endpoint
+            grant.transfer_base = self.landing.data_ptr()
+            grant.transfer_slot_bytes = self.settings.shape.page_bytes
         try:
             ack = await self._stub().ReceiveGrant(
                 grant, timeout=self.common.rpc_timeout_s, wait_for_ready=True
@@ -287,11 +312,16 @@ class DecodeServer(BaseServer):
     def _shape_problem(self, msg: pb.PageWrite) -> str:
         shape = self.settings.shape
         n = len(msg.page_ids)
+        if msg.landed:
+            if self.landing is None:
+                return "a landed-pages notice, but this decode runs the in-band grpc transport"
+            if msg.data:
+                return f"a landed-pages notice carries {len(msg.data)} bytes of data (must be 0)"
         if tuple(msg.page_shape) != shape.page_shape:
             return f"page shape {list(msg.page_shape)} is not the pool's {list(shape.page_shape)}"
         if msg.dtype != DTYPE_NAME:
             return f"dtype {msg.dtype!r} is not the pool's {DTYPE_NAME!r}"
-        if len(msg.data) != n * shape.page_bytes:
+        if not msg.landed and len(msg.data) != n * shape.page_bytes:
             return f"data of {len(msg.data)} bytes is not {n} pages of {shape.page_bytes} bytes"
         if len(msg.digests) != n:
             return f"{len(msg.digests)} digests for {n} pages"
@@ -317,12 +347,17 @@ class DecodeServer(BaseServer):
                     ),
                 )
             problem = self._shape_problem(msg)
-            data = memoryview(msg.data)
+            landed: list[torch.Tensor | None] = []
             t0 = time.thread_time()
-            digests = [
-                page_digest(data[i * page_bytes : (i + 1) * page_bytes]) if not problem else b""
-                for i in range(len(msg.page_ids))
-            ]
+            if msg.landed and not problem:
+                landed = self._copy_landed(msg.page_ids)
+                digests = [page_digest(tensor_bytes(t)) if t is not None else b"" for t in landed]
+            else:
+                data = memoryview(msg.data)
+                digests = [
+                    page_digest(data[i * page_bytes : (i + 1) * page_bytes]) if not problem else b""
+                    for i in range(len(msg.page_ids))
+                ]
             self.validation_seconds += time.thread_time() - t0
             stores: list[tuple[int, int]] = []
             for i, page in enumerate(msg.page_ids):
@@ -342,16 +377,34 @@ class DecodeServer(BaseServer):
                 reply = self.reply_of(cmds)
                 if reply.status is not Status.OK:
                     if stores:
-                        self._store(msg, stores)
+                        self._store(msg, stores, landed)
                     await abort_with(context, reply)
                 if any(isinstance(c, dc.StorePage) for c in cmds):
                     stores.append((i, int(page)))
             if stores:
-                self._store(msg, stores)
+                self._store(msg, stores, landed)
                 accepted += len(stores)
+                if msg.landed:
+                    self.metrics.inc("kvhandoff_landed_pages_total", len(stores))
         return pb.WriteSummary(pages_accepted=accepted)
 
-    def _store(self, msg: pb.PageWrite, stores: list[tuple[int, int]]) -> None:
+    def _copy_landed(self, page_ids: Sequence[int]) -> list[torch.Tensor | None]:
+        """Private copies of the landing slots of ``page_ids`` (None for an id outside the pool,
+        which the core refuses). The digest is taken of the copy and the copy is what gets stored:
+        a one-sided write landing in the slot meanwhile cannot change what was checked."""
+        assert self.landing is not None
+        n = self.settings.num_pages
+        return [self.landing[p].clone() if p < n else None for p in page_ids]
+
+    def _store(
+        self, msg: pb.PageWrite, stores: list[tuple[int, int]], landed: list[torch.Tensor | None]
+    ) -> None:
+        if msg.landed:
+            copies = [landed[i] for i, _ in stores]
+            self.pool.store(
+                [p for _, p in stores], torch.stack([c for c in copies if c is not None])
+            )
+            return
         view = tensor_from_bytes(msg.data, len(msg.page_ids), self.settings.shape)
         idx = [i for i, _ in stores]
         data = view if len(idx) == len(msg.page_ids) else view[idx]

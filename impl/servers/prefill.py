@@ -15,6 +15,7 @@ import torch
 
 from impl.core import prefill as pc
 from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.errors import TransportError
 from impl.eventlog import EventLog
 from impl.model import CopyHeadModel
 from impl.modes import Mode
@@ -23,6 +24,7 @@ from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
 from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
+from impl.transport import OneSidedTransport, Transport, WriteOp, open_transport
 
 MAX_GRANT_PAGES = 1 << 20
 WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
@@ -37,6 +39,16 @@ class _Batch:
     pages: Sequence[PageId]
     digests: list[bytes]
     payload: bytes
+    ops: list[WriteOp] = field(default_factory=list)  # one-sided writes to do before the notice
+
+
+@dataclass(frozen=True)
+class _Destination:
+    """Where a one-sided transport writes a grant's pages (from the grant)."""
+
+    endpoint: str
+    base: int
+    slot_bytes: int
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,7 @@ class PrefillSettings:
     write_delay_s: float = 0.0  # pause between write messages (tests use it to open a window)
     orphan_grant_timeout_s: float = 10.0
     device: str = "auto"
+    transport: str = "grpc"  # how page data leaves: impl.transport.TRANSPORT_NAMES
 
 
 class PrefillServer(BaseServer):
@@ -87,6 +100,13 @@ class PrefillServer(BaseServer):
         )
         self.device = resolve_device(s.device)
         self.model = CopyHeadModel(s.shape, self.device)
+        self.transport: Transport = open_transport(s.transport)
+        self._destinations: dict[tuple[RequestId, int], _Destination] = {}
+        # The drain fence of one-sided writes: a write already handed to the transport cannot be
+        # called back, so a writer that is stopped waits for these before reporting its writes
+        # finished (which is what lets the core ack an abort, and decode reuse the pages).
+        self._in_flight: dict[tuple[RequestId, int], set[asyncio.Future[None]]] = {}
+        self._write_errors: dict[tuple[RequestId, int], str] = {}
         self._prompts: dict[RequestId, list[int]] = {}
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
         self._writers: dict[tuple[RequestId, int], asyncio.Task[None]] = {}
@@ -105,6 +125,10 @@ class PrefillServer(BaseServer):
         await super().start()
         if self.restarted or self.event_log.resumed:
             self.log_event("prefill_restart", boot_epoch=self.boot_epoch)
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await super().stop(grace)
+        self.transport.close()
 
     # -------------------------------------------------------------- core driving
 
@@ -140,6 +164,9 @@ class PrefillServer(BaseServer):
                     if fut is not None and not fut.done():
                         fut.set_result((cmd.status, cmd.message))
                     self._prompts.pop(cmd.request_id, None)
+                    for key in [k for k in self._destinations if k[0] == cmd.request_id]:
+                        if key not in self._writers:
+                            del self._destinations[key]
         return reply
 
     def _writer_done(self, cmd: pc.StartWrites, task: asyncio.Task[Any]) -> None:
@@ -163,35 +190,86 @@ class PrefillServer(BaseServer):
 
     async def _write(self, cmd: pc.StartWrites) -> None:
         rid, gen = cmd.request_id, cmd.generation
+        key = (rid, int(gen))
         status, message = Status.OK, ""
         try:
             prompt = self._prompts.get(rid, [])
             tokens = [PLACEHOLDER_TOKEN] if cmd.placeholder else prompt[: cmd.prompt_len]
             k, v = self.model.prefill(tokens)
-            batches = self._encode(cmd, wire_pages(k, v, self.settings.shape))
+            wire = wire_pages(k, v, self.settings.shape)
+            dest = self._destinations.get(key)
+            if isinstance(self.transport, OneSidedTransport) and dest is None:
+                raise TransportError(
+                    f"prefill runs the {self.transport.name} transport but decode's grant for "
+                    f"{rid!r} names no landing pool (is decode running --transport grpc?)"
+                )
+            batches = self._encode(cmd, wire, dest)
             write_pages = self.channel(self.settings.decode_address).stream_unary(
                 WRITE_PAGES,
                 request_serializer=None,
                 response_deserializer=pb.WriteSummary.FromString,
             )
             await write_pages(
-                self._stream(cmd, batches), timeout=self.common.rpc_timeout_s, wait_for_ready=True
+                self._stream(cmd, batches, wire),
+                timeout=self.common.rpc_timeout_s,
+                wait_for_ready=True,
             )
+            if key in self._write_errors:
+                status, message = Status.UNAVAILABLE, self._write_errors[key]
         except asyncio.CancelledError:
             if self._stopping:
                 raise  # a crash: nothing more leaves this process
             status, message = Status.CANCELLED, "writes cancelled"
         except grpc.RpcError as exc:
             status, message = status_of(exc)
+        except TransportError as exc:
+            status, message = Status.FAILED_PRECONDITION, str(exc)
         finally:
-            self._writers.pop((rid, int(gen)), None)
-            self._stopped_writes.discard((rid, int(gen)))
+            self._writers.pop(key, None)
+            self._stopped_writes.discard(key)
+            self._destinations.pop(key, None)
+            self._write_errors.pop(key, None)
+        if not self._stopping:
+            await self._drain(key)
         if not self._stopping:
             self.feed(pc.WritesFinished(rid, gen, status, message))
 
-    def _encode(self, cmd: pc.StartWrites, wire: torch.Tensor) -> list[_Batch]:
+    async def _drain(self, key: tuple[RequestId, int]) -> None:
+        """Wait until no one-sided write of ``key`` is in flight (the drain fence)."""
+        pending = self._in_flight.pop(key, set())
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _write_one_sided(
+        self, key: tuple[RequestId, int], dest: _Destination, batch: _Batch, wire: torch.Tensor
+    ) -> bool:
+        """Do ``batch``'s one-sided writes; False (and the error recorded) if they failed."""
+        transport = self.transport
+        assert isinstance(transport, OneSidedTransport)
+
+        def write() -> None:
+            _ = wire  # keeps the source pages alive while the transport reads them
+            transport.write(dest.endpoint, batch.ops)
+
+        fut = asyncio.get_running_loop().run_in_executor(None, write)
+        self._in_flight.setdefault(key, set()).add(fut)
+        try:
+            # Shielded: cancelling the writer must not forget a write the transport still does.
+            await asyncio.shield(fut)
+        except TransportError as exc:
+            self._write_errors[key] = str(exc)
+            return False
+        finally:
+            if fut.done():
+                self._in_flight.get(key, set()).discard(fut)
+        return True
+
+    def _encode(
+        self, cmd: pc.StartWrites, wire: torch.Tensor, dest: _Destination | None = None
+    ) -> list[_Batch]:
         """Serialise every write message up front, as part of producing the KV: the stream then
-        only moves ready buffers (like an RDMA write from registered memory)."""
+        only moves ready buffers (like an RDMA write from registered memory). With a one-sided
+        destination the messages are data-less notices and each batch carries its writes."""
         shape = self.settings.shape
         step = max(1, self.settings.pages_per_message)
         page_bytes = shape.page_bytes
@@ -199,6 +277,13 @@ class PrefillServer(BaseServer):
         for message_id, start in enumerate(range(0, len(cmd.pages), step)):
             pages = cmd.pages[start : start + step]
             data = tensor_bytes(wire[start : start + len(pages)])
+            ops: list[WriteOp] = []
+            if dest is not None:
+                src = wire.data_ptr() + start * page_bytes
+                ops = [
+                    WriteOp(src + i * page_bytes, dest.base + p * dest.slot_bytes, page_bytes)
+                    for i, p in enumerate(pages)
+                ]
             t0 = time.thread_time()
             view = memoryview(data)
             digests = [
@@ -215,13 +300,17 @@ class PrefillServer(BaseServer):
                 digests=digests,
                 page_shape=list(shape.page_shape),
                 dtype=DTYPE_NAME,
-                data=data,
+                data=b"" if dest is not None else data,
+                landed=dest is not None,
             )
-            batches.append(_Batch(message_id, start, pages, digests, msg.SerializeToString()))
+            batches.append(_Batch(message_id, start, pages, digests, msg.SerializeToString(), ops))
         return batches
 
-    async def _stream(self, cmd: pc.StartWrites, batches: list[_Batch]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, cmd: pc.StartWrites, batches: list[_Batch], wire: torch.Tensor
+    ) -> AsyncIterator[bytes]:
         key = (cmd.request_id, int(cmd.generation))
+        dest = self._destinations.get(key)
         for batch in batches:
             if key in self._stopped_writes:
                 return
@@ -242,6 +331,11 @@ class PrefillServer(BaseServer):
                         batch.message_id,
                     )
                 )
+            if batch.ops and dest is not None:
+                if not await self._write_one_sided(key, dest, batch, wire):
+                    return
+                if key in self._stopped_writes:
+                    return  # stopped while the pages were on the wire: no notice for them
             yield batch.payload
 
     async def _send_completion(self, cmd: pc.SendCompletion) -> None:
@@ -355,6 +449,21 @@ class PrefillServer(BaseServer):
                     f"grant of {len(request.page_ids)} pages must have 1..{MAX_GRANT_PAGES}",
                 ),
             )
+        if request.transfer_endpoint:
+            if request.transfer_slot_bytes != self.settings.shape.page_bytes:
+                await abort_with(
+                    context,
+                    Reply(
+                        Status.INVALID_ARGUMENT,
+                        f"grant's landing slots of {request.transfer_slot_bytes} bytes do not "
+                        f"fit pages of {self.settings.shape.page_bytes} bytes",
+                    ),
+                )
+            self._destinations[(RequestId(request.request_id), int(request.generation))] = (
+                _Destination(
+                    request.transfer_endpoint, request.transfer_base, request.transfer_slot_bytes
+                )
+            )
         reply = self.feed(
             pc.GrantReceived(
                 RequestId(request.request_id),
@@ -367,6 +476,7 @@ class PrefillServer(BaseServer):
             )
         )
         if reply.status is not Status.OK:
+            self._destinations.pop((RequestId(request.request_id), int(request.generation)), None)
             await abort_with(context, reply)
         return pb.GrantAck(boot_epoch=self.boot_epoch)
 

@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
+
 from impl.client import GenerateResult
 from impl.cluster import Cluster
 from impl.eventlog import read_events
@@ -121,8 +123,11 @@ def leaked(outcome: Outcome) -> set[int]:
     return set(outcome.result.tokens) & tokens_of(other)
 
 
-def test_reference_never_leaks_across_tenants(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster("reference", **INCIDENT_SHAPE)
+@pytest.mark.parametrize("transport", ["grpc", "mooncake"])
+def test_reference_never_leaks_across_tenants(
+    make_cluster: Callable[..., Cluster], transport: str
+) -> None:
+    cluster = make_cluster("reference", transport=transport, **INCIDENT_SHAPE)
     outcomes = run_scenario(cluster)
     for o in outcomes:
         r = o.result
@@ -157,10 +162,11 @@ def test_reference_never_leaks_across_tenants(make_cluster: Callable[..., Cluste
     assert all(pool.is_zero(p) for p in range(pool.num_pages)), "a freed page still holds data"
 
 
+@pytest.mark.parametrize("transport", ["grpc", "mooncake"])
 def test_incident_mode_leaks_tenant_a_canary_into_tenant_b_oversized_answer(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], transport: str
 ) -> None:
-    cluster = make_cluster("incident", **INCIDENT_SHAPE)
+    cluster = make_cluster("incident", transport=transport, **INCIDENT_SHAPE)
     outcomes = run_scenario(cluster)
     oversized = [o for o in outcomes if o.label.startswith("oversized")]
     assert oversized and all(o.result.status == "ok" for o in oversized)

@@ -79,20 +79,26 @@ class PrefillSubmitResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "page_ids", "token", "prompt_tokens")
+    __slots__ = ("request_id", "room", "generation", "page_ids", "token", "prompt_tokens", "transfer_endpoint", "transfer_base", "transfer_slot_bytes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_BASE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
     token: bytes
     prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    transfer_endpoint: str
+    transfer_base: int
+    transfer_slot_bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., transfer_endpoint: _Optional[str] = ..., transfer_base: _Optional[int] = ..., transfer_slot_bytes: _Optional[int] = ...) -> None: ...
 
 class GrantAck(_message.Message):
     __slots__ = ("boot_epoch",)
@@ -137,7 +143,7 @@ class DecodeSubmitResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PageWrite(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "token", "message_id", "page_ids", "digests", "page_shape", "dtype", "data")
+    __slots__ = ("request_id", "room", "generation", "token", "message_id", "page_ids", "digests", "page_shape", "dtype", "data", "landed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +154,7 @@ class PageWrite(_message.Message):
     PAGE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    LANDED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
@@ -158,7 +165,8 @@ class PageWrite(_message.Message):
     page_shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
     data: bytes
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., message_id: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., digests: _Optional[_Iterable[bytes]] = ..., page_shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    landed: bool
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., message_id: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., digests: _Optional[_Iterable[bytes]] = ..., page_shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ..., landed: _Optional[bool] = ...) -> None: ...
 
 class WriteSummary(_message.Message):
     __slots__ = ("pages_accepted",)
