@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,14 @@ class UsageError(Exception):
     """Bad usage or bad input: printed as one line and mapped to exit code 2."""
 
 
+def _version() -> str:
+    # The installed distribution's metadata: one source of truth, pyproject.toml's version.
+    try:
+        return importlib.metadata.version("kvhandoff")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed; run from a source tree)"
+
+
 def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvhandoff",
@@ -43,6 +52,7 @@ def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentP
             "3 inconclusive."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in modules:
         importlib.import_module(name).register(sub)
