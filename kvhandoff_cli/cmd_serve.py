@@ -159,6 +159,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from impl.errors import KvhandoffError
 
     config = _cluster_config(args)
+    if args.role == "all" and args.metrics_port not in (None, 0):
+        raise UsageError(
+            f"--metrics-port {args.metrics_port}: serve all starts three servers, so it takes 0 "
+            "(any free ports, printed at start: the 'metrics' object of --json)"
+        )
     try:
         if args.role == "all":
             cluster = Cluster(config)
@@ -169,7 +174,11 @@ def run_serve(args: argparse.Namespace) -> int:
                 else:
                     print(
                         f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
-                        f"prefill {cluster.prefill}, decode {cluster.decode}",
+                        f"prefill {cluster.prefill}, decode {cluster.decode}"
+                        + "".join(
+                            f"; {role} metrics http://{a}/metrics"
+                            for role, a in cluster.metrics_addresses().items()
+                        ),
                         flush=True,
                     )
                 _wait_for_signal()
