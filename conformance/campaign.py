@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from conformance.lockstep import Divergence, run_program
 from conformance.target import Target, TargetError, require_one_prefill_rank
+from model_checker import progress
 from spec.actions import Action
 from spec.config import Config, default_config
 from spec.trace import dump_trace
@@ -157,6 +158,7 @@ def run(
     def one_program(data: st.DataObject) -> None:
         program.clear()
         counters["traces"] += 1
+        progress.report("conform", traces=counters["traces"], steps=counters["steps"])
 
         def choose(options: list[Action]) -> Action:
             action = data.draw(st.sampled_from(options))

@@ -100,6 +100,9 @@ class Cell:
 
 
 def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptions) -> Cell:
+    from model_checker import progress
+
+    progress.report("matrix", cell=f"{variant.name} / {engine}")
     started = time.perf_counter()
     try:
         result: CheckResult = ENGINES[engine](variant, config, options)

@@ -393,8 +393,11 @@ class Progress:
         self.index = 0
 
     def stage(self, title: str) -> None:
+        from model_checker import progress as shown_progress
+
         self.index += 1
         self.say(f"[{self.index}/{self.total}] {title} ...")
+        shown_progress.report("demo", stage=f"{self.index}/{self.total} {title}")
 
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)

@@ -1,7 +1,8 @@
 """The `kvhandoff` command line: one subcommand module per feature.
 
 Exit codes, shared by every subcommand that reports a verdict:
-0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive.
+0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive,
+130 = interrupted (Ctrl-C; what was covered so far is printed on stderr).
 """
 
 from __future__ import annotations
@@ -67,11 +68,19 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    from kvhandoff_cli.progress import EXIT_INTERRUPTED, interrupted_lines, shown
+
     try:
-        code: int = func(args)
+        with shown(args.command):
+            code: int = func(args)
     except UsageError as exc:
         print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # No traceback: say what was covered, and exit as a shell expects of Ctrl-C.
+        for line in interrupted_lines(args.command):
+            print(line, file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
 
 
