@@ -82,6 +82,17 @@ class Failure:
 
 
 @dataclass
+class ProgramRecord:
+    """One program the campaign ran (for per-program reports such as JUnit)."""
+
+    index: int
+    steps: int
+    seconds: float
+    outcome: str  # "passed" | "diverged"
+    phase: str  # "generate" | "shrink" (Hypothesis re-running smaller programs after a failure)
+
+
+@dataclass
 class CampaignReport:
     target: str
     mode: str
@@ -94,6 +105,7 @@ class CampaignReport:
     """Spec steps driven in all (for steps/s)."""
     not_covered: dict[str, str] = field(default_factory=dict)
     """Operations the target said it cannot perform (skipped, not failed): operation -> why."""
+    programs: list[ProgramRecord] = field(default_factory=list)
 
     @property
     def conforms(self) -> bool:
@@ -142,6 +154,7 @@ def run(
         coarse.not_covered = target.not_covered()
         return coarse
     program: list[Action] = []
+    programs: list[ProgramRecord] = []
     counters = {"traces": 0, "steps": 0}
 
     @settings(
@@ -168,6 +181,8 @@ def run(
 
         # The length is drawn first so that a failure shrinks to a short program.
         length = data.draw(st.integers(min_value=1, max_value=steps))
+        phase = "shrink" if any(p.outcome == "diverged" for p in programs) else "generate"
+        began, outcome = time.perf_counter(), "passed"
         try:
             try:
                 run_program(target, cfg, mode, choose, length)
@@ -176,6 +191,15 @@ def run(
         except TargetError as exc:
             # A target that fails (not diverges) must not be shrunk as if it were a bug.
             raise _TargetFailed(exc) from exc
+        except Divergence:
+            outcome = "diverged"
+            raise
+        finally:
+            programs.append(
+                ProgramRecord(
+                    counters["traces"], len(program), time.perf_counter() - began, outcome, phase
+                )
+            )
 
     start = time.perf_counter()
     failures: list[Failure] = []
@@ -197,6 +221,7 @@ def run(
         seconds=seconds,
         step_count=counters["steps"],
         not_covered=target.not_covered(),
+        programs=programs,
     )
 
 

@@ -54,6 +54,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
+        "--junit",
+        metavar="FILE",
+        help="write a JUnit XML report: one testcase per property and engine",
+    )
+    p.add_argument(
         "--trace-out",
         metavar="FILE",
         help="write the counterexample (JSON Lines trace) of the first violated property",
@@ -234,6 +239,10 @@ def run_check(args: argparse.Namespace) -> int:
             if first is not None:
                 Path(args.trace_out).write_text(result.trace_text(first))
                 break
+    if args.junit:
+        from kvhandoff_cli import output
+
+        output.write_junit(Path(args.junit), output.check_suites(results, cannot, variant.name))
     if any(r.verdict == "violated" for r in results):
         code = EXIT_VIOLATED
     elif cannot or any(r.verdict == "unknown" for r in results):
@@ -255,7 +264,9 @@ def run_check(args: argparse.Namespace) -> int:
         if cannot:
             out["cannot_encode"] = cannot
             out["verdict"] = out.get("verdict") if results and code == EXIT_VIOLATED else "unknown"
-        print(json.dumps(out, indent=2))
+        from kvhandoff_cli import output
+
+        output.print_json("check" if "engines" not in out else "check-all", out, indent=2)
         return code
     for result in results:
         print_result(result, variant)

@@ -18,7 +18,6 @@ not proved safe by some engine), 2 on bad usage.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,7 +209,9 @@ def run_matrix(args: argparse.Namespace) -> int:
                 for v, cells, ok, expected in rows
             ],
         }
-        print(json.dumps(out, indent=2))
+        from kvhandoff_cli import output
+
+        output.print_json("matrix", out, indent=2)
     else:
         print(f"matrix: {'every expectation met' if all_ok else 'SOME EXPECTATIONS NOT MET'}")
     return EXIT_OK if all_ok else EXIT_VIOLATED

@@ -2,7 +2,8 @@
 
 Exit codes, shared by every subcommand that reports a verdict:
 0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive,
-130 = interrupted (Ctrl-C; what was covered so far is printed on stderr).
+130 = interrupted (Ctrl-C; what was covered so far is printed on stderr), 141 = stdout was closed
+by its reader (`| head`), quietly.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +20,7 @@ EXIT_OK = 0
 EXIT_VIOLATED = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 # Each module defines `register(subparsers)`, which adds its subcommands and sets `func` on them.
 # `func(args) -> int` returns the exit code.
@@ -68,19 +72,30 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    from kvhandoff_cli.output import error_json
     from kvhandoff_cli.progress import EXIT_INTERRUPTED, interrupted_lines, shown
 
     try:
         with shown(args.command):
             code: int = func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
     except UsageError as exc:
         print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            # A program reading --json gets an object it can parse, not an empty stdout.
+            print(json.dumps(error_json(args.command, str(exc), EXIT_USAGE)))
         return EXIT_USAGE
     except KeyboardInterrupt:
         # No traceback: say what was covered, and exit as a shell expects of Ctrl-C.
         for line in interrupted_lines(args.command):
             print(line, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `kvhandoff ... | head`: the reader has what it wanted. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again, and exit as a process killed by SIGPIPE.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 
