@@ -636,11 +636,21 @@ def write_report(run: DemoRun) -> Path:
                 (out / "traces" / name).write_text(cx.default_result.trace_text(prop))
         chart = to_mermaid(cx.story)
         (out / "charts" / "incident.mmd").write_text(chart)
+        from model_checker.html_explorer import to_html
+
+        (out / "explorer.html").write_text(
+            to_html(cx.story, cx.fix, "reference on the same requests"), encoding="utf-8"
+        )
         md += ["## The incident as a counterexample", ""]
         md += [
             "The shortest run of the `incident` variant, on the default configuration with no "
             "fault at all, in which a request's answer is generated from another tenant's data. "
             "Replayed through the spec; each step shows only what changed.",
+            "",
+            "**Step through it in a browser:** [explorer.html](explorer.html) (one offline page: "
+            "decode's pages as lanes coloured by the tenant whose data they hold, the messages in "
+            "flight, the property highlighted where it breaks, the reference protocol on the same "
+            "requests beside it; `kvhandoff explain TRACE --format html` makes one for any trace).",
             "",
         ]
         md.append(to_markdown(cx.story, title="Counterexample", level=3))

@@ -148,3 +148,12 @@ def test_the_conformance_hook_runs_the_conform_command(tmp_path: Path) -> None:
     assert result["exit_code"] == 0 and result["verdict"] == "conforms"
     assert result["result"]["traces"] >= 30 and result["result"]["failures"] == []
     assert (tmp_path / "conformance-junit.xml").is_file()
+
+
+def test_the_report_links_the_offline_trace_explorer(demo: DemoRun) -> None:
+    md = (demo.out / "report.md").read_text()
+    assert "[explorer.html](explorer.html)" in md
+    page = (demo.out / "explorer.html").read_text()
+    assert '<script type="application/json" id="trace-data">' in page
+    assert "https://" not in page and "http://" not in page
+    assert '"title": "reference on the same requests"' in page
