@@ -583,8 +583,8 @@ def to_mermaid(story: Story) -> str:
     if in_loop:
         lines.append("    end")
     # Mermaid draws an activation bar only once it is closed: end the bars of pages still held.
-    for p in sorted(active):
-        lines.append(f"    deactivate page{p}")
+    for page in sorted(active):
+        lines.append(f"    deactivate page{page}")
     return "\n".join(lines) + "\n"
 
 
