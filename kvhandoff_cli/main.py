@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "kvhandoff_cli.cmd_demo",
     "kvhandoff_cli.cmd_conform",
     "kvhandoff_cli.cmd_harness",
+    "kvhandoff_cli.cmd_review",
 ]
 
 
