@@ -39,7 +39,13 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
-    p.add_argument("--out", metavar="DIR", default="kvhandoff-report", help="where failures go")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default="kvhandoff-conform",
+        help="where shrunk failures go (default ./kvhandoff-conform/, apart from the demo's "
+        "./kvhandoff-report/)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_conform)
 
@@ -189,7 +195,9 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         )
         for f in report.failures:
             print(f"  {f.kind} ({f.property}): {f.message}")
-            print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file})")
+            # The trace names its mode; a remote target must be named again to be replayed on.
+            target = "" if report.target == "inproc" else f" --target {report.target}"
+            print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file}{target})")
         for line in _not_covered_lines(report.not_covered):
             print(line)
     return EXIT_OK if report.conforms else EXIT_VIOLATED

@@ -121,7 +121,8 @@ def conform_suite(report: Any, seed: int) -> ET.Element:
                 fail.text = (
                     f"{f.kind} ({f.property}): {f.message}\n"
                     f"shrunk in {shrink_runs} further runs to {f.trace_file}\n"
-                    f"replay: kvhandoff replay {f.trace_file} --mode {report.mode}"
+                    f"replay: kvhandoff replay {f.trace_file}"
+                    + ("" if report.target == "inproc" else f" --target {report.target}")
                 )
     if not generated:
         # A target without per-program records (the coarse gRPC campaign): one case for it all.
