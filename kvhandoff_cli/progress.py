@@ -94,10 +94,18 @@ def shown(command: str, stream: TextIO | None = None) -> Iterator[None]:
 
     def live(task: str, counts: progress.Counts) -> None:
         text = describe(task, counts)
+        if not tasks:
+            # Started at the first report: a command that reports nothing (serve, explain)
+            # keeps a plain terminal.
+            display.start()
         if task not in tasks:
             tasks[task] = display.add_task(text, total=None)
         else:
             display.update(tasks[task], description=text)
 
-    with display, progress.listening(live):
-        yield
+    try:
+        with progress.listening(live):
+            yield
+    finally:
+        if tasks:
+            display.stop()
