@@ -354,14 +354,22 @@ def kill_matrix(
     }
     todo = [name for name in wanted if name not in done]
     workers = workers or min(len(todo), max(1, os.cpu_count() or 1))
+    from model_checker import progress as shown_progress
+
+    def finished(row: MatrixRow) -> None:
+        done[row.variant] = row
+        shown_progress.report("matrix", variants=f"{len(done)}/{len(wanted)}", last=row.variant)
+
     if todo and workers > 1:
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            rows = pool.map(_matrix_row, todo, [config.to_json()] * len(todo))
-            done.update({row.variant: row for row in rows})
+            # As each finishes (not in order), so the progress line moves with the work.
+            futures = [pool.submit(_matrix_row, name, config.to_json()) for name in todo]
+            for future in concurrent.futures.as_completed(futures):
+                finished(future.result())
     else:
         for name in todo:
-            done[name] = _matrix_row(name, config.to_json())
+            finished(_matrix_row(name, config.to_json()))
     return [done[name] for name in wanted]
 
 

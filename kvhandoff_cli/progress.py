@@ -31,6 +31,7 @@ _LABELS = {
     "traces": "{:,} traces",
     "steps": "{:,} steps",
     "stage": "stage {}",
+    "variants": "{} variants",
 }
 
 
