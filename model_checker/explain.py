@@ -398,11 +398,21 @@ _KIND_ROUTE = {
 }
 
 
+_WRAP = 40  # characters per line of a note or message; Mermaid does not wrap them itself
+
+
 def _m(text: str) -> str:
-    """Text safe inside a Mermaid message or note."""
+    """Text safe inside a Mermaid message or note, broken into lines (`<br/>`) so that a long
+    note stays inside its box."""
     for bad, good in ((";", ","), ("#", "no."), ("{", "("), ("}", ")"), ("<--", "<-")):
         text = text.replace(bad, good)
-    return text
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= _WRAP:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br/>".join(lines)
 
 
 def _lane_of(action: Action) -> str:
@@ -596,7 +606,7 @@ _KEY_FACTS = (
 
 
 def _key_step(body: Sequence[str]) -> str:
-    text = "\n".join(body)
+    text = "\n".join(body).replace("<br/>", " ")
     return "; ".join(why for fact, why in _KEY_FACTS if fact in text)
 
 

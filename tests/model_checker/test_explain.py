@@ -56,7 +56,12 @@ def test_the_chart_has_worker_and_page_lanes_and_highlights_the_violating_read(
     incident_trace: str,
 ) -> None:
     story = build_story(get_variant("incident"), load_trace(incident_trace))
-    chart = to_mermaid(story)
+    wrapped = to_mermaid(story)
+    # Notes and messages are broken into short lines so they stay inside their boxes.
+    for line in wrapped.splitlines():
+        text = line.split(": ", 1)[1] if ": " in line else ""
+        assert all(len(part) <= 40 for part in text.split("<br/>") if " " in part), line
+    chart = wrapped.replace("<br/>", " ")
     lines = chart.splitlines()
     assert lines[0] == "sequenceDiagram"
     assert lines[1:7] == [
