@@ -22,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-KINDS = ("check", "check-all", "matrix", "conform", "replay", "validate-log", "generate", "error")
+KINDS = (
+    "check",
+    "check-all",
+    "matrix",
+    "conform",
+    "replay",
+    "validate-log",
+    "generate",
+    "demo",
+    "error",
+)
 
 
 def schema_id(kind: str) -> str:

@@ -140,3 +140,11 @@ def test_a_closed_pipe_exits_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_demo_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["demo", "--stages", "prove", "--json", "--out", str(tmp_path / "report")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    _validate("demo", out)
+    assert out["stages"] == ["prove"] and out["proof"]["verdict"] == "safe"
