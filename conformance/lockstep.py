@@ -15,38 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.registry import counterpart
 from conformance.target import Target, require_one_prefill_rank
 from conformance.validate import Ids, ValidationReport, Validator
 from spec.actions import (
     Action,
-    ClientCancelRequest,
-    DecodeAdmitRequest,
-    DecodeAnswer,
-    DecodeDetectPrefillRestart,
-    DecodeGenerate,
-    DecodeReceiveAbortAck,
     DecodeReceiveCancel,
-    DecodeReceiveCompletion,
-    DecodeReceiveFailure,
-    DecodeReceiveWrite,
-    DecodeRejectRequest,
-    DecodeReleasePages,
-    DecodeReservePages,
-    DecodeRestart,
-    DecodeWaitingTimeout,
-    NetworkDropMessage,
-    NetworkDuplicateMessage,
-    PrefillAbortRequest,
-    PrefillAdmitRequest,
-    PrefillReceiveAbort,
     PrefillReceiveCancel,
-    PrefillReceiveGrant,
-    PrefillRejectRequest,
-    PrefillRestart,
-    PrefillSendCompletion,
-    PrefillWritePage,
-    RetransmitMessage,
-    RouterSubmitRequest,
     action_name,
 )
 from spec.config import Config
@@ -67,61 +42,13 @@ class Divergence(AssertionError):
 
 
 def drive(target: Target, action: Action) -> bool:
-    """Perform a spec action on the target; False when the target has no counterpart now."""
-    a: Any = action
-    match action:
-        case RouterSubmitRequest():
-            target.submit(a.request)
-            return True
-        case PrefillAdmitRequest() | PrefillRejectRequest():
-            return target.deliver("prefill_submit", a.request)
-        case DecodeAdmitRequest() | DecodeRejectRequest() | DecodeReservePages():
-            return target.deliver("decode_submit", a.request)
-        case PrefillReceiveGrant():
-            return target.deliver("grant", a.message.request)
-        case PrefillWritePage():
-            return target.deliver("write_send", a.request)
-        case DecodeReceiveWrite():
-            return target.deliver("write", a.write.data.request, a.write.page)
-        case PrefillSendCompletion():
-            return target.deliver("stream_close", a.request)
-        case DecodeReceiveCompletion():
-            return target.deliver("completion", a.message.request)
-        case DecodeReceiveFailure():
-            return target.deliver("failure", a.message.request)
-        case DecodeReceiveCancel():
-            return target.deliver("decode_cancel", a.request)
-        case PrefillReceiveCancel():
-            return target.deliver("prefill_cancel", a.request)
-        case DecodeGenerate():
-            return target.deliver("generate", a.request)
-        case DecodeAnswer() | DecodeReleasePages():
-            return True  # done by the implementation together with decode_generate
-        case PrefillReceiveAbort():
-            return target.deliver("abort", a.message.request)
-        case DecodeReceiveAbortAck():
-            return target.deliver("abort_ack", a.message.request)
-        case DecodeDetectPrefillRestart():
-            return target.deliver("heartbeat", 0)
-        case RetransmitMessage():
-            return target.retransmit(a.message.kind, a.message.request)
-        case ClientCancelRequest():
-            return target.cancel(a.request)
-        case DecodeWaitingTimeout():
-            return target.fire_timeout(a.request)
-        case PrefillAbortRequest():
-            return target.prefill_abort(a.request)
-        case PrefillRestart():
-            target.restart_prefill()
-            return True
-        case DecodeRestart():
-            target.restart_decode()
-            return True
-        case NetworkDropMessage():
-            return target.drop(a.message.kind, a.message.request)
-        case NetworkDuplicateMessage():
-            return target.duplicate(a.message.kind, a.message.request)
-    return False
+    """Perform a spec action on the target; False when the target has no counterpart now.
+
+    What each action is on a target is one row of `conformance.registry`; an action with no row
+    (a variant's own action) has no counterpart.
+    """
+    row = counterpart(action)
+    return False if row is None else row.perform(target, action)
 
 
 @dataclass

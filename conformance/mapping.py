@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.registry import unlogged
+
 
 @dataclass(frozen=True)
 class Row:
@@ -249,25 +251,8 @@ MAPPING: tuple[Row, ...] = (
     ),
 )
 
-UNLOGGED_SPEC_STEPS: tuple[tuple[str, str], ...] = (
-    (
-        "retransmit_message",
-        "in live logs: a retried RPC is not logged (the harness logs its own); taken silently",
-    ),
-    (
-        "prefill_detect_decode_restart",
-        "the implementation's prefill has no such step; its writes are refused instead",
-    ),
-    (
-        "decode_receive_cancel, prefill_receive_cancel",
-        "a worker that already finished the request logs nothing for the cancel: taken silently",
-    ),
-    (
-        "decode_answer (error)",
-        "the spec answers errors inside the failing step; the impl's error `decode_answer` "
-        "is a stutter",
-    ),
-)
+UNLOGGED_SPEC_STEPS: tuple[tuple[str, str], ...] = unlogged()
+"""Spec steps the implementation takes without a log line of its own (from the registry)."""
 
 MESSAGE_KINDS: dict[str, str] = {
     "grant": "grant",

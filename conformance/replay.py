@@ -139,9 +139,12 @@ def replay_trace(
     trace: Trace | str | Path,
     target: Target | str,
     mode: str | None = None,
+    variant: Variant | None = None,
 ) -> ReplayReport:
     """Play `trace` on `target` (a Target or a target name) in `mode` (default: the trace's
-    `mode` header, else its `variant` when that is a mode name, else reference)."""
+    `mode` header, else its `variant` when that is a mode name, else reference). `variant`: the
+    trace's own variant when the caller has loaded it (a variant file); default: the catalogue
+    variant the header names, if any."""
     from conformance.campaign import make_target
     from impl.modes import MODES
 
@@ -153,7 +156,7 @@ def replay_trace(
         # A target made here is released here: a gRPC target keeps its servers between traces.
         owned = make_target(target)
         try:
-            return replay_trace(trace, owned, mode)
+            return replay_trace(trace, owned, mode, variant)
         finally:
             owned.shutdown()
     if mode is None:
@@ -168,7 +171,8 @@ def replay_trace(
         for r in range(len(config.requests)):
             ids.requests[target.request_id(r)] = r
         oracle = Validator(config, ids, REFERENCE)
-        variant = _variant_of(trace)
+        if variant is None:
+            variant = _variant_of(trace)
         predicted = None
         if variant is not None:
             ids2 = Ids(config.page_size, dict(ids.requests))

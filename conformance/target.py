@@ -22,6 +22,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.registry import deliver_kinds
 from spec.config import Config
 
 Event = dict[str, Any]
@@ -34,23 +35,9 @@ class TargetError(Exception):
     reported as a divergence."""
 
 
-# Deliverable steps (`Target.deliver`): the spec action each one performs, by name.
-STEP_KINDS: tuple[str, ...] = (
-    "prefill_submit",  # prefill_admit_request / prefill_reject_request
-    "decode_submit",  # decode_admit_request (+ decode_reserve_pages) / decode_reject_request
-    "grant",  # prefill_receive_grant
-    "write_send",  # prefill_write_page
-    "write",  # decode_receive_write (page given)
-    "stream_close",  # prefill_send_completion
-    "completion",  # decode_receive_completion
-    "failure",  # decode_receive_failure (prefill's rejection notice, or the router relaying it)
-    "decode_cancel",  # decode_receive_cancel (the router's word of a client cancel)
-    "prefill_cancel",  # prefill_receive_cancel (the same word, to prefill)
-    "generate",  # decode_generate (+ decode_answer + decode_release_pages)
-    "abort",  # prefill_receive_abort (decode's abort, or the router's cancel)
-    "abort_ack",  # decode_receive_abort_ack
-    "heartbeat",  # decode_detect_prefill_restart
-)
+# Deliverable steps (`Target.deliver`): which spec action each performs is its row in
+# `conformance.registry` (operation `deliver:<kind>`).
+STEP_KINDS: tuple[str, ...] = deliver_kinds()
 
 
 @dataclass

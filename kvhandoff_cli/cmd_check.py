@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
-from model_checker.engines import ENGINES, EngineCannotEncode, EngineOptions
+from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
+from model_checker.engines import ENGINES, Combined, EngineOptions, EngineRun, combine, run_engine
 from model_checker.render import trace_lines
-from model_checker.result import CheckResult
-from model_checker.variant_loader import VariantLoadError, load_variant
+from model_checker.result import CheckResult, config_summary
+from model_checker.variant_loader import VariantLoadError, load_variant, trace_variant_header
 from spec.config import Config, ConfigError, default_config, parse_set
+from spec.trace import with_header
 from spec.variants import VARIANTS, Variant
 
 
@@ -22,8 +23,11 @@ def register(sub: Any) -> None:
         help="check the handoff protocol (or a variant) against every property",
         description=(
             "Check every property of a protocol variant on a configuration. Exit 0 when every "
-            "property holds, 1 when one is violated (the shortest counterexample is shown), "
-            "2 on bad usage or input, 3 when inconclusive."
+            "property is proved for the scope printed (this configuration, or any size), 1 when "
+            "one is violated (the shortest counterexample is shown), 2 on bad usage or input, "
+            "3 when inconclusive (unknown, cannot encode the variant, or a bounded search "
+            "without a completeness argument), 4 when engines disagree (--engine all: one "
+            "proves what another violates, a bug in kvhandoff)."
         ),
     )
     p.add_argument(
@@ -118,7 +122,9 @@ def _load_variant(name: str) -> Variant:
         raise UsageError(str(exc)) from exc
 
 
-def print_result(result: CheckResult, variant: Variant) -> None:
+def print_result(result: CheckResult, variant: Variant, final: bool = True) -> None:
+    """One engine's result; `final`: end with its verdict and scope (`--engine all` prints the
+    engines' combined verdict instead)."""
     rate = result.extra.get("states_per_second")
     states = f", {result.states:,} states" if result.states is not None else ""
     speed = f" ({rate:,} states/s)" if rate else ""
@@ -126,7 +132,12 @@ def print_result(result: CheckResult, variant: Variant) -> None:
         f"variant {result.variant}, engine {result.engine}{states} in {result.seconds:.2f} s{speed}"
     )
     for r in result.results:
-        label = {"holds": "holds   ", "violated": "VIOLATED", "unknown": "UNKNOWN "}[r.verdict]
+        label = {
+            "holds": "holds   ",
+            "violated": "VIOLATED",
+            "bounded": "bounded ",
+            "unknown": "UNKNOWN ",
+        }[r.verdict]
         extra = ""
         if r.verdict == "violated" and r.trace is not None:
             extra = f"  (counterexample: {len(r.trace)} steps)"
@@ -172,17 +183,13 @@ def print_result(result: CheckResult, variant: Variant) -> None:
                 f"  deployment checks failing in this config: {', '.join(bad)} "
                 "(the protocol must be safe regardless; see `kvhandoff check-config`)"
             )
-    if variant.breaks:
-        caught = [
-            b
-            for b in variant.breaks
-            if any(r.property == b and r.verdict == "violated" for r in result.results)
-        ]
-        print(
-            f"  expected to break: {', '.join(variant.breaks)}; caught: "
-            f"{', '.join(caught) or 'none'}"
-        )
-    print(f"verdict: {result.verdict.upper()}")
+    for line in breaks_lines(breaks_json(result, variant)):
+        print(line)
+    completeness = result.extra.get("completeness")
+    if completeness:
+        print(f"  {completeness['reason']}")
+    if final:
+        print_verdict(result)
     for r in result.violated():
         if r.trace is None:
             continue
@@ -193,6 +200,46 @@ def print_result(result: CheckResult, variant: Variant) -> None:
             print(f"      then: {r.detail}")
 
 
+def breaks_json(result: CheckResult, variant: Variant) -> dict[str, Any]:
+    """What the variant declares it breaks (`breaks=`) against what this engine found.
+
+    `not_caught`: declared, but this engine reports no violation of it (with its verdict there:
+    holds, unknown, or not checked); `not_declared`: violated, but not declared. Neither changes
+    the exit code: the verdict is about the protocol as written, and a declaration is the
+    author's expectation of it. A declared break that a complete search does not catch means the
+    change is safer than its author thought (or `breaks=` is wrong), which the report says.
+    """
+    verdicts: dict[str, str] = {r.property: r.verdict for r in result.results}
+    for name in result.extra.get("not_checked", {}):
+        verdicts.setdefault(name, "not checked")
+    violated = [r.property for r in result.results if r.verdict == "violated"]
+    return {
+        "expected": list(variant.breaks),
+        "caught": [b for b in variant.breaks if verdicts.get(b) == "violated"],
+        "not_caught": {
+            b: verdicts.get(b, "not checked")
+            for b in variant.breaks
+            if verdicts.get(b) != "violated"
+        },
+        "not_declared": [p for p in violated if p not in variant.breaks],
+    }
+
+
+def breaks_lines(breaks: dict[str, Any]) -> list[str]:
+    lines = []
+    if breaks["expected"]:
+        lines.append(
+            f"  expected to break: {', '.join(breaks['expected'])}; caught: "
+            f"{', '.join(breaks['caught']) or 'none'}"
+        )
+    if breaks["not_caught"]:
+        missed = ", ".join(f"{b} ({why})" for b, why in breaks["not_caught"].items())
+        lines.append(f"  declared in breaks= but NOT caught: {missed}")
+    if breaks["not_declared"] and breaks["expected"]:
+        lines.append(f"  caught but not declared in breaks=: {', '.join(breaks['not_declared'])}")
+    return lines
+
+
 def _first_violated(result: CheckResult, variant: Variant) -> Any:
     violated = [r for r in result.violated() if r.trace is not None]
     for name in variant.breaks:
@@ -200,6 +247,52 @@ def _first_violated(result: CheckResult, variant: Variant) -> Any:
             if r.property == name:
                 return r
     return violated[0] if violated else None
+
+
+def _cannot_encode_text(run: EngineRun, where: str) -> str:
+    return f"engine {run.engine}: cannot encode: {run.cannot_encode} ({where})"
+
+
+def verdict_line(verdict: str, result: CheckResult | None = None) -> str:
+    """The verdict line of `kvhandoff check` (BOUNDED says its depth; the scope line follows)."""
+    if result is None or verdict not in ("safe", "bounded"):
+        return f"verdict: {verdict.upper()}"
+    if verdict == "bounded":
+        depth = min(r.depth or 0 for r in result.results if r.verdict == "bounded")
+        return f"verdict: BOUNDED: no violation up to depth {depth} (not a proof)"
+    return "verdict: SAFE"
+
+
+def print_verdict(result: CheckResult) -> None:
+    print(verdict_line(result.verdict, result))
+    if result.verdict in ("safe", "bounded"):
+        print(f"scope: {result.scope_text()}")
+
+
+def print_table(combined: Combined, config: Config) -> None:
+    """`--engine all`: one line per engine (verdict, scope, time, why), for one configuration."""
+    print(f"configuration: {config_summary(config)}")
+    rows = [("engine", "verdict", "scope", "time", "")]
+    for run in combined.runs:
+        verdict = run.verdict.upper().replace("_", " ")
+        rows.append((run.engine, verdict, run.scope, f"{run.seconds:.2f} s", run.note))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(4)]
+        print(("  ".join(cells) + "  " + row[4]).rstrip())
+
+
+def _single_json(run: EngineRun, variant: Variant, config: Config) -> dict[str, Any]:
+    if run.result is not None:
+        return {**run.result.to_json(), "breaks": breaks_json(run.result, variant)}
+    return {
+        "variant": variant.name,
+        "engine": run.engine,
+        "config": config.to_json(),
+        "verdict": "cannot_encode",
+        "exit_code": EXIT_INCONCLUSIVE,
+        "cannot_encode": [{"engine": run.engine, "reason": run.cannot_encode}],
+    }
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -215,61 +308,103 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-states {args.max_states}: must be at least 1")
     if args.first and args.engine != "bmc":
         raise UsageError(f"--first applies to --engine bmc only, not {args.engine!r}")
+    if args.dot and args.engine != "explore":
+        raise UsageError("--dot needs --engine explore")
     options = EngineOptions(
         depth=args.depth, timeout=args.timeout, max_states=args.max_states, first=args.first
     )
     names = list(ENGINES) if args.engine == "all" else [args.engine]
-    results: list[CheckResult] = []
-    cannot: list[dict[str, str]] = []
-    for name in names:
-        try:
-            results.append(ENGINES[name](variant, config, options))
-        except EngineCannotEncode as exc:
-            cannot.append({"engine": name, "reason": str(exc)})
+    runs = [run_engine(name, variant, config, options) for name in names]
+    results = [run.result for run in runs if run.result is not None]
+    is_file = args.variant.endswith(".py")
+    where = f"variant file {args.variant}" if is_file else f"variant {variant.name}"
     if args.dot:
-        if args.engine != "explore":
-            raise UsageError("--dot needs --engine explore")
         from model_checker.explore import build_graph, to_dot
 
         graph, _, _ = build_graph(variant, config, args.max_states, keep_edges=True)
         Path(args.dot).write_text(to_dot(graph, variant, config))
+    combined = combine(runs)
     if args.trace_out:
         for result in results:
             first = _first_violated(result, variant)
             if first is not None:
-                Path(args.trace_out).write_text(result.trace_text(first))
+                text = with_header(result.trace_text(first), **trace_variant_header(args.variant))
+                Path(args.trace_out).write_text(text)
                 break
     if args.junit:
         from kvhandoff_cli import output
 
-        output.write_junit(Path(args.junit), output.check_suites(results, cannot, variant.name))
-    if any(r.verdict == "violated" for r in results):
-        code = EXIT_VIOLATED
-    elif cannot or any(r.verdict == "unknown" for r in results):
-        code = EXIT_INCONCLUSIVE
-    else:
-        code = EXIT_OK
+        cannot_junit = [
+            {"engine": r.engine, "reason": r.cannot_encode or ""} for r in runs if r.result is None
+        ]
+        output.write_junit(
+            Path(args.junit), output.check_suites(results, cannot_junit, variant.name)
+        )
+    if len(runs) == 1:
+        return _report_one(runs[0], variant, config, where, args.json)
+    code = combined.exit_code
     if args.json:
-        if len(names) == 1 and results:
-            out: dict[str, Any] = results[0].to_json()
-        else:
-            verdict = {EXIT_OK: "safe", EXIT_VIOLATED: "violated"}.get(code, "unknown")
-            out = {
-                "variant": variant.name,
-                "engine": args.engine,
-                "config": config.to_json(),
-                "verdict": verdict,
-                "engines": [r.to_json() for r in results],
-            }
+        engine_json = [{**r.to_json(), "breaks": breaks_json(r, variant)} for r in results]
+        out: dict[str, Any] = {
+            "variant": variant.name,
+            "engine": args.engine,
+            "config": config.to_json(),
+            **combined.to_json(),
+            "engines": engine_json,
+        }
+        cannot = [{"engine": r.engine, "reason": r.cannot_encode} for r in runs if r.result is None]
         if cannot:
             out["cannot_encode"] = cannot
-            out["verdict"] = out.get("verdict") if results and code == EXIT_VIOLATED else "unknown"
         from kvhandoff_cli import output
 
-        output.print_json("check" if "engines" not in out else "check-all", out, indent=2)
+        output.print_json("check-all", out, indent=2)
         return code
-    for result in results:
-        print_result(result, variant)
-    for c in cannot:
-        print(f"engine {c['engine']}: INCONCLUSIVE, cannot encode this variant: {c['reason']}")
+    by_engine = {r.engine: r for r in runs}
+    if combined.verdict == "disagree":
+        # Print every engine that takes a side, so the bug can be chased from either end.
+        shown = sorted(
+            {e.split(" ")[0] for d in combined.disagreements for e in d.proved_by + d.violated_by},
+            key=names.index,
+        )
+    else:
+        shown = combined.deciding[:1]
+    for name in shown:
+        shown_result = by_engine[name].result
+        assert shown_result is not None
+        print_result(shown_result, variant, final=False)
+        print()
+    print_table(combined, config)
+    if combined.verdict == "disagree":
+        print("ENGINES DISAGREE (a bug in kvhandoff, not a verdict on the protocol):")
+        for d in combined.disagreements:
+            print(f"  {d.text()}")
+        print(f"verdict: ENGINES DISAGREE (exit {code})")
+        return code
+    deciding = by_engine[combined.deciding[0]].result if combined.deciding else None
+    line = verdict_line(combined.verdict, deciding)
+    if combined.verdict in ("violated", "safe"):
+        line += f" (by {', '.join(combined.deciding)})"
+    print(line)
+    if combined.verdict in ("safe", "bounded"):
+        # Each deciding engine's own scope: a proof for any size may leave out a property (the
+        # liveness one) that a proof for this configuration covers.
+        scopes: dict[str, list[str]] = {}
+        for name in combined.deciding:
+            scopes.setdefault(by_engine[name].scope, []).append(name)
+        print("scope: " + "; ".join(f"{s} ({', '.join(e)})" for s, e in scopes.items()))
+    return code
+
+
+def _report_one(run: EngineRun, variant: Variant, config: Config, where: str, as_json: bool) -> int:
+    code = EXIT_INCONCLUSIVE if run.result is None else run.result.exit_code
+    if as_json:
+        from kvhandoff_cli import output
+
+        output.print_json("check", _single_json(run, variant, config), indent=2)
+        return code
+    if run.result is None:
+        print(_cannot_encode_text(run, where))
+        print("verdict: CANNOT ENCODE (inconclusive)")
+        return code
+    print_result(run.result, variant)
     return code

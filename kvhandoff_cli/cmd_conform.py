@@ -204,29 +204,46 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from spec.trace import TraceError, load_trace
+    from model_checker.variant_loader import VariantLoadError, variant_of_trace
+    from spec.trace import TraceError, load_header, load_trace
 
     try:
-        trace = load_trace(Path(args.trace).read_text())
+        text = Path(args.trace).read_text()
+        header = load_header(text)
     except OSError as exc:
         raise UsageError(f"cannot read {args.trace}: {exc}") from exc
+    except TraceError as exc:
+        raise UsageError(f"{args.trace}: {exc}") from exc
+    variant = None
+    if header.get("variant_file"):
+        # A variant file the trace was made with predicts what the target should do; a catalogue
+        # name is looked up by `replay_trace` itself.
+        try:
+            found = variant_of_trace(header)
+        except VariantLoadError as exc:
+            raise UsageError(f"{args.trace}: line 1: {exc}") from exc
+        if found.note:
+            print(f"kvhandoff replay: note: {found.note}", file=sys.stderr)
+        variant = found.variant
+    try:
+        trace = load_trace(text, variant.extra_action_types if variant is not None else ())
     except TraceError as exc:
         raise UsageError(f"{args.trace}: {exc}") from exc
 
     def body() -> int:
         target = _make_target(args.target, args.mode)
         try:
-            return _replay(args, trace, target)
+            return _replay(args, trace, target, variant)
         finally:
             _release("replay", target)
 
     return _target_errors("replay", body)
 
 
-def _replay(args: argparse.Namespace, trace: Any, target: Any) -> int:
+def _replay(args: argparse.Namespace, trace: Any, target: Any, variant: Any = None) -> int:
     from conformance.replay import replay_trace
 
-    report = replay_trace(trace, target, args.mode)
+    report = replay_trace(trace, target, args.mode, variant)
     if args.json:
         output.print_json("replay", report.to_json(), sort_keys=True, default=str)
     else:

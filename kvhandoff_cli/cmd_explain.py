@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from kvhandoff_cli.main import EXIT_OK, UsageError
 from model_checker.explain import FORMATS, Story, build_story, render, same_requests_under
-from model_checker.variant_loader import VariantLoadError, load_variant
-from spec.trace import Trace, TraceError, load_trace
+from model_checker.variant_loader import VariantLoadError, load_variant, variant_of_trace
+from spec.trace import Trace, TraceError, load_header, load_trace
 
 
 def register(sub: Any) -> None:
@@ -34,7 +35,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--variant",
-        help="replay under this variant (catalogue name or .py file) instead of the header's",
+        help="replay under this variant (catalogue name or .py file) instead of the one the "
+        "trace's header names (a catalogue name, or a variant file and its sha256)",
     )
     p.add_argument(
         "--against",
@@ -64,27 +66,36 @@ def _step_line(text: str, message: str) -> str:
 
 
 def load_story(path: str, variant_name: str | None = None) -> Story:
-    """Read and replay a trace file; every problem is a `UsageError` naming the line."""
+    """Read and replay a trace file; every problem is a `UsageError` naming the line.
+
+    The variant is `variant_name` (a `--variant`), else the one the trace's header names: a
+    catalogue name, or a variant file (found again by its path; a changed file is replayed as it
+    is now, with a note on stderr, since the trace may then no longer replay)."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{path}: no such trace file")
     text = file.read_text(encoding="utf-8")
     try:
-        trace = load_trace(text)
+        header = load_header(text)
     except TraceError as exc:
         raise UsageError(f"{path}: {exc}") from exc
-    name = variant_name or trace.header.get("variant")
-    if not isinstance(name, str) or not name:
-        raise UsageError(f"{path}: line 1: the header names no variant; pass --variant NAME")
     try:
-        variant = load_variant(name)
+        found = variant_of_trace(header, variant_name)
     except VariantLoadError as exc:
-        hint = "" if variant_name else " (pass --variant PATH.py for a variant file)"
-        raise UsageError(f"{path}: line 1: {exc}{hint}") from exc
+        where = "--variant" if variant_name else "line 1"
+        raise UsageError(f"{path}: {where}: {exc}") from exc
+    if found.note:
+        print(f"kvhandoff explain: note: {found.note}", file=sys.stderr)
+    variant = found.variant
+    try:
+        trace = load_trace(text, variant.extra_action_types)
+    except TraceError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
     try:
         return build_story(variant, trace)
     except TraceError as exc:
-        raise UsageError(f"{path}: {_step_line(text, str(exc))}") from exc
+        changed = f" ({found.note})" if found.note else ""
+        raise UsageError(f"{path}: {_step_line(text, str(exc))}{changed}") from exc
 
 
 def run_explain(args: argparse.Namespace) -> int:

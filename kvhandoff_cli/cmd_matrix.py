@@ -11,21 +11,27 @@ Each variant runs on its own scenario: the default configuration with the varian
 fields (a bug only several prefill ranks can show is checked with `prefill_ranks=2`; the Z3
 engines cannot encode that and say so), then `--set`.
 
+A BMC cell that finds nothing is `bounded` (no violation up to its depth: not a proof) unless its
+depth reaches the state space's depth. An expected-safe row needs a proof from at least one engine
+and no violation from any; as in `check --engine all`, an inconclusive engine (unknown, bounded,
+cannot encode) downgrades nothing.
+
+Two engines that reach opposite conclusive verdicts on one row (one proves a property, another
+violates it) is a bug in kvhandoff: the row says so and the matrix exits 4, whatever else happened.
+
 Exit 0 when every expectation holds, 1 otherwise (a variant not caught, or an expected-safe variant
-not proved safe by some engine), 2 on bad usage.
+not proved safe), 2 on bad usage, 4 when engines disagree.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_OK, EXIT_VIOLATED, UsageError
-from model_checker.engines import ENGINES, EngineCannotEncode, EngineOptions
-from model_checker.result import CheckResult
+from kvhandoff_cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
+from model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
 from spec.config import Config, ConfigError, default_config, parse_set
 from spec.properties import TERMINATION
 from spec.variants import VARIANTS, Variant
@@ -39,8 +45,9 @@ def register(sub: Any) -> None:
         help="run every variant under every engine: the mutation kill matrix",
         description=(
             "Run every catalogued variant under every engine. Exit 0 when every expected-safe "
-            "variant is safe under every engine and every other variant is caught by at least "
-            "one engine, 1 otherwise, 2 on bad usage."
+            "variant is proved safe by some engine and violated by none, and every other "
+            "variant is caught by at least one engine; 1 otherwise, 2 on bad usage, 4 when two "
+            "engines disagree (one proves a property another violates: a bug in kvhandoff)."
         ),
     )
     p.add_argument(
@@ -48,7 +55,7 @@ def register(sub: Any) -> None:
         default=",".join(e for e in ENGINES if e != "spacer"),
         help=(
             f"comma-separated engines from {','.join(ENGINES)} (default: all but spacer, which "
-            "times out on the default configuration and so reports unknown)"
+            "times out on the default configuration: --spacer-timeout per variant for unknown)"
         ),
     )
     p.add_argument("--variants", help="comma-separated variant names (default: the catalogue)")
@@ -70,7 +77,7 @@ def register(sub: Any) -> None:
 class Cell:
     variant: str
     engine: str
-    verdict: str  # safe, violated, unknown, cannot_encode
+    verdict: str  # safe, violated, bounded, unknown, cannot_encode
     caught_by: str | None
     depth: int | None
     seconds: float
@@ -95,35 +102,46 @@ class Cell:
             return f"safe ({self.seconds:.1f} s)"
         if self.verdict == "cannot_encode":
             return "cannot encode"
+        if self.verdict == "bounded":
+            return f"bounded @{self.depth} ({self.seconds:.1f} s)"
         return f"unknown ({self.seconds:.1f} s)"
 
 
-def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptions) -> Cell:
-    from model_checker import progress
-
-    progress.report("matrix", cell=f"{variant.name} / {engine}")
-    started = time.perf_counter()
-    try:
-        result: CheckResult = ENGINES[engine](variant, config, options)
-    except EngineCannotEncode as exc:
-        return Cell(variant.name, engine, "cannot_encode", None, None, 0.0, str(exc))
-    seconds = time.perf_counter() - started
+def cell_of(variant: Variant, run: EngineRun) -> Cell:
+    result = run.result
+    if result is None:
+        return Cell(variant.name, run.engine, "cannot_encode", None, None, 0.0, run.cannot_encode)
     violated = result.violated()
     if violated:
         preferred = [r for r in violated if r.property in variant.breaks] or violated
         first = min(preferred, key=lambda r: r.depth if r.depth is not None else 10**9)
-        return Cell(variant.name, engine, "violated", first.property, first.depth, seconds)
-    return Cell(variant.name, engine, result.verdict, None, None, seconds)
+        return Cell(variant.name, run.engine, "violated", first.property, first.depth, run.seconds)
+    depth = None
+    if result.verdict == "bounded":
+        depth = min(r.depth or 0 for r in result.results if r.verdict == "bounded")
+    return Cell(variant.name, run.engine, result.verdict, None, depth, run.seconds)
+
+
+def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptions) -> Cell:
+    return cell_of(variant, _run(variant, engine, config, options))
+
+
+def _run(variant: Variant, engine: str, config: Config, options: EngineOptions) -> EngineRun:
+    from model_checker import progress
+
+    progress.report("matrix", cell=f"{variant.name} / {engine}")
+    return run_engine(engine, variant, config, options)
 
 
 def expectation(variant: Variant, cells: list[Cell]) -> tuple[bool, str]:
     """Does the row meet its expectation? And what was expected."""
     if not variant.breaks:
-        # An engine that says it cannot encode the variant (exit 3 in `check`) has not called it
-        # unsafe; every engine that ran must say safe, and at least one must have run.
-        ran = [c for c in cells if c.verdict != "cannot_encode"]
-        ok = bool(ran) and all(c.verdict == "safe" for c in ran)
-        return ok, "safe under every engine that encodes it"
+        # As in `check --engine all`: some engine must prove it and none may find a violation;
+        # an engine that is inconclusive (unknown, bounded, cannot encode) downgrades nothing.
+        ok = any(c.verdict == "safe" for c in cells) and not any(
+            c.verdict == "violated" for c in cells
+        )
+        return ok, "proved safe by some engine, violated by none"
     if set(variant.breaks) <= LIVENESS_ONLY:
         ok = any(c.verdict == "violated" for c in cells if c.engine == "explore")
         return ok, "caught by explore (liveness only)"
@@ -179,16 +197,24 @@ def run_matrix(args: argparse.Namespace) -> int:
         except (ConfigError, TypeError) as exc:
             raise UsageError(f"variant {variant.name}: {exc}") from exc
     rows = []
+    disagreements: dict[str, list[str]] = {}
     for variant in variants:
         own = configs[variant.name]
-        cells = [run_cell(variant, e, own, spacer if e == "spacer" else options) for e in engines]
+        runs = [_run(variant, e, own, spacer if e == "spacer" else options) for e in engines]
+        cells = [cell_of(variant, run) for run in runs]
+        combined = combine(runs)
+        if combined.disagreements:
+            disagreements[variant.name] = [d.text() for d in combined.disagreements]
         ok, expected = expectation(variant, cells)
+        ok = ok and not combined.disagreements
         rows.append((variant, cells, ok, expected))
         if not args.json:
             status = "ok" if ok else "NOT AS EXPECTED"
             print(f"{variant.name:34s} {status}: {expected}{_scenario(variant)}", flush=True)
             for c in cells:
                 print(f"    {c.engine:8s} {c.text()}", flush=True)
+            for text in disagreements.get(variant.name, []):
+                print(f"    ENGINES DISAGREE (a bug in kvhandoff): {text}", flush=True)
     all_ok = all(ok for _, _, ok, _ in rows)
     if args.markdown:
         Path(args.markdown).write_text(markdown(rows, engines))
@@ -205,13 +231,19 @@ def run_matrix(args: argparse.Namespace) -> int:
                     "expected": expected,
                     "ok": ok,
                     "cells": [c.to_json() for c in cells],
+                    "disagreements": disagreements.get(v.name, []),
                 }
                 for v, cells, ok, expected in rows
             ],
+            "engines_disagree": bool(disagreements),
         }
         from kvhandoff_cli import output
 
         output.print_json("matrix", out, indent=2)
     else:
         print(f"matrix: {'every expectation met' if all_ok else 'SOME EXPECTATIONS NOT MET'}")
+        if disagreements:
+            print(f"matrix: ENGINES DISAGREE on {', '.join(disagreements)} (exit {EXIT_DISAGREE})")
+    if disagreements:
+        return EXIT_DISAGREE
     return EXIT_OK if all_ok else EXIT_VIOLATED

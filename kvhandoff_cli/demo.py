@@ -75,7 +75,13 @@ def prove_reference(config: Config) -> Proof:
     prove = ENGINES.get("prove")
     if prove is not None:
         result = prove(REFERENCE, config, EngineOptions())
-        return Proof(result, "proved for any pool size and any number of requests (Z3 prove)", True)
+        # Say what was proved: the scope the engine reports, not the one it is meant to reach.
+        any_size = result.verdict == "safe" and result.scope == "any-size"
+        if any_size:
+            method = "proved for any pool size and any number of requests (Z3 prove)"
+        else:
+            method = f"Z3 prove: {result.verdict} for {result.scope_text()}"
+        return Proof(result, method, any_size)
     result = explore(REFERENCE, config)
     method = f"exhaustive search of the default configuration, {result.states:,} states"
     return Proof(result, method, False, note=f"the Z3 prove engine is {NOT_AVAILABLE}")
@@ -626,21 +632,42 @@ def _obligations(run: DemoRun) -> list[str]:
         lines += _obligation_grid(listed)
         lines.append("")
     witnesses = result.witnesses
+    movement = result.extra.get("movement") or {}
+    depths = movement.get("witnesses") or {}
+    unchecked = movement.get("not_checked") or {}
     claims = {p.name: p for p in (*ALWAYS, TERMINATION)}
     rows = []
     for r in result.results:
         prop = claims.get(r.property)
         witness = prop.witness if prop else ""
+        # Only what this engine checked: a witness it cannot express is said so, not "NOT reached".
         if not witness:
             w = ""
-        elif witness not in witnesses:
-            # A proof explores no runs, so it cannot say a witness was reached (nor that it was
-            # not): `kvhandoff check --variant reference` searches for them.
-            w = f"`{witness}` (not searched by a proof)"
+        elif witness in witnesses:
+            at = depths.get(witness)
+            w = f"`{witness}` " + ("NOT reached" if not witnesses[witness] else "reached")
+            w += f" (step {at})" if at is not None else ""
+        elif witness in unchecked:
+            w = f"`{witness}` not checked by this engine: {unchecked[witness]}"
         else:
-            w = f"`{witness}` {'reached' if witnesses[witness] else 'NOT reached'}"
+            w = f"`{witness}` not checked by this engine"
         rows.append([f"`{r.property}`", prop.claim if prop else "", r.verdict, w])
     lines += _table(["property", "claim", "verdict", "non-vacuity witness"], rows)
+    if movement:
+        actions = movement.get("actions") or {}
+        fired = sum(1 for at in actions.values() if at is not None)
+        lines += [
+            "",
+            f"The {movement.get('model')} model can move: {fired}/{len(actions)} of its actions "
+            f"fire and {sum(witnesses.values())}/{len(witnesses)} witnesses are reached within "
+            f"{movement.get('depth')} steps"
+            + (
+                f"; findings: {'; '.join(result.extra['vacuity'])}"
+                if result.extra.get("vacuity")
+                else ""
+            )
+            + ".",
+        ]
     if result.extra.get("response_bound") is not None:
         lines += [
             "",

@@ -1,7 +1,13 @@
 """The `kvhandoff` command line: one subcommand module per feature.
 
 Exit codes, shared by every subcommand that reports a verdict:
-0 = safe / conforms, 1 = violated / diverges, 2 = bad usage or bad input, 3 = inconclusive,
+0 = safe / conforms: proved, for the scope the command prints;
+1 = violated / diverges: a counterexample (replayed through the spec);
+2 = bad usage or bad input (an exception in a variant file's code included);
+3 = inconclusive: unknown, timeout, a state limit, an engine that cannot encode the variant, or a
+    bounded search with no completeness argument (`bounded`);
+4 = engines disagree: one engine proves a property that another violates on the same variant and
+    configuration (`check --engine all`, `matrix`). A bug in kvhandoff, not a verdict.
 130 = interrupted (Ctrl-C; what was covered so far is printed on stderr), 141 = stdout was closed
 by its reader (`| head`), quietly.
 """
@@ -16,10 +22,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from model_checker.variant_loader import VariantCodeError
+
 EXIT_OK = 0
 EXIT_VIOLATED = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
+EXIT_DISAGREE = 4
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 # Each module defines `register(subparsers)`, which adds its subcommands and sets `func` on them.
@@ -54,8 +63,9 @@ def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentP
         prog="kvhandoff",
         description=(
             "Prove, test and teach the prefill->decode KV-cache handoff of disaggregated LLM "
-            "inference. Exit codes: 0 safe/conforms, 1 violated/diverges, 2 bad usage or input, "
-            "3 inconclusive."
+            "inference. Exit codes: 0 safe/conforms (proved, for the scope printed), 1 "
+            "violated/diverges, 2 bad usage or input, 3 inconclusive (unknown, cannot encode, "
+            "bounded), 4 engines disagree (a bug in kvhandoff)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -97,6 +107,11 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except VariantCodeError as exc:
+        # The user's variant file raised while an engine or a replay ran it: bad input, exit 2,
+        # never a traceback and exit 1 (which CI would read as "the change breaks a property").
+        print(f"kvhandoff {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return code
 
 

@@ -316,7 +316,13 @@ def state_changes(config: Config, a: State, b: State) -> list[str]:
     out += _multiset_changes("network:", a.network, b.network, message)
     out += _multiset_changes("lost (sender will retransmit):", a.lost, b.lost, message)
     out += _multiset_changes("in flight:", a.writes, b.writes, write)
-    skip = {"requests", "pages", "network", "lost", "writes", "faults", "ghost"}
+    before, after = dict(a.variant_fields), dict(b.variant_fields)
+    for name in sorted(before.keys() | after.keys()):
+        if before.get(name) != after.get(name):
+            # A field at its initial value is not stored: "initial" rather than a guess.
+            x, y = before.get(name, "(initial)"), after.get(name, "(initial)")
+            out.append(f"variant state {name}: {_value(x)} -> {_value(y)}")
+    skip = {"requests", "pages", "network", "lost", "writes", "faults", "ghost", "variant_fields"}
     for f in fields(State):
         if f.name in skip:
             continue

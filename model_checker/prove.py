@@ -1,39 +1,60 @@
 """The `prove` engine: inductive-invariant proofs, for any size when the design allows it.
 
+0. A variant with action overrides or added actions, or a configuration with several prefill
+   ranks, is refused (`CannotEncode`, exit 3): neither model below contains them.
 1. If the any-size model (`z3_prove`) covers the variant's design, discharge its obligations:
    scope `"any-size"` (every pool size, every number of requests and tenants).
 2. Otherwise discharge the same obligations on the fixed-configuration encoding, per spec action
    and invariant (`z3_invariants`): scope `"fixed-config"`.
 
-Every obligation is listed in `extra["obligations"]`. When one fails, the proof does not go through;
-BMC then looks for a real counterexample at the fixed configuration: a property it violates is
-`violated` (with the replayed trace); the others are `unknown`, with the failed obligations (action,
-invariant and counterexample to induction) named in their detail. Never "holds" without a proof.
+Every obligation is listed in `extra["obligations"]`. Each property is reported on its own: when
+obligations fail, the claims (invariants and properties) that failed are dropped and the rest
+re-checked assuming only what is left, until the set is inductive relative to itself
+(`_inductive_subset`, Houdini-style). A property in that set holds; for the others BMC looks for a
+real counterexample at the fixed configuration: a property it violates is `violated` (with the
+replayed trace), the rest `unknown`, naming the obligation that failed (or came back unknown).
+
+Before a `holds` counts, the model shows it can move (`z3_witnesses`): every action fires and every
+witness the model can express is reached (for the any-size model, in a few unrolled steps over a
+small universe; for the fixed encoding, within the BMC depth). A model that cannot is vacuous: its
+properties are `unknown` (exit 3) with the finding in `extra["vacuity"]`, never "holds".
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import z3
 
 from model_checker.result import CheckResult, PropertyResult
 from model_checker.z3_encoding import Encoding
-from model_checker.z3_engines import NOT_CHECKED, _safe_concretize, bmc_cached
+from model_checker.z3_engines import (
+    DEFAULT_BMC_DEPTH,
+    NOT_CHECKED,
+    _safe_concretize,
+    bmc_cached,
+)
 from model_checker.z3_invariants import fixed_invariants
 from model_checker.z3_prove import Obligation, prove_any_size, supports
+from model_checker.z3_witnesses import any_size_movement_cached, fixed_movement_cached
 from spec.config import Config
 from spec.properties import ALWAYS
 from spec.variants import Variant
 
 
-def prove_fixed(variant: Variant, config: Config, timeout: float | None = None) -> list[Obligation]:
-    """Initiation, consecution per (spec action, claim) and safety on the fixed-config encoding."""
+def prove_fixed(
+    variant: Variant, config: Config, timeout: float | None = None, only: set[str] | None = None
+) -> list[Obligation]:
+    """Initiation, consecution per (spec action, claim) and safety on the fixed-config encoding.
+    `only`: the claims (invariants and properties) to assume and prove, the others dropped."""
     enc = Encoding(variant, config, width=None)
     s, s2, act = enc.state_at(0, "p_"), enc.state_at(1, "p_"), enc.action_at(0, "p_")
     invs = fixed_invariants(enc)
     claims = {**{n: f(s) for n, f in invs.items()}, **enc.properties(s)}
+    if only is not None:
+        claims = {n: f for n, f in claims.items() if n in only}
     after = {**{n: f(s2) for n, f in invs.items()}, **enc.properties(s2)}
     inv_all = z3.And(list(claims.values()))
     trans = enc.trans(s, act, s2)
@@ -67,7 +88,8 @@ def prove_fixed(variant: Variant, config: Config, timeout: float | None = None) 
         for name in claims:
             check("consecution", name, action, inv_all, trans, which, z3.Not(after[name]), cti=True)
     for name in enc.properties(s):
-        check("safety", name, None, inv_all, z3.Not(claims[name]), cti=False)
+        if name in claims:
+            check("safety", name, None, inv_all, z3.Not(claims[name]), cti=False)
     return out
 
 
@@ -76,17 +98,27 @@ def prove(
 ) -> CheckResult:
     """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails."""
     started = time.perf_counter()
-    if config.prefill_ranks != 1:
-        # The any-size model has one prefill rank; the fixed-config encoding refuses several
-        # (CannotEncode, naming prefill_ranks).
-        Encoding(variant, config)
+    # Both models below are translations of the spec's own rules under the variant's design
+    # options. A Python override or added action reaches neither, so proving the design alone
+    # would prove some other protocol and call it this one; several prefill ranks are outside
+    # both (the any-size model has one rank). The fixed-config encoding refuses all of these
+    # (CannotEncode, naming the action or field), so ask it before either proof.
+    Encoding(variant, config)
     why_not = supports(variant.design)
     if why_not is None:
-        obligations = prove_any_size(variant.design, timeout=timeout)
+
+        def run(only: set[str] | None) -> list[Obligation]:
+            return prove_any_size(variant.design, timeout=timeout, only=only)
+
         scope = "any-size"
     else:
-        obligations = prove_fixed(variant, config, timeout=timeout)
+
+        def run(only: set[str] | None) -> list[Obligation]:
+            return prove_fixed(variant, config, timeout=timeout, only=only)
+
         scope = "fixed-config"
+    obligations = run(None)
+    proved, rounds, first_failure = _inductive_subset(run, obligations)
     failed = [o for o in obligations if o.verdict != "proved"]
     extra: dict[str, Any] = {
         "scope": scope,
@@ -98,38 +130,90 @@ def prove(
     }
     if why_not is not None:
         extra["any_size_unavailable"] = why_not
-    if not failed:
-        results = [
-            PropertyResult(
-                p.name,
-                "holds",
-                detail=f"inductive invariant, {len(obligations)} obligations ({scope})",
-            )
-            for p in ALWAYS
-        ]
-        return CheckResult(
-            variant.name,
-            "prove",
-            config,
-            results,
-            seconds=time.perf_counter() - started,
-            extra=extra,
-        )
-    # The proof fails: is there a real counterexample?
-    search = bmc_cached(variant, config, depth=depth, timeout=timeout)
-    first = failed[0]
-    what = f"{first.kind} of {first.invariant}" + (f" under {first.action}" if first.action else "")
-    results = []
-    for r in search.results:
-        if r.verdict == "violated":
-            results.append(r)
+    if failed:
+        extra["failed_obligations"] = [o.to_json() for o in failed]
+        extra["inductive_subset"] = sorted(proved)
+        extra["inductive_subset_rounds"] = rounds
+    # Every Z3 model shows it can move before a `holds` counts (z3_witnesses).
+    if any(p.name in proved for p in ALWAYS):
+        if why_not is None:
+            movement = any_size_movement_cached(variant, config, timeout=timeout)
         else:
-            detail = f"proof fails: {len(failed)} obligations (first: {what}); " + (
-                f"no counterexample within {search.extra.get('max_depth')} steps"
+            movement = fixed_movement_cached(variant, config, DEFAULT_BMC_DEPTH, timeout=timeout)
+        extra["movement"] = movement.to_json()
+        witnesses = movement.reached()
+        vacuity = movement.problems
+    else:
+        witnesses, vacuity = {}, []
+    if vacuity:
+        extra["vacuity"] = list(vacuity)
+    search = None
+    results = []
+    for p in ALWAYS:
+        if p.name in proved and not vacuity:
+            detail = f"inductive invariant, {len(obligations)} obligations ({scope})"
+            if failed:
+                detail = (
+                    f"inductive with the {len(proved)} claims that survive the failed "
+                    f"obligations ({scope})"
+                )
+            results.append(PropertyResult(p.name, "holds", detail=detail))
+            continue
+        if p.name in proved:
+            results.append(
+                PropertyResult(p.name, "unknown", detail="proved, but vacuous: " + vacuity[0])
             )
-            results.append(PropertyResult(r.property, "unknown", detail=detail))
-    extra["failed_obligations"] = [o.to_json() for o in failed]
-    extra["bmc_depth"] = search.extra.get("max_depth")
+            continue
+        # Not proved: is there a real counterexample?
+        if search is None:
+            search = bmc_cached(variant, config, depth=depth, timeout=timeout)
+            extra["bmc_depth"] = search.extra.get("max_depth")
+        found = search.result_for(p.name)
+        if found.verdict == "violated":
+            results.append(found)
+            continue
+        first = first_failure[p.name]
+        what = f"{first.kind} of {first.invariant}" + (
+            f" under {first.action}" if first.action else ""
+        )
+        why = "unknown" if first.verdict == "unknown" else "fails"
+        leans = "" if first in failed else " once the claims that failed are no longer assumed"
+        detail = f"proof {why}: {what}{leans}; " + (
+            f"no counterexample within {search.extra.get('max_depth')} steps"
+        )
+        results.append(PropertyResult(p.name, "unknown", detail=detail))
     return CheckResult(
-        variant.name, "prove", config, results, seconds=time.perf_counter() - started, extra=extra
+        variant.name,
+        "prove",
+        config,
+        results,
+        witnesses=witnesses,
+        seconds=time.perf_counter() - started,
+        extra=extra,
     )
+
+
+def _inductive_subset(
+    run: Callable[[set[str] | None], list[Obligation]], obligations: list[Obligation]
+) -> tuple[set[str], int, dict[str, Obligation]]:
+    """The largest set of claims (invariants and properties) that is inductive relative to
+    itself, Houdini-style: drop every claim with an obligation not proved, re-check the rest
+    assuming only what is left, until nothing fails. A property in the set is proved on its
+    own: one failing property does not take the others with it, but nothing that leaned on a
+    failed claim survives. Returns the set, the number of re-checks, and for each claim left
+    out the first obligation of it that was not proved."""
+    kept = {o.invariant for o in obligations}
+    rounds = 0
+    first: dict[str, Obligation] = {}
+    while True:
+        for o in obligations:
+            if o.verdict != "proved":
+                first.setdefault(o.invariant, o)
+        bad = {o.invariant for o in obligations if o.verdict != "proved"}
+        if not bad & kept:
+            return kept, rounds, first
+        kept -= bad
+        if not kept:
+            return kept, rounds, first
+        obligations = run(set(kept))
+        rounds += 1

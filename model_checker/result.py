@@ -3,6 +3,16 @@
 All engines (explicit search, BMC, k-induction, proofs, Spacer) return a `CheckResult`, so the CLI,
 the kill matrix and the demo treat them alike. Its JSON form is the `--json` contract of
 `kvhandoff check`.
+
+A verdict says what was checked, never more:
+
+* `holds` (per property) / `safe` (overall): proved for the result's *scope*: every reachable
+  state of this configuration (`fixed-config`: a completed explicit search, a k-induction or
+  Spacer proof, a BMC run as deep as the state space), or every size (`any-size`: `prove`).
+* `violated`: a counterexample, replayed through the spec.
+* `bounded`: no violation on any path of up to `depth` steps, and no argument that deeper paths
+  add nothing. Not a proof: exit 3, like `unknown`.
+* `unknown`: the engine could not decide (solver unknown, timeout, state limit, failed proof).
 """
 
 from __future__ import annotations
@@ -14,8 +24,25 @@ from spec.actions import Action, action_to_json
 from spec.config import Config
 from spec.trace import dump_trace
 
-Verdict = Literal["holds", "violated", "unknown"]
-OverallVerdict = Literal["safe", "violated", "unknown"]
+Verdict = Literal["holds", "violated", "bounded", "unknown"]
+OverallVerdict = Literal["safe", "violated", "bounded", "unknown"]
+Scope = Literal["any-size", "fixed-config", "bounded"]
+
+EXIT_CODES: dict[OverallVerdict, int] = {"safe": 0, "violated": 1, "bounded": 3, "unknown": 3}
+"""The `kvhandoff check` exit code of each overall verdict (see `kvhandoff_cli.main`)."""
+
+
+def config_summary(config: Config) -> str:
+    """The configuration in a few words, for a verdict's scope line."""
+    n = len(config.requests)
+    tenants = len(config.tenants)
+    ranks = config.prefill_ranks
+    return (
+        f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, "
+        f"{n} request{'s' * (n != 1)}, "
+        f"{tenants} tenant{'s' * (tenants != 1)}, {ranks} prefill rank{'s' * (ranks != 1)}, "
+        f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}"
+    )
 
 
 @dataclass
@@ -60,11 +87,31 @@ class CheckResult:
             return "violated"
         if any(r.verdict == "unknown" for r in self.results):
             return "unknown"
+        if any(r.verdict == "bounded" for r in self.results):
+            return "bounded"
         return "safe"
 
     @property
     def exit_code(self) -> int:
-        return {"safe": 0, "violated": 1, "unknown": 3}[self.verdict]
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def scope(self) -> Scope:
+        """What a `holds` of this result covers: `any-size` (prove's any-size model), otherwise
+        this configuration; `bounded` when some property was only searched to a depth."""
+        if any(r.verdict == "bounded" for r in self.results):
+            return "bounded"
+        return "any-size" if self.extra.get("scope") == "any-size" else "fixed-config"
+
+    def scope_text(self) -> str:
+        """The scope in words, with the configuration: what exit 0 would mean."""
+        if self.scope == "any-size":
+            return "any size (every pool size and number of requests, tenants and faults)"
+        where = f"this configuration ({config_summary(self.config)})"
+        if self.scope == "bounded":
+            depth = min(r.depth or 0 for r in self.results if r.verdict == "bounded")
+            return f"{where}, paths of at most {depth} steps"
+        return where
 
     def violated(self) -> list[PropertyResult]:
         return [r for r in self.results if r.verdict == "violated"]
@@ -81,11 +128,14 @@ class CheckResult:
             "engine": self.engine,
             "config": self.config.to_json(),
             "verdict": self.verdict,
+            "exit_code": self.exit_code,
             "results": [r.to_json() for r in self.results],
             "witnesses": dict(self.witnesses),
             "states": self.states,
             "seconds": round(self.seconds, 4),
             **self.extra,
+            "scope": self.scope,
+            "scope_text": self.scope_text(),
         }
 
     def trace_text(self, prop: PropertyResult) -> str:

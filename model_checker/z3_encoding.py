@@ -218,13 +218,9 @@ class Encoding:
 
     def __init__(self, variant: Variant, config: Config, width: int | None = 5) -> None:
         if not variant.is_pure_design:
-            names = sorted(variant.step_overrides)
-            if variant.extra_actions is not None:
-                hook = getattr(variant.extra_actions, "__name__", repr(variant.extra_actions))
-                names.append(f"extra_actions hook {hook}")
             raise CannotEncode(
-                f"variant {variant.name!r} overrides or adds actions the Z3 encoding cannot "
-                f"translate: {', '.join(names)}"
+                f"variant {variant.name!r} has Python code the Z3 encoding cannot translate: "
+                f"{', '.join(variant.untranslated())}"
             )
         if config.prefill_ranks != 1:
             # Per-rank shards, completions and drain acks have no encoders: refuse, rather than

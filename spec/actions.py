@@ -14,6 +14,7 @@ used in traces, in the Z3 encoders and in the implementation's event log.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
@@ -416,12 +417,23 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return names
 
 
-def action_from_json(data: dict[str, Any]) -> Action:
-    """Inverse of `action_to_json`; raises ValueError naming what is wrong."""
+def action_from_json(data: dict[str, Any], added: Iterable[type] = ()) -> Action:
+    """Inverse of `action_to_json`; raises ValueError naming what is wrong.
+
+    `added`: the classes of actions a variant adds (`Variant.extra_action_types`). The spec cannot
+    know them, so whoever reads a trace of such a variant passes them along; without them a step
+    of an added action is an unknown action."""
     name = data.get("action")
-    if name not in ACTIONS_BY_NAME:
-        raise ValueError(f"unknown action {name!r}; known actions: {sorted(ACTIONS_BY_NAME)}")
-    cls = ACTIONS_BY_NAME[name]
+    known = ACTIONS_BY_NAME
+    extra = {snake_case(cls.__name__): cls for cls in added}
+    if extra:
+        known = {**ACTIONS_BY_NAME, **extra}
+    if name not in known:
+        hint = ""
+        if not extra:
+            hint = " (a step of an action a variant adds reads back only with that variant)"
+        raise ValueError(f"unknown action {name!r}{hint}; known actions: {sorted(known)}")
+    cls = known[name]
     args = dict(data.get("args", {}))
     try:
         if "message" in args:

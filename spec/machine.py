@@ -78,6 +78,7 @@ from spec.actions import (
     RetransmitMessage,
     RouterSubmitRequest,
     action_name,
+    snake_case,
 )
 from spec.config import Config
 from spec.state import (
@@ -519,13 +520,45 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
     """Every action whose guard holds, protocol steps first, faults last, in a stable order."""
     d = variant.design
     out: list[Action] = []
-    for guard in PROTOCOL_GUARDS:
-        out += guard(d, config, state)
+    replaced = variant.guard_overrides
+    for guard, kinds in PROTOCOL_GUARDS.items():
+        if replaced:
+            out += _guard_with_overrides(variant, config, state, guard, kinds)
+        else:
+            out += guard(d, config, state)
     if variant.extra_actions is not None:
         out += variant.extra_actions(config, state)
     if state.faults.total < config.max_faults:
-        for guard in FAULT_GUARDS:
-            out += guard(d, config, state)
+        for guard, kinds in FAULT_GUARDS.items():
+            if replaced:
+                out += _guard_with_overrides(variant, config, state, guard, kinds)
+            else:
+                out += guard(d, config, state)
+    return out
+
+
+def _guard_with_overrides(
+    variant: Variant, config: Config, state: State, guard: Guard, kinds: tuple[type, ...]
+) -> list[Action]:
+    """A guard's actions, with the kinds a variant replaced listed by the variant's own guard
+    (at the same place in the rulebook's order, so shrinking and BFS order are unchanged)."""
+    names = [snake_case(k.__name__) for k in kinds]
+    hooks = [variant.guard_overrides.get(n) for n in names]
+    if not any(hooks):
+        return guard(variant.design, config, state)
+    kept = tuple(k for k, h in zip(kinds, hooks, strict=True) if h is None)
+    out = [a for a in guard(variant.design, config, state) if isinstance(a, kept)] if kept else []
+    for kind, name, hook in zip(kinds, names, hooks, strict=True):
+        if hook is None:
+            continue
+        listed: list[Action] = list(hook(config, state))
+        for action in listed:
+            if type(action) is not kind:
+                raise TypeError(
+                    f"variant {variant.name!r}: guard_overrides[{name!r}] listed "
+                    f"{action!r}, which is not a {kind.__name__}"
+                )
+        out += listed
     return out
 
 
@@ -538,6 +571,9 @@ def is_enabled(variant: Variant, config: Config, state: State, action: Action) -
         return False
     if guard in FAULT_GUARDS and state.faults.total >= config.max_faults:
         return False
+    hook = variant.guard_overrides.get(action_name(action)) if variant.guard_overrides else None
+    if hook is not None:
+        return action in list(hook(config, state))
     return action in guard(variant.design, config, state)
 
 

@@ -381,6 +381,9 @@ class State:
     acked_ranks: tuple[tuple[int, int, int], ...] = ()
     faults: Faults = Faults()
     ghost: Ghost = Ghost()
+    # A variant's own state fields (`Variant.state_fields`) that differ from their initial
+    # values, as sorted (name, value) pairs: empty for the rulebook's protocols.
+    variant_fields: tuple[tuple[str, Any], ...] = ()
 
 
 _STATE_OTHER_FIELDS = attrgetter(

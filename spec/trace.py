@@ -10,13 +10,20 @@ Header fields: `kvhandoff_trace` (the schema version, 1), `kind` ("counterexampl
 "failure" or "event_log"), `config` (a `Config` as JSON), and optionally `variant`, `property`,
 `engine`, `loop_start` (for a lasso: the step index where the repeating part begins).
 
+A trace names the variant it was made with, so that it can be explained and replayed without being
+told: `variant` is the variant's name, which is enough for a catalogue variant; a variant written in
+a file of its own adds `variant_file` (its path, as given to the checker) and `variant_sha256`
+(`"sha256:<hex>"` of the file's bytes), so a reader can find the file again and tell whether it has
+changed since. A variant that adds actions lists their classes (`Variant.extra_action_types`);
+`load_trace` reads their steps when given those classes.
+
 This module only converts between text and values; reading and writing files is the caller's job.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +57,13 @@ def dump_trace(
     return "\n".join(lines) + "\n"
 
 
+def with_header(text: str, **fields: Any) -> str:
+    """`text` (a trace) with `fields` added to its header line; the steps are left as they are."""
+    first, _, rest = text.partition("\n")
+    head = {**json.loads(first), **fields}
+    return json.dumps(head, sort_keys=True) + "\n" + rest
+
+
 def load_header(text: str) -> dict[str, Any]:
     first = text.lstrip().split("\n", 1)[0]
     try:
@@ -66,8 +80,10 @@ def load_header(text: str) -> dict[str, Any]:
     return head
 
 
-def load_trace(text: str) -> Trace:
-    """Parse a spec-action trace (any kind but event_log)."""
+def load_trace(text: str, added: Iterable[type] = ()) -> Trace:
+    """Parse a spec-action trace (any kind but event_log). `added`: the classes of the actions the
+    trace's variant adds (`Variant.extra_action_types`), whose steps are otherwise unknown."""
+    added = tuple(added)
     head = load_header(text)
     if head.get("kind") == "event_log":
         raise TraceError("this is an implementation event log: use validate-log, not replay")
@@ -81,7 +97,7 @@ def load_trace(text: str) -> Trace:
             continue
         try:
             data = json.loads(line)
-            actions.append(action_from_json(data))
+            actions.append(action_from_json(data, added))
         except (json.JSONDecodeError, ValueError) as exc:
             raise TraceError(f"line {lineno}: {exc}") from exc
     return Trace(config, tuple(actions), head)

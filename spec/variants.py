@@ -18,12 +18,17 @@ To write your own, make a Python file that defines `VARIANT = Variant(...)` (sta
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from functools import cache
+from typing import Any, Literal, get_args, get_type_hints
 
-from spec.config import Config
-from spec.state import State
+from spec.actions import ACTIONS_BY_NAME, snake_case
+from spec.config import Config, ConfigError
+from spec.properties import ALL_PROPERTY_NAMES
+from spec.state import State, evolve
 
 Oversize = Literal["reject", "placeholder", "truncate"]
 Completion = Literal["granted", "local"]
@@ -32,6 +37,26 @@ WritePath = Literal["receiver_checked", "one_sided"]
 Fence = Literal["generation", "drain_ack", "ack_or_timeout", "none"]
 Transfer = Literal["push", "pull"]
 Quorum = Literal["every_rank", "first_rank"]
+
+
+class VariantError(ValueError):
+    """A variant is malformed: a design option set to a value it does not take, a `breaks` name
+    that is no property, a `config` key that is no config field, an override of no action.
+
+    Why so strict: a variant is a claim about a protocol, and a typo in it must not quietly turn
+    into a different protocol. `validation="count-only"` (a hyphen) used to be "not one of the
+    weak choices", so decode validated fully and a broken design was reported safe. The message
+    names the option, the value and what is allowed, with the nearest allowed value when the
+    value looks like a typo of one."""
+
+
+def _did_you_mean(value: object, allowed: Iterable[object]) -> str:
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _quoted(values: Iterable[object]) -> str:
+    return ", ".join(repr(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,36 @@ class Design:
     one to arrive (`first_rank`: the required count computed as 1). With one prefill rank the two
     are the same protocol."""
 
+    def __post_init__(self) -> None:
+        # Every option is a closed choice: the Literal (or bool) it is declared with lists the
+        # values the engines know. Anything else is rejected here, so a catalogue entry, a
+        # `derive`, a `replace` and a user's file are all checked the same way.
+        for name, allowed in _design_choices().items():
+            value = getattr(self, name)
+            if allowed == (True, False):
+                # `1 == True` in Python: insist on a real bool, or `scrub=0` would pass.
+                if not isinstance(value, bool):
+                    raise VariantError(
+                        f"design option {name}={value!r} must be True or False "
+                        f"(got {type(value).__name__} {value!r})"
+                    )
+            elif not isinstance(value, str) or value not in allowed:
+                raise VariantError(
+                    f"design option {name}={value!r} is not one of {_quoted(allowed)}"
+                    + _did_you_mean(value, allowed)
+                )
+
+
+@cache
+def _design_choices() -> dict[str, tuple[object, ...]]:
+    """Each design option's allowed values, read from its type annotation."""
+    hints = get_type_hints(Design)
+    out: dict[str, tuple[object, ...]] = {}
+    for f in dataclasses.fields(Design):
+        hint = hints[f.name]
+        out[f.name] = (True, False) if hint is bool else get_args(hint)
+    return out
+
 
 EnabledHook = Callable[[Config, State], Iterable[Any]]
 StepHook = Callable[[Config, State, Any], State]
@@ -114,10 +169,166 @@ class Variant:
     config: Mapping[str, Any] = field(default_factory=dict)
     """Config fields the variant's catalogue entry is checked with, over the default scenario
     (e.g. `{"prefill_ranks": 2}` for a bug only several ranks can show); see `scenario`."""
+    guard_overrides: Mapping[str, EnabledHook] = field(default_factory=dict)
+    """Replaces the guard of the named actions (snake_case names): the hook lists the actions of
+    that kind enabled in a state, with their arguments, in place of the rulebook's own guard
+    (a fault stays within the fault budget)."""
+    state_fields: Mapping[str, Any] = field(default_factory=dict)
+    """State the variant adds, by name, with its initial value (a hashable value: an int, a
+    bool, a tuple). Read it with `variant.get(state, name)` and write it with
+    `variant.put(state, name, value)` in the variant's guards and effects; the explorer keeps it
+    in every state it stores, so it must stay finite."""
+    extra_action_types: tuple[type, ...] = ()
+    """The classes of the actions `extra_actions` adds (frozen dataclasses, like the spec's own).
+    Listing them lets a trace of this variant be read back (`explain`, `replay`), and each needs
+    its effect in `step_overrides` under its snake_case name."""
+
+    def __post_init__(self) -> None:
+        # The checks a reviewer's typo would otherwise slip past: each turns a variant that is not
+        # what its author meant into an error that says so (see `VariantError`).
+        if not isinstance(self.design, Design):
+            raise VariantError(
+                f"variant {self.name!r}: design must be a Design, got {self.design!r}"
+            )
+        for label, names in (("breaks", self.breaks), ("m_numbers", self.m_numbers)):
+            if isinstance(names, str):
+                # A bare string is a sequence of letters: ("x") is "x", not ("x",).
+                raise VariantError(
+                    f"variant {self.name!r}: {label}= takes a tuple of names, got the string "
+                    f"{names!r} (write {label}=({names!r},))"
+                )
+        for prop in self.breaks:
+            if prop not in ALL_PROPERTY_NAMES:
+                raise VariantError(
+                    f"variant {self.name!r}: breaks= names {prop!r}, which is not a property"
+                    f"{_did_you_mean(prop, ALL_PROPERTY_NAMES)}; properties: "
+                    f"{', '.join(ALL_PROPERTY_NAMES)}"
+                )
+        self._check_config()
+        self._check_actions()
+        self._check_guards_and_fields()
+
+    def _check_guards_and_fields(self) -> None:
+        added = [snake_case(t.__name__) for t in self.extra_action_types]
+        for name, hook in self.guard_overrides.items():
+            if name not in ACTIONS_BY_NAME:
+                hint = (
+                    " (an added action's guard is its extra_actions hook)" if name in added else ""
+                )
+                raise VariantError(
+                    f"variant {self.name!r}: guard_overrides names {name!r}, which is no action "
+                    f"of the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)}{hint}"
+                )
+            if not callable(hook):
+                raise VariantError(
+                    f"variant {self.name!r}: guard_overrides[{name!r}] must be a function "
+                    f"(config, state) -> actions, got {hook!r}"
+                )
+        for name, initial in self.state_fields.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise VariantError(
+                    f"variant {self.name!r}: state field name {name!r} must be an identifier"
+                )
+            try:
+                hash(initial)
+            except TypeError:
+                raise VariantError(
+                    f"variant {self.name!r}: state field {name!r} starts as {initial!r}, which "
+                    "is not hashable (states are compared and stored: use an int, a bool, a str "
+                    "or a tuple)"
+                ) from None
+
+    def get(self, state: State, name: str) -> Any:
+        """The value of the variant's own state field `name` in `state`."""
+        for key, value in state.variant_fields:
+            if key == name:
+                return value
+        try:
+            return self.state_fields[name]
+        except KeyError:
+            raise VariantError(
+                f"variant {self.name!r} has no state field {name!r}"
+                f"{_did_you_mean(name, self.state_fields)}; declare it in state_fields="
+            ) from None
+
+    def put(self, state: State, name: str, value: Any) -> State:
+        """`state` with the variant's state field `name` set to `value`.
+
+        A field at its initial value is not stored, so a state is the same object whatever
+        variant looks at it, and the reference's states are untouched by the mechanism."""
+        if name not in self.state_fields:
+            self.get(state, name)  # raises, naming the field
+        fields = {k: v for k, v in state.variant_fields if k != name}
+        if value != self.state_fields[name]:
+            fields[name] = value
+        return evolve(state, variant_fields=tuple(sorted(fields.items())))
+
+    def _check_config(self) -> None:
+        fields = [f.name for f in dataclasses.fields(Config)]
+        for key in self.config:
+            if key not in fields:
+                raise VariantError(
+                    f"variant {self.name!r}: config= key {key!r} is not a config field"
+                    f"{_did_you_mean(key, fields)}; fields: {', '.join(fields)}"
+                )
+        try:
+            replace(Config(), **self.config)  # the values, checked by Config itself
+        except (ConfigError, TypeError) as exc:
+            raise VariantError(f"variant {self.name!r}: config= {exc}") from None
+
+    def _check_actions(self) -> None:
+        added = {snake_case(t.__name__): t for t in self.extra_action_types}
+        for name, cls in added.items():
+            if not dataclasses.is_dataclass(cls) or not isinstance(cls, type):
+                raise VariantError(
+                    f"variant {self.name!r}: extra_action_types lists {cls!r}, which is not a "
+                    "dataclass class (write @dataclass(frozen=True) class MyAction: ...)"
+                )
+            if name in ACTIONS_BY_NAME:
+                raise VariantError(
+                    f"variant {self.name!r}: added action {cls.__name__} has the name of the "
+                    f"spec's own action {name!r}; to change that action, override its step"
+                )
+            if name not in self.step_overrides:
+                raise VariantError(
+                    f"variant {self.name!r}: added action {cls.__name__} has no effect: give it "
+                    f"one in step_overrides={{{name!r}: ...}}"
+                )
+        known = [*ACTIONS_BY_NAME, *added]
+        for name, hook in self.step_overrides.items():
+            if name not in known:
+                hint = (
+                    " (an added action's class goes in extra_action_types)"
+                    if self.extra_actions is not None
+                    else ""
+                )
+                raise VariantError(
+                    f"variant {self.name!r}: step_overrides names {name!r}, which is no action"
+                    f"{_did_you_mean(name, known)}{hint}"
+                )
+            if not callable(hook):
+                raise VariantError(
+                    f"variant {self.name!r}: step_overrides[{name!r}] must be a function "
+                    f"(config, state, action) -> state, got {hook!r}"
+                )
+        if self.extra_actions is not None and not callable(self.extra_actions):
+            raise VariantError(
+                f"variant {self.name!r}: extra_actions must be a function (config, state) -> "
+                f"actions, got {self.extra_actions!r}"
+            )
 
     def derive(self, name: str, summary: str, **changes: Any) -> Variant:
         """A new variant: this one with the given design options (and catalogue fields) changed."""
         design_fields = set(Design.__dataclass_fields__)
+        variant_fields = set(Variant.__dataclass_fields__) - {"name", "summary", "design"}
+        for key in changes:
+            if key not in design_fields | variant_fields:
+                allowed = sorted(design_fields | variant_fields)
+                raise VariantError(
+                    f"derive({name!r}): {key!r} is neither a design option nor a variant field"
+                    f"{_did_you_mean(key, allowed)}; design options: "
+                    f"{', '.join(Design.__dataclass_fields__)}"
+                )
         design_changes = {k: v for k, v in changes.items() if k in design_fields}
         other = {k: v for k, v in changes.items() if k not in design_fields}
         return replace(
@@ -135,7 +346,19 @@ class Variant:
     @property
     def is_pure_design(self) -> bool:
         """True when the variant is only a choice of design options (every engine can encode it)."""
-        return self.extra_actions is None and not self.step_overrides
+        return not self.untranslated()
+
+    def untranslated(self) -> list[str]:
+        """The variant's Python-level constructs, by name: what an engine that translates only
+        the rulebook and the design options cannot see (it must refuse the variant, naming
+        them, rather than check the rest and call it this variant)."""
+        out = [f"step_overrides[{name!r}]" for name in sorted(self.step_overrides)]
+        out += [f"guard_overrides[{name!r}]" for name in sorted(self.guard_overrides)]
+        if self.extra_actions is not None:
+            hook = getattr(self.extra_actions, "__name__", repr(self.extra_actions))
+            out.append(f"extra_actions hook {hook}")
+        out += [f"state field {name!r}" for name in sorted(self.state_fields)]
+        return out
 
 
 REFERENCE = Variant(
@@ -422,7 +645,7 @@ _BY_NAME = {v.name: v for v in VARIANTS}
 
 
 class UnknownVariantError(KeyError):
-    pass
+    """No catalogue variant has this name (a `KeyError`, as a dictionary lookup would raise)."""
 
 
 def get_variant(name: str) -> Variant:
@@ -430,6 +653,6 @@ def get_variant(name: str) -> Variant:
         return _BY_NAME[name]
     except KeyError:
         raise UnknownVariantError(
-            f"unknown variant {name!r}; known variants: {', '.join(sorted(_BY_NAME))} "
+            f"unknown variant {name!r}{_did_you_mean(name, _BY_NAME)}; known variants: {', '.join(sorted(_BY_NAME))} "
             "(or a path to a .py file defining VARIANT)"
         ) from None

@@ -132,15 +132,24 @@ def test_unknown_stages_are_exit_2() -> None:
 def test_the_prove_hook_uses_a_registered_z3_prove_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
+    scope = "any-size"
+
     def fake_prove(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
         calls.append(variant.name)
         small = Config(max_faults=0)
-        return explore(variant, small)
+        result = explore(variant, small)
+        result.extra["scope"] = scope
+        return result
 
     monkeypatch.setitem(engines.ENGINES, "prove", fake_prove)
     proof = prove_reference(default_config())
     assert calls == ["reference"]
     assert proof.any_size and "Z3 prove" in proof.method
+    # A proof for the configuration only is not reported as one for any size.
+    scope = "fixed-config"
+    proof = prove_reference(default_config())
+    assert not proof.any_size
+    assert proof.method.startswith("Z3 prove: safe for this configuration (3 decode pages")
 
 
 def test_the_conformance_hook_runs_the_conform_command(tmp_path: Path) -> None:
@@ -172,7 +181,7 @@ def test_the_report_grids_and_glossary(demo: DemoRun) -> None:
     assert all(set(r.split("|")[2:-1]) <= {" ✓ ", " ", " **✗** ", " ? "} for r in obligations)
     assert re.search(r"; \d+ obligations, \d+\.\d s of solver time in all", proof)
     # A proof searches no runs: its witnesses are not reported as "NOT reached".
-    assert "NOT reached" not in proof and "(not searched by a proof)" in proof
+    assert "NOT reached" not in proof and "not checked by this engine" in proof
     glossary = md.split("## Glossary", 1)[1]
     for term in ("ghost", "witness", "generation", "room", "M-number"):
         assert f"- **{term}**: " in glossary

@@ -70,11 +70,12 @@ def test_every_bmc_counterexample_replays_to_its_violation() -> None:
         assert not prop.holds(Config(), final)
 
 
-def test_bmc_reports_the_reference_safe_up_to_its_depth_not_proved() -> None:
+def test_bmc_reports_the_reference_bounded_up_to_its_depth_not_proved() -> None:
     result = bmc(REFERENCE, Config(), depth=6)
-    assert result.verdict == "safe"
-    assert result.extra["scope"] == "bounded"
-    assert all("bounded" in r.detail for r in result.results)
+    assert result.verdict == "bounded" and result.exit_code == 3
+    assert result.scope == "bounded"
+    assert all(r.verdict == "bounded" and r.depth == 6 for r in result.results)
+    assert all("no violation up to depth 6" in r.detail for r in result.results)
     assert "every_request_terminates" in result.extra["not_checked"]
     assert all(r.property != "every_request_terminates" for r in result.results)
 

@@ -124,7 +124,13 @@ def test_matrix_expectations() -> None:
     safe = Cell("reference", "bmc", "safe", None, None, 0.0)
     unknown = Cell("reference", "spacer", "unknown", None, None, 0.0)
     assert expectation(REFERENCE, [safe])[0]
-    assert not expectation(REFERENCE, [safe, unknown])[0]  # unknown is never safe
+    # Issue 12: an inconclusive engine never downgrades another's proof; it proves nothing alone.
+    assert expectation(REFERENCE, [safe, unknown])[0]
+    assert not expectation(REFERENCE, [unknown])[0]
+    bounded = Cell("reference", "bmc", "bounded", None, 20, 0.0)
+    assert not expectation(REFERENCE, [bounded])[0] and expectation(REFERENCE, [bounded, safe])[0]
+    found = Cell("reference", "explore", "violated", "no_cross_tenant_read", 9, 0.0)
+    assert not expectation(REFERENCE, [safe, found])[0]
     m15 = get_variant("m15_silent_prefill_abort")
     z3_safe = Cell(m15.name, "prove", "safe", None, None, 0.0)
     caught = Cell(m15.name, "explore", "violated", "every_request_terminates", 9, 0.0)
@@ -176,7 +182,9 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
     violated = [r for r in out["results"] if r["verdict"] == "violated"]
     assert len(violated) >= 1 and {r["depth"] for r in violated} == {shortest}
     assert all(len(r["trace"]) == shortest for r in violated)
-    held = [r for r in out["results"] if r["verdict"] == "holds"]
+    # The others were searched up to the depth before it: bounded, not proved.
+    held = [r for r in out["results"] if r["verdict"] == "bounded"]
     assert held and all(r["depth"] == shortest - 1 for r in held)
+    assert len(held) + len(violated) == len(out["results"])
     assert main(["check", "--engine", "explore", "--first"]) == 2
     assert "--first applies to --engine bmc only" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 import z3
 
 from model_checker import z3_prove
-from model_checker.prove import prove, prove_fixed
+from model_checker.prove import _inductive_subset, prove, prove_fixed
 from model_checker.z3_encoding import Encoding
 from model_checker.z3_engines import kinduction, spacer
 from model_checker.z3_invariants import fixed_invariants
@@ -79,6 +79,9 @@ def test_prove_on_a_broken_design_fails_an_obligation_and_finds_the_real_counter
     result = prove(get_variant("m20_unscrubbed_pages"), Config(), depth=8)
     assert result.verdict == "violated"
     assert result.result_for("freed_pages_hold_no_readable_data").verdict == "violated"
+    # Each property on its own: the one that fails does not make the others unknown.
+    assert result.result_for("no_cross_tenant_read").verdict == "holds"
+    assert result.result_for("page_has_single_owner").verdict == "holds"
     failed = result.extra["failed_obligations"]
     assert any(
         o["invariant"] == "freed_pages_hold_no_readable_data"
@@ -105,3 +108,21 @@ def test_spacer_out_of_time_is_unknown_never_safe() -> None:
     result = spacer(REFERENCE, Config(), timeout=0.5)
     assert result.verdict == "unknown"
     assert all(r.verdict == "unknown" for r in result.results)
+
+
+def test_a_failed_claim_takes_only_the_claims_that_lean_on_it() -> None:
+    # a holds alone; b fails; c holds only while b is assumed. Houdini keeps exactly {a}.
+    def ob(name: str, ok: bool) -> z3_prove.Obligation:
+        return z3_prove.Obligation("consecution", name, "x", "proved" if ok else "failed", 0.0)
+
+    asked: list[set[str] | None] = []
+
+    def run(only: set[str] | None) -> list[z3_prove.Obligation]:
+        asked.append(only)
+        claims = {"a", "b", "c"} if only is None else only
+        return [ob(n, n == "a" or (n == "c" and "b" in claims)) for n in sorted(claims)]
+
+    kept, rounds, first = _inductive_subset(run, run(None))
+    assert kept == {"a"} and rounds == 2
+    assert asked == [None, {"a", "c"}, {"a"}]
+    assert first["b"].invariant == "b" and first["c"].invariant == "c"

@@ -1,0 +1,300 @@
+"""One registry: every spec action and what it is on an implementation.
+
+For each action of `spec.actions.ALL_ACTIONS` (by its snake_case name) one `Counterpart` says
+- how the lockstep runner and `replay` perform it on a `Target` (`perform`), and which target
+  operation that is (`operation`: `deliver:<step kind>`, a `Target` method, `with:<action>` when
+  the implementation does it inside another step, or `none`);
+- which implementation log events it explains (`events`; their matchers live in
+  `conformance.validate`, their rows in `conformance.mapping.MAPPING`);
+- why, where it has no counterpart or is never logged (`note`).
+
+What is derived from it: the `Target.deliver` step kinds (`conformance.target.STEP_KINDS`), the
+lockstep driver (`conformance.lockstep.drive`), and the list of spec steps the implementation
+never logs (`conformance.mapping.UNLOGGED_SPEC_STEPS`). The Hypothesis rules are the spec's own
+`enabled` list; this registry is what makes every one of them drive something or say why not.
+`tests/conformance/test_registry.py` fails when an action has no entry, when an entry names an
+event no matcher explains, or when an entry's operation is not what `perform` does.
+
+Adding an action: write its rule in `spec/` (its class in `spec/actions.py`, its guard and effect
+in `spec/machine.py`), then add its row here, and, if the implementation logs it, its event row in
+`conformance/mapping.py` and its matcher in `conformance/validate.py` (see docs/spec.md, "Adding
+an action").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spec.actions import ALL_ACTIONS, action_name, snake_case
+
+if TYPE_CHECKING:
+    from conformance.target import Target
+
+Perform = Callable[["Target", Any], bool]
+
+
+@dataclass(frozen=True)
+class Counterpart:
+    action: str
+    """The spec action's snake_case name."""
+    operation: str
+    """`deliver:<kind>`, a `Target` method name, `with:<action>` or `none`."""
+    perform: Perform
+    events: tuple[str, ...] = ()
+    """Implementation (or harness) log events that this action explains."""
+    note: str = ""
+    """What else a reader of the mapping should know."""
+    silent: str = ""
+    """When and why the implementation takes this step without a log line of its own (always,
+    when `events` is empty); the validator then takes the spec step silently or as a stutter."""
+
+
+def _deliver(
+    kind: str, request: Callable[[Any], int], page: Callable[[Any], int] | None = None
+) -> tuple[str, Perform]:
+    def perform(target: Target, action: Any) -> bool:
+        if page is None:
+            return target.deliver(kind, request(action))
+        return target.deliver(kind, request(action), page(action))
+
+    return f"deliver:{kind}", perform
+
+
+def _call(
+    method: str, *args: Callable[[Any], Any], returns: bool | None = None
+) -> tuple[str, Perform]:
+    """A `Target` method; `returns` for the methods that return nothing (crashes, submit)."""
+
+    def perform(target: Target, action: Any) -> bool:
+        result = getattr(target, method)(*(get(action) for get in args))
+        return bool(result) if returns is None else returns
+
+    return method, perform
+
+
+def _with(other: str) -> tuple[str, Perform]:
+    """Done by the implementation inside another step: nothing to do on the target."""
+    return f"with:{other}", lambda target, action: True
+
+
+def _none() -> tuple[str, Perform]:
+    """No counterpart on the implementation: the target is not asked, the spec moves on events."""
+    return "none", lambda target, action: False
+
+
+def _request(a: Any) -> int:
+    return int(a.request)
+
+
+def _message_request(a: Any) -> int:
+    return int(a.message.request)
+
+
+def _message_kind(a: Any) -> str:
+    return str(a.message.kind)
+
+
+def _row(
+    name: str,
+    op: tuple[str, Perform],
+    events: tuple[str, ...] = (),
+    note: str = "",
+    silent: str = "",
+) -> Counterpart:
+    return Counterpart(name, op[0], op[1], events, note, silent)
+
+
+REGISTRY: tuple[Counterpart, ...] = (
+    _row(
+        "router_submit_request",
+        _call("submit", _request, returns=True),
+        ("router_submit_request", "router_reject_request"),
+    ),
+    _row("prefill_admit_request", _deliver("prefill_submit", _request), ("prefill_admit_request",)),
+    _row(
+        "prefill_reject_request",
+        _deliver("prefill_submit", _request),
+        ("prefill_reject_request", "prefill_admit_request"),
+        "a truncated admission (M6) is logged as prefill_admit_request with truncated_to",
+    ),
+    _row("decode_admit_request", _deliver("decode_submit", _request), ("decode_admit_request",)),
+    _row("decode_reject_request", _deliver("decode_submit", _request), ("decode_reject_request",)),
+    _row(
+        "decode_reserve_pages",
+        _deliver("decode_submit", _request),
+        ("decode_reserve_pages",),
+        "the implementation's decode admits and reserves in one call",
+    ),
+    _row("prefill_receive_grant", _deliver("grant", _message_request), ("prefill_receive_grant",)),
+    _row("prefill_write_page", _deliver("write_send", _request), ("prefill_write_page",)),
+    _row(
+        "decode_receive_write",
+        _deliver("write", lambda a: a.write.data.request, lambda a: a.write.page),
+        ("decode_receive_write",),
+    ),
+    _row(
+        "prefill_send_completion",
+        _deliver("stream_close", _request),
+        ("prefill_send_completion",),
+    ),
+    _row(
+        "decode_receive_completion",
+        _deliver("completion", _message_request),
+        ("decode_receive_completion",),
+    ),
+    _row(
+        "decode_receive_failure",
+        _deliver("failure", _message_request),
+        ("decode_receive_rejection", "decode_abort_request"),
+        "prefill's rejection notice, or the router relaying prefill's error",
+    ),
+    _row(
+        "decode_receive_cancel",
+        _deliver("decode_cancel", _request),
+        ("decode_abort_request",),
+        silent="a decode that already finished the request logs nothing for the cancel",
+    ),
+    _row(
+        "prefill_receive_cancel",
+        _deliver("prefill_cancel", _request),
+        ("prefill_cancel_request",),
+        silent="a prefill that already finished the request logs nothing for the cancel",
+    ),
+    _row("decode_generate", _deliver("generate", _request), ("decode_generate",)),
+    _row(
+        "decode_answer",
+        _with("decode_generate"),
+        ("decode_answer",),
+        silent="an error answer: the spec answers errors inside the failing step, and the "
+        "impl's error decode_answer is a stutter",
+    ),
+    _row("decode_release_pages", _with("decode_generate"), ("decode_release_pages",)),
+    _row(
+        "prefill_receive_abort",
+        _deliver("abort", _message_request),
+        ("prefill_receive_abort", "prefill_cancel_request"),
+    ),
+    _row(
+        "prefill_send_abort_ack",
+        _with("prefill_receive_abort"),
+        (),
+        silent="the implementation's prefill sends its drain ack while it handles the abort, "
+        "once its writes of that generation have returned; the ack's arrival is "
+        "decode_receive_abort_ack",
+    ),
+    _row(
+        "decode_receive_abort_ack",
+        _deliver("abort_ack", _message_request),
+        ("decode_receive_abort_ack",),
+    ),
+    _row(
+        "decode_release_timeout",
+        _none(),
+        (),
+        silent="no counterpart: the implementation fences release by decode's generation check "
+        "(receiver-checked writes) and has no drain-ack-or-timeout release (M8's design)",
+    ),
+    _row(
+        "decode_detect_prefill_restart",
+        _deliver("heartbeat", lambda a: 0),
+        ("decode_detect_prefill_restart",),
+    ),
+    _row(
+        "prefill_detect_decode_restart",
+        _none(),
+        (),
+        silent="no counterpart: the implementation's prefill has no such step; its writes are "
+        "refused instead",
+    ),
+    _row(
+        "retransmit_message",
+        _call("retransmit", _message_kind, _message_request),
+        ("retransmit_message", "decode_abort_request"),
+        "decode_abort_request: the router relaying prefill's failure notice again",
+        silent="in live logs a retried RPC is not logged (the harness logs its own)",
+    ),
+    _row(
+        "client_cancel_request",
+        _call("cancel", _request),
+        ("client_cancel_request",),
+    ),
+    _row(
+        "decode_waiting_timeout",
+        _call("fire_timeout", _request),
+        ("decode_waiting_timeout",),
+    ),
+    _row(
+        "prefill_abort_request",
+        _call("prefill_abort", _request),
+        ("prefill_finish_request",),
+    ),
+    _row("prefill_restart", _call("restart_prefill", returns=True), ("prefill_restart",)),
+    _row("decode_restart", _call("restart_decode", returns=True), ("decode_restart",)),
+    _row(
+        "prefill_lease_expire",
+        _none(),
+        (),
+        silent="no counterpart: the pull path (vLLM's NIXL leases) is not implemented; the "
+        "implementation pushes",
+    ),
+    _row(
+        "network_fail_transfer",
+        _none(),
+        (),
+        silent="no counterpart: the pull path (a failed one-sided read) is not implemented; the "
+        "implementation pushes",
+    ),
+    _row(
+        "network_drop_message",
+        _call("drop", _message_kind, _message_request),
+        ("network_drop_message",),
+    ),
+    _row(
+        "network_duplicate_message",
+        _call("duplicate", _message_kind, _message_request),
+        ("network_duplicate_message",),
+    ),
+)
+
+BY_ACTION: dict[str, Counterpart] = {c.action: c for c in REGISTRY}
+
+
+def counterpart(action: object) -> Counterpart | None:
+    return BY_ACTION.get(action_name(action))
+
+
+def deliver_kinds() -> tuple[str, ...]:
+    """The `Target.deliver` step kinds, in the registry's (the rulebook's) order."""
+    kinds: list[str] = []
+    for c in REGISTRY:
+        if c.operation.startswith("deliver:"):
+            kind = c.operation.removeprefix("deliver:")
+            if kind not in kinds:
+                kinds.append(kind)
+    return tuple(kinds)
+
+
+def unlogged() -> tuple[tuple[str, str], ...]:
+    """Spec steps the implementation takes (sometimes or always) without a log line of their
+    own, with when and why."""
+    return tuple((c.action, c.silent) for c in REGISTRY if c.silent)
+
+
+def missing() -> list[str]:
+    """Spec actions with no registry entry (a completeness test asks that this be empty)."""
+    return [
+        snake_case(cls.__name__) for cls in ALL_ACTIONS if snake_case(cls.__name__) not in BY_ACTION
+    ]
+
+
+__all__ = [
+    "BY_ACTION",
+    "REGISTRY",
+    "Counterpart",
+    "counterpart",
+    "deliver_kinds",
+    "missing",
+    "unlogged",
+]

@@ -1,0 +1,650 @@
+"""Every Z3 model shows it can move: its actions fire and its witnesses are reachable.
+
+A safety proof about a model that cannot do anything is worthless: with a transition relation
+that never lands a write, every property about written pages holds vacuously. So each Z3 engine
+asks its model, before a `holds` counts, whether
+
+* every action can fire: some path from the initial state takes it within `depth` steps;
+* every witness (the `can_...` sometimes-properties of `spec/properties.py`) is reachable.
+
+Two models are asked:
+
+* the fixed-configuration encoding (`z3_encoding`, behind bmc, kind, spacer and fixed-config
+  prove): one incremental unrolling, and at each depth d one query "some pending action fires at
+  step d or some pending witness holds in state d" (repeated while it is satisfiable), so each
+  answer's depth is the shortest. Every path found is decoded and replayed through the spec,
+  which must take the same actions and reach the same witnesses: a "reached" is a spec fact.
+* the any-size model (`z3_prove`): an unrolling of its actions from its `init`, every symbol of
+  step t+1 defined by an `ite` over the step's action; a witness that needs two states (a page
+  granted again) compares the current state with an earlier one. The faults it folds into
+  `decode_fail` / `prefill_stop` / `router_answer_error` (timeouts, cancels, lost messages,
+  refused writes) have no witness there: those are listed as not checked, with the reason.
+
+What is *expected* comes from the spec, not from a hand-written list: the fixed encoding has an
+instance only for actions the spec's design and configuration allow, and an action or witness
+that Z3 does not reach within the bound is an error only if the spec's own explorer reaches it
+within the same bound on the same configuration (searched only then, and remembered). For the
+any-size model every action it has must fire (it has no action a design cannot take), and a
+witness it does not reach is an error when the explorer reaches it on the configuration.
+
+A finding is reported as `vacuity`; the engines then turn their `holds` into `unknown` (exit 3),
+never SAFE. A solver `unknown` is a finding too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from model_checker import z3_prove as m
+from model_checker.result import CheckResult
+from model_checker.z3_encoding import REASON, D, Encoding, EncodingError, SymState
+from spec.actions import action_name
+from spec.config import Config
+from spec.machine import enabled, init, step
+from spec.properties import SOMETIMES
+from spec.trace import TraceError, replay
+from spec.variants import Variant
+
+SPEC_DEPTH = 20
+"""How deep the spec's explorer looks for a witness the any-size model missed."""
+
+
+@dataclass
+class Movement:
+    """What a model was shown to do: the first step each action fires at and the first depth
+    each witness holds at (None: not within `depth`), and the findings."""
+
+    model: str
+    depth: int
+    actions: dict[str, int | None]
+    witnesses: dict[str, int | None]
+    problems: list[str] = field(default_factory=list)
+    """Vacuity findings: an action or witness the spec reaches that the model does not."""
+    not_checked: dict[str, str] = field(default_factory=dict)
+    """Witnesses this model cannot express, and why."""
+    spec_unreached: list[str] = field(default_factory=list)
+    """Actions or witnesses the model does not reach, nor does the spec within the bound."""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "depth": self.depth,
+            "actions": dict(self.actions),
+            "witnesses": dict(self.witnesses),
+            "problems": list(self.problems),
+            "not_checked": dict(self.not_checked),
+            "spec_unreached": list(self.spec_unreached),
+            "seconds": round(self.seconds, 4),
+        }
+
+    @property
+    def unknown(self) -> bool:
+        """Some query came back `unknown` (a timeout, say)."""
+        return any("solver unknown" in p for p in self.problems)
+
+    def reached(self) -> dict[str, bool]:
+        """The witnesses checked, and whether each was reached (the `CheckResult.witnesses`)."""
+        return {name: d is not None for name, d in self.witnesses.items()}
+
+
+# --- what the spec reaches ------------------------------------------------------------------------
+
+_SPEC_CACHE: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
+
+
+def spec_reach(
+    variant: Variant, config: Config, depth: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The first step at which each action kind fires and the first depth at which each witness
+    holds, in the spec's breadth-first search up to `depth` steps (remembered per design,
+    config and depth: only pure-design variants reach the Z3 engines)."""
+    key = (variant.design, config, depth)
+    if key not in _SPEC_CACHE:
+        s0 = init(config)
+        seen = {s0}
+        frontier = [s0]
+        fired: dict[str, int] = {}
+        held = {w.name: 0 for w in SOMETIMES if w.reached(config, s0)}
+        for d in range(1, depth + 1):
+            following = []
+            for s in frontier:
+                for a in enabled(variant, config, s):
+                    fired.setdefault(action_name(a), d)
+                    t = step(variant, config, s, a)
+                    if t in seen:
+                        continue
+                    seen.add(t)
+                    following.append(t)
+                    for w in SOMETIMES:
+                        if w.name not in held and w.reached(config, t):
+                            held[w.name] = d
+            frontier = following
+        _SPEC_CACHE[key] = (fired, held)
+    fired, held = _SPEC_CACHE[key]
+    return dict(fired), dict(held)
+
+
+# --- the fixed-configuration encoding ---------------------------------------------------------------
+
+
+def fixed_witnesses(enc: Encoding, s: SymState) -> dict[str, Any]:
+    """The `SOMETIMES` witnesses of spec/properties.py over one state of the fixed encoding."""
+    reqs = range(enc.n)
+    big = [r for r in reqs if enc.lens[r] > enc.config.prefill_max_prompt]
+    timed_out = REASON["timed out waiting for prefill"]
+    return {
+        "can_complete_handoff": z3.Or(
+            [z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_ok"]) for r in reqs]
+        ),
+        "can_reuse_page_across_tenants": s["gh.cross_tenant_reuse"],
+        "can_accept_completion": z3.Or([s[f"r{r}.acc_set"] for r in reqs]),
+        "can_reject_oversized_prompt": z3.Or(
+            [
+                z3.And(s[f"r{r}.not_as_is"], s[f"r{r}.ans_set"], z3.Not(s[f"r{r}.ans_ok"]))
+                for r in big
+            ]
+        ),
+        "can_reuse_freed_page": s["gh.page_reuse"],
+        "can_refuse_or_fence_late_write": z3.Or(s["gh.refused_write"], s["gh.drain_acked"]),
+        "can_scrub_written_page": s["gh.scrubbed_written_page"],
+        "can_cancel_mid_transfer": s["gh.cancelled_mid_transfer"],
+        "can_recover_from_crash": s["gh.ok_after_crash"],
+        "can_recover_from_message_loss": s["gh.ok_after_loss"],
+        "can_time_out_waiting": z3.And(
+            s["f.timeouts"] > 0,
+            z3.Or([z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_reason"] == timed_out) for r in reqs]),
+        ),
+    }
+
+
+def _fixed_encoding(variant: Variant, config: Config, depth: int) -> tuple[Encoding, Any]:
+    """The narrowest bit-vector encoding whose intervals bound every integer within `depth`
+    (as BMC picks it); unbounded Ints where none does."""
+    from model_checker.z3_engines import WIDTHS
+
+    for width in WIDTHS:
+        enc = Encoding(variant, config, width=width)
+        if enc.narrow(depth, "w_"):
+            return enc, z3.SolverFor("QF_BV")
+    return Encoding(variant, config, width=None), z3.Solver()
+
+
+def fixed_movement(
+    variant: Variant, config: Config, depth: int, timeout: float | None = None
+) -> Movement:
+    """Which actions fire and which witnesses hold within `depth` steps of the fixed encoding
+    (see the module docstring); every path found is replayed through the spec."""
+    started = time.perf_counter()
+    enc, solver = _fixed_encoding(variant, config, depth)
+    if timeout is not None:
+        solver.set("timeout", max(1, int(timeout * 1000)))
+    kinds: dict[str, list[int]] = {}
+    for i, inst in enumerate(enc.instances):
+        kinds.setdefault(inst.name, []).append(i)
+    actions: dict[str, int | None] = dict.fromkeys(kinds)
+    witnesses: dict[str, int | None] = {w.name: None for w in SOMETIMES}
+    problems: list[str] = []
+    solver.add(enc.init(enc.state_at(0, "w_")))
+    for name, f in fixed_witnesses(enc, enc.state_at(0, "w_")).items():
+        if z3.is_true(z3.simplify(z3.And(enc.init(enc.state_at(0, "w_")), f))):
+            witnesses[name] = 0
+    reached_depth = depth
+    for d in range(1, depth + 1):
+        solver.add(enc.trans_at(d - 1, "w_"))
+        act = enc.action_at(d - 1, "w_")
+        goals = {
+            n: z3.Or([act == i for i in ids]) for n, ids in kinds.items() if actions[n] is None
+        }
+        ws = fixed_witnesses(enc, enc.state_at(d, "w_"))
+        goals.update({n: ws[n] for n, at in witnesses.items() if at is None})
+        while goals:
+            answer = solver.check(z3.Or(list(goals.values())))
+            if answer == z3.unknown:
+                problems.append(
+                    f"solver unknown at depth {d} asking which actions fire and which witnesses "
+                    f"hold: {solver.reason_unknown()}"
+                )
+                reached_depth = d - 1
+                break
+            if answer == z3.unsat:
+                break
+            model = solver.model()
+            hit = [n for n, g in goals.items() if z3.is_true(model.eval(g, model_completion=True))]
+            _replay_fixed(enc, model, d, hit, kinds)
+            for n in hit:
+                del goals[n]
+                if n in actions:
+                    actions[n] = d
+                else:
+                    witnesses[n] = d
+        if problems:
+            break
+        if all(v is not None for v in (*actions.values(), *witnesses.values())):
+            break
+    out = Movement("fixed-config", depth, actions, witnesses, problems)
+    _compare_with_spec(out, variant, config, reached_depth)
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def _replay_fixed(
+    enc: Encoding, model: Any, d: int, hit: Sequence[str], kinds: dict[str, list[int]]
+) -> None:
+    """The path of `model` (d steps) replayed through the spec: the actions `hit` claims fired at
+    step d and the witnesses it claims hold at state d must be so in the spec's run."""
+    from model_checker.z3_engines import decode_path
+
+    _vals, path, _states = decode_path(enc, model, d, "w_")
+    try:
+        states = replay(enc.variant, enc.config, path)
+    except TraceError as exc:
+        raise EncodingError(f"Z3 path to {', '.join(hit)} does not replay: {exc}") from exc
+    by_name = {w.name: w for w in SOMETIMES}
+    for n in hit:
+        if n in kinds:
+            if action_name(path[-1]) != n:
+                raise EncodingError(f"Z3 path claims {n} at step {d}, the spec took {path[-1]}")
+        elif not by_name[n].reached(enc.config, states[-1]):
+            raise EncodingError(
+                f"Z3 path claims witness {n} at depth {d}; the spec's state lacks it"
+            )
+
+
+def _compare_with_spec(out: Movement, variant: Variant, config: Config, depth: int) -> None:
+    """Findings for what the model missed within `depth` steps but the spec reaches."""
+    missed_actions = [n for n, at in out.actions.items() if at is None]
+    missed_witnesses = [
+        n for n, at in out.witnesses.items() if at is None and n not in out.not_checked
+    ]
+    if not (missed_actions or missed_witnesses) or depth < 0:
+        return
+    fired, held = spec_reach(variant, config, depth)
+    for n in missed_actions:
+        if n in fired:
+            out.problems.append(
+                f"vacuous {out.model} model: action {n} never fires within {depth} steps, "
+                f"but the spec takes it at step {fired[n]} on the same configuration"
+            )
+        else:
+            out.spec_unreached.append(n)
+    for n in missed_witnesses:
+        if n in held:
+            out.problems.append(
+                f"vacuous {out.model} model: witness {n} is not reached within {depth} steps, "
+                f"but the spec reaches it at depth {held[n]} on the same configuration"
+            )
+        else:
+            out.spec_unreached.append(n)
+
+
+_FIXED_CACHE: dict[tuple[Any, ...], Movement] = {}
+
+
+def _code() -> tuple[int, ...]:
+    """Identifies the models' code, so that a model patched at run time (as the tests that
+    break a model do) is not answered from the cache."""
+    return (id(m.actions), *(id(v) for v in vars(Encoding).values()))
+
+
+def _copy(got: Movement) -> Movement:
+    return Movement(
+        got.model,
+        got.depth,
+        dict(got.actions),
+        dict(got.witnesses),
+        list(got.problems),
+        dict(got.not_checked),
+        list(got.spec_unreached),
+        got.seconds,
+    )
+
+
+def fixed_movement_cached(
+    variant: Variant, config: Config, depth: int, timeout: float | None = None
+) -> Movement:
+    """`fixed_movement`, remembered per (design, config, depth): bmc, kind, spacer and
+    fixed-config prove all ask it of the same encoding. The timeout only matters to an answer
+    with a solver `unknown`, which is asked again."""
+    key = (variant.design, config, depth, _code())
+    if key not in _FIXED_CACHE or _FIXED_CACHE[key].unknown:
+        _FIXED_CACHE[key] = fixed_movement(variant, config, depth, timeout)
+    return _copy(_FIXED_CACHE[key])
+
+
+# --- the any-size model ---------------------------------------------------------------------------
+
+ANY_SIZE_NOT_CHECKED = {
+    "can_refuse_or_fence_late_write": "the any-size model has no refused write: a write that "
+    "does not match its page never lands",
+    "can_cancel_mid_transfer": "the any-size model folds client cancels into decode_fail, "
+    "prefill_stop and router_answer_error",
+    "can_recover_from_message_loss": "the any-size model keeps every sent message (loss is "
+    "delay), so it has no lost message to recover from",
+    "can_time_out_waiting": "the any-size model folds decode's waiting timeout into decode_fail",
+}
+
+
+def _any_size_witnesses(
+    states: Sequence[m.St], restarts: Sequence[Any]
+) -> dict[str, Callable[[], Any]]:
+    """Witnesses at the last of `states` (the earlier ones are its history); `restarts[i]`
+    holds when step i is a decode restart. Existentials are fresh constants (Skolem)."""
+    s = states[-1]
+    t = len(states) - 1
+    r = z3.Const(f"w_r@{t}", m.Req)
+    q = z3.Const(f"w_q@{t}", m.Page)
+
+    def regranted(other_tenant: bool) -> Any:
+        # Page q is owned now, and was owned at an earlier state by another reservation.
+        def by_other(e: m.St) -> Any:
+            if other_tenant:
+                return e.tenant(e.own_req(q)) != s.tenant(s.own_req(q))
+            return z3.Or(e.own_req(q) != s.own_req(q), e.own_gen(q) != s.own_gen(q))
+
+        return z3.And(s.own(q), z3.Or([z3.And(e.own(q), by_other(e)) for e in states[:-1]]))
+
+    def answered_after_restart() -> Any:
+        return z3.And(
+            s.ans_set(r),
+            s.ans_ok(r),
+            z3.Or([z3.And(restarts[i], z3.Not(states[i + 1].ans_set(r))) for i in range(t)]),
+        )
+
+    return {
+        "can_complete_handoff": lambda: z3.And(s.ans_set(r), s.ans_ok(r)),
+        "can_reuse_page_across_tenants": lambda: regranted(True),
+        "can_accept_completion": lambda: s.d(r) == D["validated"],
+        "can_reject_oversized_prompt": lambda: z3.And(
+            s.not_as_is(r), s.ans_set(r), z3.Not(s.ans_ok(r)), s.too_long_for_prefill(r)
+        ),
+        "can_reuse_freed_page": lambda: regranted(False),
+        # Only scrubbing clears `has`: a page that held data, then is free and empty.
+        "can_scrub_written_page": lambda: z3.And(
+            z3.Not(s.own(q)),
+            z3.Not(s.has(q)),
+            z3.Or([z3.And(e.own(q), e.has(q)) for e in states[:-1]]),
+        ),
+        "can_recover_from_crash": answered_after_restart,
+    }
+
+
+UNIVERSE = {m.Req: 2, m.Page: 1, m.Tenant: 2, m.Room: 1}
+"""Elements of each sort in the unrolling: two requests (of two tenants) are enough for a page
+to pass from one to another; one page and one room for each request to take."""
+
+
+class _Ground:
+    """Formulas of the any-size model over a universe of `UNIVERSE` named elements per sort:
+    every quantifier expanded into a conjunction (disjunction, for `Exists`) over them, so the
+    unrolling is quantifier-free but for one closure axiom per sort (every element is a named
+    one). A path found is a run of the any-size model at that size."""
+
+    def __init__(self, universe: dict[Any, int]) -> None:
+        self.elements: dict[str, list[Any]] = {
+            str(sort): [z3.Const(f"w_{sort}{i}", sort) for i in range(size)]
+            for sort, size in universe.items()
+        }
+        self._named = {x.get_id() for xs in self.elements.values() for x in xs}
+        self._terms: list[Any] = []
+        self._done: dict[int, tuple[Any, Any]] = {}
+        """By AST id: the expression (kept alive, so that its id is not reused) and its result."""
+
+    def closure(self) -> list[Any]:
+        """Every term of an uninterpreted sort met since the last call is a named element."""
+        out = [z3.Or([t == x for x in self.elements[str(t.sort())]]) for t in self._terms]
+        self._terms = []
+        return out
+
+    def __call__(self, e: Any) -> Any:
+        key = e.get_id()
+        if key not in self._done:
+            self._done[key] = (e, self._ground(e))
+        return self._done[key][1]
+
+    def _ground(self, e: Any) -> Any:
+        if z3.is_quantifier(e):
+            n = e.num_vars()
+            choices = [self.elements[str(e.var_sort(i))] for i in range(n)]
+            cases = []
+            for values in itertools.product(*choices):
+                # The body's variable 0 is the last one bound.
+                cases.append(self(z3.substitute_vars(e.body(), *reversed(values))))
+            return z3.And(cases) if e.is_forall() else z3.Or(cases)
+        if z3.is_app(e) and e.num_args() > 0:
+            children = [self(c) for c in e.children()]
+            args = (z3.Ast * len(children))(*[c.as_ast() for c in children])
+            ast = z3.Z3_update_term(e.ctx.ref(), e.as_ast(), len(children), args)
+            e = z3.z3._to_expr_ref(ast, e.ctx)
+        if str(e.sort()) in self.elements and e.get_id() not in self._named:
+            self._terms.append(e)
+        return e
+
+
+def _any_size_step(design: Any, s: m.St, s2: m.St, tag: str) -> tuple[Any, list[Any], list[Any]]:
+    """The step s -> s2 of the any-size model's unrolling: its action selector, its constraints
+    (the selected action's guard and parameter constraints; every symbol of s2 as an `ite` over
+    the selector of the actions that update it, else unchanged), and the step's own symbols
+    (the selector and the actions' parameters, named with `tag`)."""
+    acts = m.actions(design, tag=tag)
+    sel = z3.Int(f"w_sel{tag}")
+    cs: list[Any] = [sel >= 0, sel < len(acts)]
+    updates = []
+    for i, a in enumerate(acts):
+        cs.append(z3.Implies(sel == i, z3.And(a.guard(s), a.extra(s))))
+        updates.append(a.update(s))
+    for name, (args, _result) in m.SYMBOLS.items():
+        changers = [(i, u[name]) for i, u in enumerate(updates) if name in u]
+        xs = [z3.Const(f"w_{name}_{k}", a) for k, a in enumerate(args)]
+        expr = s.syms[name](*xs) if args else s.syms[name]
+        for i, fn in reversed(changers):
+            expr = z3.If(sel == i, fn(*xs), expr)
+        new = s2.syms[name](*xs) if args else s2.syms[name]
+        cs.append(z3.ForAll(xs, new == expr) if args else new == expr)
+    params = {str(p): p for a in acts for p in a.params}
+    return sel, cs, [sel, *params.values()]
+
+
+def _decl(x: Any) -> Any:
+    return x if isinstance(x, z3.FuncDeclRef) else x.decl()
+
+
+def _renamed(decl: Any, old: str, new: str) -> Any:
+    """`decl` with the suffix `old` of its name replaced by `new`, as `substitute_funs` takes it."""
+    name = decl.name()
+    key = (name, new)
+    if key not in _RENAMED:
+        assert name.endswith(old), (name, old)
+        sorts = [decl.domain(i) for i in range(decl.arity())]
+        target = z3.Function(name[: -len(old)] + new, *sorts, decl.range())
+        _RENAMED[key] = (decl, target(*[z3.Var(i, s) for i, s in enumerate(sorts)]))
+    return _RENAMED[key]
+
+
+_RENAMED: dict[tuple[str, str], tuple[Any, Any]] = {}
+"""`_renamed`'s answers (declarations are made once per name)."""
+
+
+PASSES: tuple[tuple[dict[Any, int], int, tuple[str, ...] | None], ...] = (
+    # One request, one page: every action and every witness about one request.
+    ({m.Req: 1, m.Page: 1, m.Tenant: 1, m.Room: 1}, 10, None),
+    # A page passing from one request (of one tenant) to another.
+    (
+        {m.Req: 2, m.Page: 1, m.Tenant: 2, m.Room: 1},
+        8,
+        ("can_reuse_page_across_tenants", "can_reuse_freed_page"),
+    ),
+)
+"""The any-size model's unrollings: (universe, steps, goals; None: every goal not in a later
+pass). Small universes keep each query cheap; they are instances of the any-size model, so a
+path found in one is a path of the model."""
+
+
+def _unroll(
+    design: Any, universe: dict[Any, int], depth: int, goals: Sequence[str], timeout: float | None
+) -> tuple[dict[str, int], str | None]:
+    """The first step at which each goal (an action name or a witness) holds on some path of
+    `depth` steps from `init`, over `universe`; and a solver `unknown`, if one came."""
+    solver = z3.SolverFor("QF_UFLIA")
+    if timeout is not None:
+        solver.set("timeout", max(1, int(timeout * 1000)))
+    ground = _Ground(universe)
+    states = [m.state("@w0")]
+    solver.add(ground(m.init(states[0])))
+    names = [a.name for a in m.actions(design)]
+    # Every step is one template step (states @wA -> @wB, parameters @T), grounded once and
+    # renamed per step: grounding is the costly part.
+    before, after = m.state("@wA"), m.state("@wB")
+    tpl_sel, tpl, own = _any_size_step(design, before, after, "@T")
+    template = z3.And([ground(c) for c in tpl] + ground.closure())
+    variable = [n for n in m.SYMBOLS]
+    restarts: list[Any] = []
+    # One unrolling of `depth` steps (every path extends: decode_restart is always enabled),
+    # then "some pending goal holds at some step", repeated while satisfiable: in the usual
+    # case only satisfiable queries. Asking depth by depth (as on the fixed encoding) would
+    # prove every shorter depth impossible first, which costs far more here.
+    at_step: dict[str, list[Any]] = {n: [] for n in goals}
+    for d in range(1, depth + 1):
+        s2 = m.state(f"@w{d}")
+        pairs = [_renamed(_decl(before.syms[n]), "@wA", f"@w{d - 1}") for n in variable]
+        pairs += [_renamed(_decl(after.syms[n]), "@wB", f"@w{d}") for n in variable]
+        pairs += [_renamed(_decl(x), "@T", f"@{d - 1}") for x in own]
+        solver.add(z3.substitute_funs(template, *pairs))
+        sel = z3.substitute_funs(tpl_sel, *pairs)
+        states.append(s2)
+        restarts.append(sel == names.index("decode_restart"))
+        ws = _any_size_witnesses(states, restarts)
+        for n in goals:
+            at_step[n].append(sel == names.index(n) if n in names else ground(ws[n]()))
+        solver.add(*ground.closure())
+    pending = {n: z3.Or(fs) for n, fs in at_step.items()}
+    found: dict[str, int] = {}
+    # A whole handoff first: its path takes most actions at once, and leaves fewer queries.
+    first = [n for n in ("can_complete_handoff",) if n in pending]
+    while pending:
+        alone = bool(first)
+        goal = pending[first.pop()] if alone else z3.Or(list(pending.values()))
+        answer = solver.check(goal)
+        if answer == z3.unknown:
+            return found, f"solver unknown on the any-size model: {solver.reason_unknown()}"
+        if answer == z3.unsat:
+            if alone:
+                continue
+            break
+        if answer == z3.unknown:
+            return found, f"solver unknown on the any-size model: {solver.reason_unknown()}"
+        if answer == z3.unsat:
+            break
+        model = solver.model()
+        for n in [n for n, g in pending.items() if z3.is_true(model.eval(g, True))]:
+            del pending[n]
+            found[n] = next(
+                t + 1 for t, f in enumerate(at_step[n]) if z3.is_true(model.eval(f, True))
+            )
+    return found, None
+
+
+def any_size_movement(variant: Variant, config: Config, timeout: float | None = None) -> Movement:
+    """Which of the any-size model's actions fire and which witnesses hold on its `PASSES`
+    unrollings (a step on the path found, not always the shortest); see the module docstring."""
+    started = time.perf_counter()
+    design = variant.design
+    names = [a.name for a in m.actions(design)]
+    actions: dict[str, int | None] = dict.fromkeys(names)
+    witnesses: dict[str, int | None] = {
+        w.name: None for w in SOMETIMES if w.name not in ANY_SIZE_NOT_CHECKED
+    }
+    later = {n for _u, _d, goals in PASSES for n in goals or ()}
+    problems: list[str] = []
+    for universe, depth, goals in PASSES:
+        wanted = list(goals) if goals is not None else [*names, *witnesses]
+        wanted = [n for n in wanted if goals is not None or n not in later]
+        found, unknown = _unroll(design, universe, depth, wanted, timeout)
+        for n, step_at in found.items():
+            (actions if n in actions else witnesses)[n] = step_at
+        if unknown:
+            problems.append(unknown)
+    steps = max(d for _u, d, _g in PASSES)
+    out = Movement(
+        "any-size", steps, actions, witnesses, problems, not_checked=dict(ANY_SIZE_NOT_CHECKED)
+    )
+    if not problems:
+        for n, at in actions.items():
+            if at is None:
+                out.problems.append(_dead_or_deep(design, n, steps, timeout))
+        # A witness missed is a finding only where the spec reaches it on the configuration.
+        only_witnesses = Movement(out.model, steps, {}, out.witnesses, [], out.not_checked)
+        _compare_with_spec(only_witnesses, variant, config, SPEC_DEPTH)
+        out.problems += only_witnesses.problems
+        out.spec_unreached = only_witnesses.spec_unreached
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+_ANY_SIZE_CACHE: dict[tuple[Any, ...], Movement] = {}
+
+
+def any_size_movement_cached(
+    variant: Variant, config: Config, timeout: float | None = None
+) -> Movement:
+    """`any_size_movement`, remembered per (design, config); asked again after an `unknown`."""
+    key = (variant.design, config, _code())
+    if key not in _ANY_SIZE_CACHE or _ANY_SIZE_CACHE[key].unknown:
+        _ANY_SIZE_CACHE[key] = any_size_movement(variant, config, timeout)
+    return _copy(_ANY_SIZE_CACHE[key])
+
+
+def _dead_or_deep(design: Any, name: str, depth: int, timeout: float | None) -> str:
+    """Why action `name` never fired: its guard and effect are unsatisfiable from every state
+    that satisfies the invariant (dead), or it merely needs more than `depth` steps."""
+    s = m.state()
+    inv = z3.And(list({**m.invariants(s), **m.properties(s)}.values()))
+    act = next(a for a in m.actions(design) if a.name == name)
+    _s2, axioms = m._next_state(s, act.update(s), "'")
+    solver = z3.Solver()
+    if timeout is not None:
+        solver.set("timeout", max(1, int(timeout * 1000)))
+    solver.add(inv, act.guard(s), act.extra(s), *axioms)
+    answer = solver.check()
+    if answer == z3.unsat:
+        why = "dead: its guard and effect are unsatisfiable from every state of the invariant"
+    elif answer == z3.sat:
+        why = f"it can fire from some state of the invariant, but none reached within {depth} steps"
+    else:
+        why = f"solver unknown: {solver.reason_unknown()}"
+    return f"vacuous any-size model: action {name} never fires within {depth} steps ({why})"
+
+
+# --- what the engines do with it ---------------------------------------------------------------
+
+
+def with_movement(
+    result: CheckResult, variant: Variant, config: Config, depth: int, timeout: float | None
+) -> CheckResult:
+    """`result` of a fixed-configuration engine, once its encoding has shown it can move within
+    `depth` steps: the witnesses checked, and on a finding every property that is not violated
+    or unknown becomes unknown (never SAFE). A violated property needs no such check (its trace
+    was replayed through the spec), so a result with one is returned as it is."""
+    if result.verdict == "violated":
+        return result
+    movement = fixed_movement_cached(variant, config, depth, timeout)
+    apply_movement(result, movement)
+    return result
+
+
+def apply_movement(result: CheckResult, movement: Movement) -> None:
+    result.witnesses = movement.reached()
+    result.extra["movement"] = movement.to_json()
+    if not movement.problems:
+        return
+    result.extra["vacuity"] = list(movement.problems)
+    for r in result.results:
+        if r.verdict not in ("violated", "unknown"):
+            r.verdict = "unknown"
+            r.detail = f"not counted: {movement.problems[0]}"

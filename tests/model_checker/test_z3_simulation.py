@@ -1,0 +1,153 @@
+"""The any-size model covers the spec: each spec step is a run of the model (z3_simulation).
+
+`prove`'s "any size" verdict is only about the spec if the model over-approximates it. These tests
+check that on sampled edges of the explorer's graph (every kind of step), and that the check
+itself has teeth: a model that cannot land a write, and the model as it was before the fix of its
+decode restart (which erased OK answers the spec keeps), are both caught.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import pytest
+import z3
+
+from model_checker import z3_prove
+from model_checker.explore import build_graph
+from model_checker.z3_simulation import Simulator
+from spec.actions import Action, DecodeReceiveWrite, action_name
+from spec.config import Config, parse_set
+from spec.state import State
+from spec.variants import Variant, get_variant
+from tests.explored import SMALL
+
+Edge = tuple[State, Action, State]
+
+
+@cache
+def _edges(name: str) -> tuple[Config, dict[str, list[Edge]]]:
+    variant = get_variant(name)
+    config = parse_set(variant.scenario(Config()), SMALL)
+    graph, _, _ = build_graph(variant, config, keep_edges=True)
+    assert graph.all_edges is not None
+    by_kind: dict[str, list[Edge]] = defaultdict(list)
+    for i, out in enumerate(graph.all_edges):
+        for j, action in out:
+            by_kind[action_name(action)].append((graph.states[i], action, graph.states[j]))
+    return config, by_kind
+
+
+def _sample(by_kind: dict[str, list[Edge]], per_kind: int, seed: int = 0) -> list[Edge]:
+    rnd = random.Random(seed)
+    out: list[Edge] = []
+    for kind in sorted(by_kind):
+        edges = list(by_kind[kind])
+        rnd.shuffle(edges)
+        out += edges[:per_kind]
+    return out
+
+
+def _restart_with_an_ok_answer(by_kind: dict[str, list[Edge]]) -> Edge:
+    """Decode restarts while an answered request still holds its pages (the spec keeps the
+    client's OK answer)."""
+    for before, action, after in by_kind["decode_restart"]:
+        if any(q.d == "answered" and q.answer and q.answer.ok for q in before.requests):
+            return before, action, after
+    raise AssertionError("the small scenario has no such decode restart")
+
+
+def test_every_kind_of_reference_step_is_a_run_of_the_any_size_model() -> None:
+    config, by_kind = _edges("reference")
+    sim = Simulator(get_variant("reference"), config)
+    edges = [*_sample(by_kind, per_kind=1), _restart_with_an_ok_answer(by_kind)]
+    assert len({action_name(a) for _, a, _ in edges}) >= 20
+    divergences = [d for b, a, af in edges if (d := sim.check_step(b, a, af)) is not None]
+    assert divergences == []
+
+
+def test_reachable_states_lie_inside_the_any_size_invariant() -> None:
+    config, by_kind = _edges("reference")
+    sim = Simulator(get_variant("reference"), config)
+    states = [after for _, _, after in _sample(by_kind, per_kind=1, seed=1)][::2]
+    assert [d for s in states if (d := sim.check_state(s)) is not None] == []
+
+
+def _patched_actions(
+    monkeypatch: pytest.MonkeyPatch, name: str, change: Callable[[Any, z3_prove.St], Any]
+) -> None:
+    """Replace the update of one action of the any-size model."""
+    original = z3_prove.actions
+
+    def actions(design: Any, *args: Any, **kwargs: Any) -> list[z3_prove.Action]:
+        out = original(design, *args, **kwargs)
+        for act in out:
+            if act.name == name:
+                act.update = (lambda old: lambda s: change(old(s), s))(act.update)
+        return out
+
+    monkeypatch.setattr(z3_prove, "actions", actions)
+
+
+def test_a_model_whose_writes_never_land_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    config, by_kind = _edges("reference")
+    _patched_actions(monkeypatch, "decode_receive_write", lambda update, s: {})
+    sim = Simulator(get_variant("reference"), config, invariant=False)
+    landed = [
+        (b, a, af)
+        for b, a, af in by_kind["decode_receive_write"]
+        if isinstance(a, DecodeReceiveWrite)
+        and b.pages[a.write.page].content != af.pages[a.write.page].content
+    ][:3]
+    assert landed
+    found = [sim.check_step(b, a, af) for b, a, af in landed]
+    assert all(d is not None and d.action == "decode_receive_write" for d in found)
+
+
+def test_the_old_decode_restart_that_erased_ok_answers_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config, by_kind = _edges("reference")
+
+    def erase_ok_answers(update: dict[str, Any], s: z3_prove.St) -> dict[str, Any]:
+        # The model before the fix: an OK answer of a request decode still held was erased.
+        kept = update["d"]
+        return {
+            **update,
+            "ans_ok": lambda x: z3.And(s.ans_ok(x), kept(x) == s.d(x)),
+        }
+
+    _patched_actions(monkeypatch, "decode_restart", erase_ok_answers)
+    sim = Simulator(get_variant("reference"), config, invariant=False)
+    before, action, after = _restart_with_an_ok_answer(by_kind)
+    divergence = sim.check_step(before, action, after)
+    assert divergence is not None and divergence.action == "decode_restart"
+
+
+def test_a_design_outside_the_any_size_fragment_is_refused() -> None:
+    variant: Variant = get_variant("m7_release_before_drain")
+    with pytest.raises(ValueError, match="one-sided"):
+        Simulator(variant, parse_set(Config(), SMALL))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "reference",
+        "incident",
+        "m10_stale_status_adopted",
+        "m20_unscrubbed_pages",
+        "m18_orphan_grant_accepted",
+    ],
+)
+def test_every_sampled_step_of_a_variant_in_the_fragment_is_a_run_of_the_model(name: str) -> None:
+    variant = get_variant(name)
+    config, by_kind = _edges(name)
+    sim = Simulator(variant, config, invariant=not variant.breaks)
+    edges = _sample(by_kind, per_kind=12, seed=2)
+    assert [d for b, a, af in edges if (d := sim.check_step(b, a, af)) is not None] == []
