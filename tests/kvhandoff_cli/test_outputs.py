@@ -148,3 +148,11 @@ def test_demo_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert code == 0
     _validate("demo", out)
     assert out["stages"] == ["prove"] and out["proof"]["verdict"] == "safe"
+
+
+@pytest.mark.slow  # every engine, ~1 minute on two shared cores
+def test_check_all_engines_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["check", "--variant", "incident", "--set", "max_faults=0", "--engine", "all"]
+    code, out = _run(capsys, *argv, "--json", "--depth", "4")
+    assert code in (1, 3, 4)
+    _validate("check-all", out)
