@@ -26,6 +26,7 @@ from hypothesis import target as hypothesis_target
 
 from conformance.lockstep import Divergence, Session, run_program
 from conformance.target import Target, TargetError, require_one_prefill_rank
+from model_checker import progress as progress_display
 from spec.actions import FAULT_ACTIONS, Action, DecodeWaitingTimeout, action_name, is_fault
 from spec.config import Config, default_config
 from spec.trace import dump_trace
@@ -203,6 +204,17 @@ class Failure:
 
 
 @dataclass
+class ProgramRecord:
+    """One program the campaign ran (for per-program reports such as JUnit)."""
+
+    index: int
+    steps: int
+    seconds: float
+    outcome: str  # "passed" | "diverged"
+    phase: str  # "generate" | "shrink" (Hypothesis re-running smaller programs after a failure)
+
+
+@dataclass
 class CampaignReport:
     target: str
     mode: str
@@ -219,6 +231,7 @@ class CampaignReport:
     """What the campaign reached of the spec (fine-grained targets)."""
     traces_to_failure: int | None = None
     """The program (1-based) that first diverged, before shrinking (`traces` counts those too)."""
+    programs: list[ProgramRecord] = field(default_factory=list)
 
     @property
     def conforms(self) -> bool:
@@ -273,6 +286,7 @@ def run(
         coarse.not_covered = target.not_covered()
         return coarse
     program: list[Action] = []
+    programs: list[ProgramRecord] = []
     counters = {"traces": 0, "steps": 0}
     used: dict[str, Any] = {"config": cfg, "shortfall": {}}
     coverage = Coverage()
@@ -291,6 +305,7 @@ def run(
     def one_program(data: st.DataObject) -> None:
         program.clear()
         counters["traces"] += 1
+        progress_display.report("conform", traces=counters["traces"], steps=counters["steps"])
 
         # The length is drawn first so that a failure shrinks to a short program.
         length = data.draw(st.integers(min_value=1, max_value=steps))
@@ -333,6 +348,8 @@ def run(
             counters["steps"] += 1
             return action
 
+        phase = "shrink" if any(p.outcome == "diverged" for p in programs) else "generate"
+        began, outcome = time.perf_counter(), "passed"
         try:
             try:
                 session = run_program(target, scenario, mode, choose, length)
@@ -346,7 +363,14 @@ def run(
             raise _TargetFailed(exc) from exc
         except Divergence:
             counters.setdefault("first_failure", counters["traces"])
+            outcome = "diverged"
             raise
+        finally:
+            programs.append(
+                ProgramRecord(
+                    counters["traces"], len(program), time.perf_counter() - began, outcome, phase
+                )
+            )
 
     start = time.perf_counter()
     failures: list[Failure] = []
@@ -372,6 +396,7 @@ def run(
         not_covered=target.not_covered(),
         coverage=coverage,
         traces_to_failure=counters.get("first_failure"),
+        programs=programs,
     )
 
 

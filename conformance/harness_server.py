@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
 
 from conformance.proto.rpc import add_harness, pb
 from conformance.remote_target import CHANNEL_OPTIONS, parse_address
@@ -361,10 +363,16 @@ class HarnessServer:
     server: grpc.Server
     servicer: HarnessServicer
     address: str
+    health: HealthServicer | None = None
 
     def stop(self, grace: float | None = 1.0) -> None:
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()  # probes see NOT_SERVING first
         self.server.stop(grace).wait()
         self.servicer.release()
+
+
+HEALTH_SERVICE = "kvhandoff.harness.v1.Harness"
 
 
 class ListenError(ValueError):
@@ -388,14 +396,22 @@ def serve(
     servicer = HarnessServicer(backend, factory)
     # A few workers so Info answers while a long Settle runs; the servicer's lock keeps the
     # backend single-threaded.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=CHANNEL_OPTIONS)
+    # gRPC sets SO_REUSEPORT by default on Linux: a second harness-serve on the same port would
+    # bind too and silently take half the connections. Without it the second bind fails.
+    options = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
     add_harness(servicer, server)
+    # The standard health service, so orchestrators and `grpc_health_probe` can wait for it.
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_insecure_port(listen)
-    except RuntimeError as exc:  # grpc's way of saying the address is unusable
-        raise ListenError(f"cannot listen on {listen}: {exc}") from exc
+    except RuntimeError as exc:  # grpc's way of saying the address is unusable (or taken)
+        raise ListenError(f"cannot listen on {listen}: {exc} (is the port in use?)") from exc
     server.start()
-    return HarnessServer(server, servicer, f"{host}:{port}")
+    for service in ("", HEALTH_SERVICE):
+        health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return HarnessServer(server, servicer, f"{host}:{port}", health)
 
 
 __all__ = [

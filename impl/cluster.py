@@ -259,6 +259,20 @@ class Cluster:
             "prefill": self.prefill,
             "decode": self.decode,
             "limits": self.limits.as_json(),
+            **({"metrics": self.metrics_addresses()} if self.config.metrics else {}),
+        }
+
+    def metrics_addresses(self) -> dict[str, str]:
+        """Each server's /metrics address (host:port), when the cluster serves metrics."""
+        servers = {
+            "router": self.router_server,
+            "prefill": self.prefill_server,
+            "decode": self.decode_server,
+        }
+        return {
+            role: f"{self.config.host}:{server.metrics_port}"
+            for role, server in servers.items()
+            if server.metrics_port is not None
         }
 
     def wait_healthy(self, timeout: float = 10.0) -> None:

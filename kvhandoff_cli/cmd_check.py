@@ -58,6 +58,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
+        "--junit",
+        metavar="FILE",
+        help="write a JUnit XML report: one testcase per property and engine",
+    )
+    p.add_argument(
         "--trace-out",
         metavar="FILE",
         help="write the counterexample (JSON Lines trace) of the first violated property",
@@ -353,6 +358,15 @@ def run_check(args: argparse.Namespace) -> int:
                 text = with_header(result.trace_text(first), **trace_variant_header(args.variant))
                 Path(args.trace_out).write_text(text)
                 break
+    if args.junit:
+        from kvhandoff_cli import output
+
+        cannot_junit = [
+            {"engine": r.engine, "reason": r.cannot_encode or ""} for r in runs if r.result is None
+        ]
+        output.write_junit(
+            Path(args.junit), output.check_suites(results, cannot_junit, variant.name)
+        )
     if len(runs) == 1:
         return _report_one(runs[0], variant, config, where, args.json)
     code = combined.exit_code
@@ -368,7 +382,9 @@ def run_check(args: argparse.Namespace) -> int:
         cannot = [{"engine": r.engine, "reason": r.cannot_encode} for r in runs if r.result is None]
         if cannot:
             out["cannot_encode"] = cannot
-        print(json.dumps(out, indent=2))
+        from kvhandoff_cli import output
+
+        output.print_json("check-all", out, indent=2)
         return code
     by_engine = {r.engine: r for r in runs}
     if combined.verdict == "disagree":
@@ -409,7 +425,9 @@ def run_check(args: argparse.Namespace) -> int:
 def _report_one(run: EngineRun, variant: Variant, config: Config, where: str, as_json: bool) -> int:
     code = EXIT_INCONCLUSIVE if run.result is None else run.result.exit_code
     if as_json:
-        print(json.dumps(_single_json(run, variant, config), indent=2))
+        from kvhandoff_cli import output
+
+        output.print_json("check", _single_json(run, variant, config), indent=2)
         return code
     if run.result is None:
         print(_cannot_encode_text(run, where))

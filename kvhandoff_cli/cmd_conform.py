@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvhandoff_cli import output
 from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 
@@ -47,7 +47,13 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
-    p.add_argument("--out", metavar="DIR", default="kvhandoff-report", help="where failures go")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default="kvhandoff-conform",
+        help="where shrunk failures go (default ./kvhandoff-conform/, apart from the demo's "
+        "./kvhandoff-report/)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_conform)
 
@@ -115,9 +121,10 @@ def _make_target(name: str, mode: str | None) -> Any:
     return target
 
 
-def _target_errors(command: str, body: Any) -> int:
+def _target_errors(command: str, body: Any, junit: Callable[[str], None] | None = None) -> int:
     """Run `body()`; a target that failed (rather than diverged) gives no verdict: exit 3, or 2
-    when the engine refused a value we sent (a mode or scenario it does not accept)."""
+    when the engine refused a value we sent (a mode or scenario it does not accept). `junit`
+    gets the error of a failed target, so CI still finds a report."""
     from conformance.remote_target import HarnessRefused
     from conformance.target import TargetError, UnsupportedScenario
 
@@ -127,6 +134,8 @@ def _target_errors(command: str, body: Any) -> int:
         raise UsageError(str(exc)) from exc
     except TargetError as exc:
         print(f"kvhandoff {command}: error: {exc}", file=sys.stderr)
+        if junit is not None:
+            junit(str(exc))
         return EXIT_INCONCLUSIVE
     return code
 
@@ -178,7 +187,12 @@ def run_conform(args: argparse.Namespace) -> int:
         finally:
             _release("conform", target)
 
-    return _target_errors("conform", body)
+    def junit(error: str) -> None:
+        if args.junit:
+            suite = output.target_error_suite("conform", args.target, args.mode, error)
+            output.write_junit(Path(args.junit), [suite])
+
+    return _target_errors("conform", body, junit)
 
 
 def _conform(args: argparse.Namespace, target: Any) -> int:
@@ -194,9 +208,9 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         target=target,
     )
     if args.junit:
-        _write_junit(Path(args.junit), report)
+        output.write_junit(Path(args.junit), [output.conform_suite(report, args.seed)])
     if args.json:
-        print(json.dumps(report.to_json(), sort_keys=True))
+        output.print_json("conform", report.to_json(), sort_keys=True)
     else:
         print(
             f"target {report.target}, mode {report.mode}: {report.traces} traces of up to "
@@ -204,30 +218,14 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         )
         for f in report.failures:
             print(f"  {f.kind} ({f.property}): {f.message}")
-            print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file})")
+            # The trace names its mode; a remote target must be named again to be replayed on.
+            target = "" if report.target == "inproc" else f" --target {report.target}"
+            print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file}{target})")
         for line in _not_covered_lines(report.not_covered):
             print(line)
         if report.coverage is not None and report.conforms:
             print(f"  {report.coverage.summary()}")
     return EXIT_OK if report.conforms else EXIT_VIOLATED
-
-
-def _write_junit(path: Path, report: Any) -> None:
-    suite = ET.Element(
-        "testsuite",
-        name=f"kvhandoff-conform-{report.target}-{report.mode}",
-        tests="1",
-        failures=str(len(report.failures)),
-        time=f"{report.seconds:.3f}",
-    )
-    case = ET.SubElement(
-        suite, "testcase", classname="conformance", name=f"{report.mode} on {report.target}"
-    )
-    for f in report.failures:
-        node = ET.SubElement(case, "failure", message=f"{f.kind}: {f.property}")
-        node.text = f"{f.message}\ntrace: {f.trace_file}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -272,7 +270,7 @@ def _replay(args: argparse.Namespace, trace: Any, target: Any, variant: Any = No
 
     report = replay_trace(trace, target, args.mode, variant)
     if args.json:
-        print(json.dumps(report.to_json(), sort_keys=True, default=str))
+        output.print_json("replay", report.to_json(), sort_keys=True, default=str)
     else:
         print(report.summary())
     return EXIT_OK if report.conforms else EXIT_VIOLATED
@@ -286,7 +284,7 @@ def run_validate(args: argparse.Namespace) -> int:
     except LogError as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
-        print(json.dumps(report.to_json(), sort_keys=True, default=str))
+        output.print_json("validate-log", report.to_json(), sort_keys=True, default=str)
     else:
         print(report.message)
         if not report.ok:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,5 +58,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     stream = sys.stderr if args.json else sys.stdout
     run = run_demo(out, stages, stream)
     if args.json:
-        print(json.dumps(summary_json(run), indent=2))
+        from kvhandoff_cli import output
+
+        output.print_json("demo", summary_json(run), indent=2)
     return EXIT_OK if run.ok else EXIT_VIOLATED

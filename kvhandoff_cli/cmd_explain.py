@@ -28,9 +28,10 @@ def register(sub: Any) -> None:
     p.add_argument("trace", metavar="TRACE", help="a JSON Lines trace file")
     p.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=(*FORMATS, "html"),
         default="text",
-        help="text (narrative, default), mermaid (sequence chart) or markdown (both)",
+        help="text (narrative, default), mermaid (sequence chart), markdown (both) or html (an "
+        "offline page to step through in a browser, with the reference on the same requests)",
     )
     p.add_argument(
         "--variant",
@@ -109,5 +110,24 @@ def run_explain(args: argparse.Namespace) -> int:
             story = build_story(other, same_requests_under(other, trace))
         except ValueError as exc:
             raise UsageError(f"--against {args.against}: {exc}") from exc
+    if args.format == "html":
+        print(_html(story), end="")
+        return EXIT_OK
     print(render(story, args.format), end="")
     return EXIT_OK
+
+
+def _html(story: Story) -> str:
+    """The explorer page; beside a broken variant, the reference on the same requests (when the
+    reference can end them all; otherwise the page shows the trace alone)."""
+    from model_checker.html_explorer import to_html
+
+    against = None
+    if story.variant.name != "reference":
+        reference = load_variant("reference")
+        trace = Trace(story.config, tuple(s.action for s in story.steps))
+        try:
+            against = build_story(reference, same_requests_under(reference, trace))
+        except ValueError:
+            against = None
+    return to_html(story, against, "reference on the same requests")

@@ -26,7 +26,6 @@ not proved safe), 2 on bad usage, 4 when engines disagree.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,14 @@ def cell_of(variant: Variant, run: EngineRun) -> Cell:
 
 
 def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptions) -> Cell:
-    return cell_of(variant, run_engine(engine, variant, config, options))
+    return cell_of(variant, _run(variant, engine, config, options))
+
+
+def _run(variant: Variant, engine: str, config: Config, options: EngineOptions) -> EngineRun:
+    from model_checker import progress
+
+    progress.report("matrix", cell=f"{variant.name} / {engine}")
+    return run_engine(engine, variant, config, options)
 
 
 def expectation(variant: Variant, cells: list[Cell]) -> tuple[bool, str]:
@@ -194,7 +200,7 @@ def run_matrix(args: argparse.Namespace) -> int:
     disagreements: dict[str, list[str]] = {}
     for variant in variants:
         own = configs[variant.name]
-        runs = [run_engine(e, variant, own, spacer if e == "spacer" else options) for e in engines]
+        runs = [_run(variant, e, own, spacer if e == "spacer" else options) for e in engines]
         cells = [cell_of(variant, run) for run in runs]
         combined = combine(runs)
         if combined.disagreements:
@@ -231,7 +237,9 @@ def run_matrix(args: argparse.Namespace) -> int:
             ],
             "engines_disagree": bool(disagreements),
         }
-        print(json.dumps(out, indent=2))
+        from kvhandoff_cli import output
+
+        output.print_json("matrix", out, indent=2)
     else:
         print(f"matrix: {'every expectation met' if all_ok else 'SOME EXPECTATIONS NOT MET'}")
         if disagreements:

@@ -10,7 +10,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_OK, UsageError
+from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
+
+# gRPC codes meaning the router never answered; `generate` exits 3 for them, 1 for a refusal.
+NO_ANSWER_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 ROLES = ("prefill", "decode", "router", "all")
 
@@ -79,7 +82,15 @@ def register(subparsers: Any) -> None:
     )
     serve.set_defaults(func=run_serve)
 
-    gen = subparsers.add_parser("generate", help="send one prompt to a router and print the answer")
+    gen = subparsers.add_parser(
+        "generate",
+        help="send one prompt to a router and print the answer",
+        description=(
+            "Send one prompt to a router and print the answer. Exit 0 answered, 1 refused (the "
+            "router answered with an error), 2 bad usage, 3 no answer (nothing listening at "
+            "--router, or no reply within --timeout)."
+        ),
+    )
     gen.add_argument("--router", required=True, help="router address HOST:PORT")
     gen.add_argument("--tenant", required=True)
     src = gen.add_mutually_exclusive_group(required=True)
@@ -167,6 +178,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from impl.errors import KvhandoffError
 
     config = _cluster_config(args)
+    if args.role == "all" and args.metrics_port not in (None, 0):
+        raise UsageError(
+            f"--metrics-port {args.metrics_port}: serve all starts three servers, so it takes 0 "
+            "(any free ports, printed at start: the 'metrics' object of --json)"
+        )
     if config.transport == "mooncake" and args.role != "router":
         _reexec_with_loopback_bind()
     try:
@@ -179,7 +195,11 @@ def run_serve(args: argparse.Namespace) -> int:
                 else:
                     print(
                         f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
-                        f"prefill {cluster.prefill}, decode {cluster.decode}",
+                        f"prefill {cluster.prefill}, decode {cluster.decode}"
+                        + "".join(
+                            f"; {role} metrics http://{a}/metrics"
+                            for role, a in cluster.metrics_addresses().items()
+                        ),
                         flush=True,
                     )
                 _wait_for_signal()
@@ -317,9 +337,15 @@ def run_generate(args: argparse.Namespace) -> int:
             args.tenant, tokens, args.max_tokens, args.request_id, args.timeout
         )
     if args.json:
-        print(json.dumps(result.as_json()))
+        from kvhandoff_cli import output
+
+        output.print_json("generate", result.as_json())
     elif result.status == "ok":
         print(result.text)
     else:
         print(f"error {result.code}: {result.error}", file=sys.stderr)
-    return EXIT_OK if result.status == "ok" else 1
+    if result.status == "ok":
+        return EXIT_OK
+    # No answer (nothing listening, or no reply in time) is not a refusal: a script retries the
+    # one and reports the other.
+    return EXIT_INCONCLUSIVE if result.code in NO_ANSWER_CODES else EXIT_VIOLATED

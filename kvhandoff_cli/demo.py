@@ -360,14 +360,22 @@ def kill_matrix(
     }
     todo = [name for name in wanted if name not in done]
     workers = workers or min(len(todo), max(1, os.cpu_count() or 1))
+    from model_checker import progress as shown_progress
+
+    def finished(row: MatrixRow) -> None:
+        done[row.variant] = row
+        shown_progress.report("matrix", variants=f"{len(done)}/{len(wanted)}", last=row.variant)
+
     if todo and workers > 1:
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            rows = pool.map(_matrix_row, todo, [config.to_json()] * len(todo))
-            done.update({row.variant: row for row in rows})
+            # As each finishes (not in order), so the progress line moves with the work.
+            futures = [pool.submit(_matrix_row, name, config.to_json()) for name in todo]
+            for future in concurrent.futures.as_completed(futures):
+                finished(future.result())
     else:
         for name in todo:
-            done[name] = _matrix_row(name, config.to_json())
+            finished(_matrix_row(name, config.to_json()))
     return [done[name] for name in wanted]
 
 
@@ -399,8 +407,11 @@ class Progress:
         self.index = 0
 
     def stage(self, title: str) -> None:
+        from model_checker import progress as shown_progress
+
         self.index += 1
         self.say(f"[{self.index}/{self.total}] {title} ...")
+        shown_progress.report("demo", stage=f"{self.index}/{self.total} {title}")
 
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
@@ -568,6 +579,49 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return out
 
 
+def _header(name: str) -> str:
+    """A column header that can wrap: `decode_admit_request` -> `decode admit request`."""
+    return name.replace("_", " ")
+
+
+_MARK = {"proved": "✓", "failed": "**✗**", "unknown": "?"}
+
+
+def _obligation_grid(listed: Sequence[dict[str, Any]]) -> list[str]:
+    """Obligations as an invariant-by-action grid: row = inductive invariant, column = what must
+    preserve it (`initial state`, then each action), cell = the solver's verdict. Hundreds of
+    rows of a flat list become one screen, and a failed or unknown cell stands out."""
+    consecution = [o for o in listed if o.get("kind") == "consecution"]
+    invariants = list(dict.fromkeys(str(o["invariant"]) for o in listed if o.get("invariant")))
+    actions = sorted({str(o["action"]) for o in consecution if o.get("action")})
+    cell: dict[tuple[str, str], str] = {}
+    for o in listed:
+        column = "initial state" if o.get("kind") == "initiation" else str(o.get("action"))
+        if o.get("kind") in ("initiation", "consecution"):
+            cell[(str(o["invariant"]), column)] = _MARK.get(str(o.get("verdict")), "?")
+    columns = ["initial state", *actions]
+    rows = [[f"`{inv}`", *[cell.get((inv, col), "") for col in columns]] for inv in invariants]
+    lines = _table(["invariant", *[_header(c) for c in columns]], rows)
+    safety = [o for o in listed if o.get("kind") == "safety"]
+    if safety:
+        done = sum(1 for o in safety if o.get("verdict") == "proved")
+        lines += [
+            "",
+            f"Safety: the invariants together imply each property ({done}/{len(safety)} "
+            "proved: "
+            + ", ".join(f"`{o.get('invariant')}` {_MARK.get(str(o.get('verdict')), '?')}"
+                        for o in safety)
+            + ").",
+        ]  # fmt: skip
+    seconds = sum(float(o.get("seconds") or 0) for o in listed)
+    lines += [
+        "",
+        f"✓ proved, ✗ failed, ? solver unknown; {len(listed)} obligations, "
+        f"{seconds:.1f} s of solver time in all.",
+    ]
+    return lines
+
+
 def _obligations(run: DemoRun) -> list[str]:
     assert run.proof is not None
     result = run.proof.result
@@ -575,8 +629,7 @@ def _obligations(run: DemoRun) -> list[str]:
     note = f" ({run.proof.note})" if run.proof.note else ""
     lines = [f"Method: {run.proof.method}{note}.", ""]
     if isinstance(listed, list) and listed and all(isinstance(o, dict) for o in listed):
-        keys = list(dict.fromkeys(k for o in listed for k in o))
-        lines += _table(keys, [[o.get(k, "") for k in keys] for o in listed])
+        lines += _obligation_grid(listed)
         lines.append("")
     witnesses = result.witnesses
     movement = result.extra.get("movement") or {}
@@ -626,7 +679,7 @@ def _obligations(run: DemoRun) -> list[str]:
 
 def _matrix_lines(run: DemoRun) -> list[str]:
     short = [p.name for p in ALWAYS] + [TERMINATION.name]
-    header = ["variant", "M", *[f"`{i + 1}`" for i in range(len(short))], "as expected"]
+    header = ["variant", "M", *[_header(name) for name in short], "as expected"]
     rows = []
     for r in run.matrix:
         cells = []
@@ -638,15 +691,73 @@ def _matrix_lines(run: DemoRun) -> list[str]:
         rows.append(
             [f"`{r.variant}`", ",".join(r.m_numbers) or "-", *cells, "yes" if r.caught else "NO"]
         )
-    legend = [f"`{i + 1}` = `{name}`" for i, name in enumerate(short)]
     return [
         "Explicit-state search of every catalogue variant on the default configuration. "
-        "✗ = violated (bold: a break the variant is expected to cause), · = holds.",
+        "✗ = violated (bold: a break the variant is expected to cause), · = holds. "
+        "M = the variant's bug numbers in the catalogue (see the glossary).",
         "",
         *_table(header, rows),
-        "",
-        "Columns: " + "; ".join(legend) + ".",
     ]
+
+
+GLOSSARY = (
+    (
+        "variant",
+        "a version of the protocol: `reference` (the fix), `incident` (what ran in "
+        "production), or one catalogue bug (`m1_...`, `m20_...`).",
+    ),
+    (
+        "M-number",
+        "a bug's number in the catalogue of known handoff failures (M1 placeholder "
+        "rejection, M5 digest skipped, ...): `kvhandoff variants` lists them with their summaries.",
+    ),
+    (
+        "room",
+        "the id the router gives a request and sends to prefill and decode; workers match "
+        "messages by room and generation, as real ones do, never by the model's request index.",
+    ),
+    (
+        "generation",
+        "one incarnation of a grant of decode pages; a retry or a restart gets a new "
+        "one, so a late write or completion for an old generation can be told apart and refused.",
+    ),
+    (
+        "epoch",
+        "a worker's boot count: a restart bumps it, and a peer that sees it change drops "
+        "what it held for the old one.",
+    ),
+    (
+        "placeholder",
+        "what the incident's prefill did with a prompt over its limit: it sent a "
+        "one-page stand-in instead of rejecting, so decode waited on pages nobody would write.",
+    ),
+    (
+        "ghost",
+        "state kept only to state a property (which tenant's data a page holds, whom an "
+        "answer was generated from); no worker reads it.",
+    ),
+    (
+        "witness",
+        "a state that must be reachable for a property's proof to mean something (e.g. "
+        "a request answered from its own pages); a property that holds only because nothing "
+        "happens is vacuous.",
+    ),
+    (
+        "obligation",
+        "one solver query of an inductive proof: the invariant holds initially "
+        "(initiation), each action preserves it (consecution), the invariants imply the property "
+        "(safety).",
+    ),
+    (
+        "counterexample",
+        "the shortest run of the spec that breaks a property, as a trace file "
+        "(`traces/`) that `kvhandoff explain` and `kvhandoff replay` read.",
+    ),
+)
+
+
+def _glossary() -> list[str]:
+    return ["## Glossary", ""] + [f"- **{term}**: {text}" for term, text in GLOSSARY] + [""]
 
 
 def write_report(run: DemoRun) -> Path:
@@ -666,11 +777,21 @@ def write_report(run: DemoRun) -> Path:
                 (out / "traces" / name).write_text(cx.default_result.trace_text(prop))
         chart = to_mermaid(cx.story)
         (out / "charts" / "incident.mmd").write_text(chart)
+        from model_checker.html_explorer import to_html
+
+        (out / "explorer.html").write_text(
+            to_html(cx.story, cx.fix, "reference on the same requests"), encoding="utf-8"
+        )
         md += ["## The incident as a counterexample", ""]
         md += [
             "The shortest run of the `incident` variant, on the default configuration with no "
             "fault at all, in which a request's answer is generated from another tenant's data. "
             "Replayed through the spec; each step shows only what changed.",
+            "",
+            "**Step through it in a browser:** [explorer.html](explorer.html) (one offline page: "
+            "decode's pages as lanes coloured by the tenant whose data they hold, the messages in "
+            "flight, the property highlighted where it breaks, the reference protocol on the same "
+            "requests beside it; `kvhandoff explain TRACE --format html` makes one for any trace).",
             "",
         ]
         md.append(to_markdown(cx.story, title="Counterexample", level=3))
@@ -793,6 +914,7 @@ def write_report(run: DemoRun) -> Path:
         md += ["## The counterexample trace (JSON Lines)", ""]
         md += ["<details><summary>traces/incident-no_cross_tenant_read.jsonl</summary>", ""]
         md += ["```json", cx.trace_text.rstrip("\n"), "```", "", "</details>", ""]
+    md += _glossary()
     figures["problems"] = run.problems
     figures["stages"] = list(run.stages)
     (out / "report.json").write_text(json.dumps(figures, indent=2) + "\n")

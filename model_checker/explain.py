@@ -404,11 +404,21 @@ _KIND_ROUTE = {
 }
 
 
+_WRAP = 40  # characters per line of a note or message; Mermaid does not wrap them itself
+
+
 def _m(text: str) -> str:
-    """Text safe inside a Mermaid message or note."""
+    """Text safe inside a Mermaid message or note, broken into lines (`<br/>`) so that a long
+    note stays inside its box."""
     for bad, good in ((";", ","), ("#", "no."), ("{", "("), ("}", ")"), ("<--", "<-")):
         text = text.replace(bad, good)
-    return text
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= _WRAP:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br/>".join(lines)
 
 
 def _lane_of(action: Action) -> str:
@@ -565,6 +575,17 @@ def to_mermaid(story: Story) -> str:
             lines.append("    loop repeats forever, never ending every request")
             in_loop = True
         body = _step_mermaid(story, s, active)
+        key = _key_step(body)
+        if key and s is not bad:
+            # The steps the incident turns on (a prompt shortened at prefill, pages released
+            # still holding data, a completion that does not cover the grant) stand out.
+            lines.append("    rect rgb(255, 236, 190)")
+            lines += ["    " + b for b in body]
+            lines.append(f"        Note over router,{last}: {_m(f'key step: {key}')}")
+            for p in s.newly_violated:
+                lines.append(f"        Note over router,{last}: {_m(f'also breaks {p.name}')}")
+            lines.append("    end")
+            continue
         if s is bad:
             lines.append("    rect rgb(255, 205, 205)")
             lines += ["    " + b for b in body]
@@ -577,7 +598,22 @@ def to_mermaid(story: Story) -> str:
                 lines.append(f"    Note over router,{last}: {_m(f'also breaks {p.name}')}")
     if in_loop:
         lines.append("    end")
+    # Mermaid draws an activation bar only once it is closed: end the bars of pages still held.
+    for page in sorted(active):
+        lines.append(f"    deactivate page{page}")
     return "\n".join(lines) + "\n"
+
+
+_KEY_FACTS = (
+    ("released, NOT zeroed", "pages released without zeroing"),
+    ("page(s) long at prefill", "prefill's view of the prompt changed"),
+    ("does NOT cover", "a completion that does not cover the grant is accepted"),
+)
+
+
+def _key_step(body: Sequence[str]) -> str:
+    text = "\n".join(body).replace("<br/>", " ")
+    return "; ".join(why for fact, why in _KEY_FACTS if fact in text)
 
 
 # --- Markdown -----------------------------------------------------------------------------------
@@ -601,11 +637,15 @@ def to_markdown(story: Story, title: str | None = None, level: int = 1) -> str:
             lines.append("*From here the run repeats forever.*")
             lines.append("")
         rest = action_text(s.action, story.config).partition(" ")[2]
-        lines.append(f"{s.index}. `{action_name(s.action)}` {_md(rest)}")
+        marker = f"{s.index}. "
+        lines.append(f"{marker}`{action_name(s.action)}` {_md(rest)}")
+        # CommonMark nests a sub-list only when it is indented to the item's text: "10. " needs
+        # four spaces, so a fixed indent would end the numbered list at step 10.
+        pad = " " * len(marker)
         for ch in s.changes:
-            lines.append(f"   - {_md(ch)}")
+            lines.append(f"{pad}- {_md(ch)}")
         for p in s.newly_violated:
-            lines.append(f"   - **VIOLATED `{p.name}`**: {p.claim}")
+            lines.append(f"{pad}- **VIOLATED `{p.name}`**: {p.claim}")
     return "\n".join(lines) + "\n"
 
 

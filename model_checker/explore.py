@@ -32,6 +32,7 @@ from typing import Any
 
 import networkx as nx
 
+from model_checker import progress
 from model_checker.result import CheckResult, PropertyResult, Verdict
 from spec.actions import Action, action_name, is_fault
 from spec.config import Config
@@ -189,6 +190,10 @@ def _search(
     inspect(0, s0)
     head = 0
     while head < len(states):
+        if not head & 1023:  # often enough for Ctrl-C to report a recent count
+            progress.report(
+                "explore", states=len(states), depth=depth_of[head], transitions=transitions
+            )
         s = states[head]
         succ: list[int] = []
         edges: list[tuple[int, Action]] = []
@@ -224,6 +229,7 @@ def _search(
         if all_edges is not None:
             all_edges.append(edges)
         head += 1
+    progress.report("explore", states=len(states), depth=max(depth_of), transitions=transitions)
     graph = StateGraph(
         states,
         parent,

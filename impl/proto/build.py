@@ -23,7 +23,13 @@ def generate(out_dir: Path) -> list[Path]:
 
 def generate_proto(proto_root: Path, proto_file: str, package: str, out_dir: Path) -> list[Path]:
     """Run protoc on `proto_root/proto_file` into `out_dir` (the Python package `package`)."""
-    from grpc_tools import protoc  # build-time only
+    try:
+        from grpc_tools import protoc  # build-time only
+    except ImportError as exc:
+        raise SystemExit(
+            "regenerating the gRPC code needs grpcio-tools, which is not installed: "
+            "pip install -e '.[proto]' (make venv installs it with the dev extra)"
+        ) from exc
 
     out_dir.mkdir(parents=True, exist_ok=True)
     include = str(resources.files("grpc_tools") / "_proto")

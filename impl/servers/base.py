@@ -21,7 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 from impl.core.common import Log, Reply, RequestId, Status
 from impl.errors import ConfigError
 from impl.eventlog import EventLog
-from impl.metrics import Metrics
+from impl.metrics import Metrics, RpcTimer
 from impl.modes import Mode
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 from impl.tls import TlsFiles
@@ -158,7 +158,10 @@ class BaseServer:
         )
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=channel_options(self.common.max_message_bytes))
+        server = grpc.aio.server(
+            options=channel_options(self.common.max_message_bytes),
+            interceptors=[RpcTimer(self.metrics)],
+        )
         self._register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         bind = f"{self.common.host}:{self.common.port}"

@@ -31,6 +31,7 @@ def test_conform_exits_0_when_the_target_conforms(
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {
+        "schema",  # kvhandoff.conform/1 (docs/schemas/conform.schema.json)
         "target",
         "mode",
         "traces",

@@ -4,9 +4,12 @@ serves Prometheus metrics derived from it."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from impl.cluster import Cluster
 from impl.eventlog import read_events
@@ -89,3 +92,56 @@ def test_incident_mode_raises_invariant_alarms_in_metrics(
     header, _ = read_events(Path(cluster.config.log_dir) / "decode.jsonl")  # type: ignore[arg-type]
     assert header["mode"] == "incident"
     assert json.dumps(header["config"])  # serialisable limits
+
+
+def _scrape(port: int | None) -> str:
+    assert port
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def test_metrics_exposition_help_integers_and_histograms(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster("reference", metrics=True, decode_pages=16, context_window=64)
+    with cluster.client() as c:
+        c.generate("t", encode("x" * 100), 4)  # refused at the door
+        for _ in range(3):
+            assert c.generate("t", encode("hello"), 4).status == "ok"
+    router = _scrape(cluster.router_server.metrics_port)
+    decode = _scrape(cluster.decode_server.metrics_port)
+    prefill = _scrape(cluster.prefill_server.metrics_port)
+    for body in (router, decode, prefill):
+        # Every family has its help and type; every sample carries the server label.
+        helped = set(re.findall(r"^# HELP (\S+) ", body, re.M))
+        typed = set(re.findall(r"^# TYPE (\S+) ", body, re.M))
+        assert helped == typed and "kvhandoff_events_total" in typed
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                assert 'server="' in line, line
+        # Whole values print as integers, never as 1.0 or in exponent form.
+        assert not re.search(r"^[^#].* -?\d+\.0$", body, re.M)
+        assert "e+" not in body
+    assert 'kvhandoff_requests_total{code="OK",server="router",status="ok"} 3' in router
+    assert re.search(
+        r'kvhandoff_requests_total\{code="OUT_OF_RANGE",server="router",status="error"\} 1', router
+    )
+    assert 'kvhandoff_request_duration_seconds_count{server="router",status="ok"} 3' in router
+    assert 'kvhandoff_rpc_duration_seconds_count{code="OK",method="Router/Generate"' in router
+    assert 'kvhandoff_handoff_duration_seconds_count{server="decode"} 3' in decode
+    assert 'kvhandoff_handoffs_total{server="decode"} 3' in decode
+    assert 'kvhandoff_queue_wait_seconds_count{server="prefill"} 3' in prefill
+    # Cumulative timers are counters (named _total), pool state is a gauge.
+    assert "# TYPE kvhandoff_validation_seconds_total counter" in decode
+    assert "# TYPE kvhandoff_pages_free gauge" in decode
+    assert cluster.decode_server.metrics.get("kvhandoff_handoff_duration_seconds") == 3
+
+
+def test_metrics_refuse_a_name_used_with_other_labels() -> None:
+    from impl.metrics import Metrics
+
+    m = Metrics("decode")
+    m.inc("kvhandoff_refused_writes_total", reason="bad_token")
+    with pytest.raises(ValueError, match=r"takes labels \['reason'\], got \[\]"):
+        m.inc("kvhandoff_refused_writes_total")
+    m.inc("kvhandoff_events_total", 1234567, event="x")
+    assert 'kvhandoff_events_total{event="x",server="decode"} 1234567\n' in m.render()

@@ -226,3 +226,39 @@ def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> 
     from_file = argparse.Namespace(prompt=None, prompt_file=f, prompt_tokens=None)
     from_text = argparse.Namespace(prompt="hé", prompt_file=None, prompt_tokens=None)
     assert _read_prompt(from_file) == _read_prompt(from_text) == [104, 195, 169]
+
+
+def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> None:
+    import urllib.request
+
+    from impl.client import Client
+
+    args = ["serve", "all", "--device", "cpu", "--json", "--metrics-port", "0"]
+    proc = subprocess.Popen(
+        kvhandoff(*args, "--state-dir", str(tmp_path / "state")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        metrics = info["metrics"]
+        assert set(metrics) == {"router", "prefill", "decode"}
+        assert len({a.rsplit(":", 1)[1] for a in metrics.values()}) == 3
+        with Client(str(info["router"])) as c:
+            assert c.generate("t", [72, 105, 33], 3).status == "ok"
+        body = (
+            urllib.request.urlopen(f"http://{metrics['router']}/metrics", timeout=5).read().decode()
+        )
+        assert 'kvhandoff_requests_total{code="OK",server="router",status="ok"} 1' in body
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    # Three servers cannot share one fixed port.
+    assert main(["serve", "all", "--metrics-port", "9100"]) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -157,3 +158,46 @@ def test_the_conformance_hook_runs_the_conform_command(tmp_path: Path) -> None:
     assert result["exit_code"] == 0 and result["verdict"] == "conforms"
     assert result["result"]["traces"] >= 30 and result["result"]["failures"] == []
     assert (tmp_path / "conformance-junit.xml").is_file()
+
+
+def test_the_report_links_the_offline_trace_explorer(demo: DemoRun) -> None:
+    md = (demo.out / "report.md").read_text()
+    assert "[explorer.html](explorer.html)" in md
+    page = (demo.out / "explorer.html").read_text()
+    assert '<script type="application/json" id="trace-data">' in page
+    assert "https://" not in page and "http://" not in page
+    assert '"title": "reference on the same requests"' in page
+
+
+def test_the_report_grids_and_glossary(demo: DemoRun) -> None:
+    md = (demo.out / "report.md").read_text()
+    proof = md.split("## Proof obligations: the reference protocol", 1)[1].split("\n## ", 1)[0]
+    grid = [line for line in proof.splitlines() if line.startswith("| `")]
+    header = next(line for line in proof.splitlines() if line.startswith("| invariant |"))
+    # One row per inductive invariant, one column per action (named, not numbered).
+    assert "| initial state | decode admit request |" in header
+    obligations = [r for r in grid if r.count("|") == header.count("|")]
+    assert len(obligations) >= 10
+    assert all(set(r.split("|")[2:-1]) <= {" ✓ ", " ", " **✗** ", " ? "} for r in obligations)
+    assert re.search(r"; \d+ obligations, \d+\.\d s of solver time in all", proof)
+    # A proof searches no runs: its witnesses are not reported as "NOT reached".
+    assert "NOT reached" not in proof and "not checked by this engine" in proof
+    glossary = md.split("## Glossary", 1)[1]
+    for term in ("ghost", "witness", "generation", "room", "M-number"):
+        assert f"- **{term}**: " in glossary
+
+
+def test_the_kill_matrix_names_its_columns() -> None:
+    from kvhandoff_cli.demo import DemoRun as Run
+    from kvhandoff_cli.demo import MatrixRow, _matrix_lines
+
+    run = Run(Path("."), ("matrix",))
+    run.matrix = [
+        MatrixRow("incident", ["M1"], "", ["no_cross_tenant_read"], ["no_cross_tenant_read"], 1, 0)
+    ]
+    lines = _matrix_lines(run)
+    header = next(line for line in lines if line.startswith("| variant |"))
+    assert "| no cross tenant read |" in header and "`1`" not in header
+    assert not any(line.startswith("Columns:") for line in lines)
+    row = next(line for line in lines if line.startswith("| `incident`"))
+    assert "**✗**" in row and row.endswith("| yes |")

@@ -56,7 +56,12 @@ def test_the_chart_has_worker_and_page_lanes_and_highlights_the_violating_read(
     incident_trace: str,
 ) -> None:
     story = build_story(get_variant("incident"), load_trace(incident_trace))
-    chart = to_mermaid(story)
+    wrapped = to_mermaid(story)
+    # Notes and messages are broken into short lines so they stay inside their boxes.
+    for line in wrapped.splitlines():
+        text = line.split(": ", 1)[1] if ": " in line else ""
+        assert all(len(part) <= 40 for part in text.split("<br/>") if " " in part), line
+    chart = wrapped.replace("<br/>", " ")
     lines = chart.splitlines()
     assert lines[0] == "sequenceDiagram"
     assert lines[1:7] == [
@@ -67,10 +72,19 @@ def test_the_chart_has_worker_and_page_lanes_and_highlights_the_violating_read(
         "    participant page1 as page 1",
         "    participant page2 as page 2",
     ]
+    stripped = [line.strip() for line in lines]
     assert (
-        "    Note over page0,page1: released, NOT zeroed: still data of req 0 / tenant a (gen 1)"
-        in lines
+        "Note over page0,page1: released, NOT zeroed: still data of req 0 / tenant a (gen 1)"
+        in stripped
     )
+    # The steps the incident turns on are boxed and named, apart from the fatal one.
+    keys = [line for line in stripped if line.startswith("Note over router,page2: key step:")]
+    assert keys == [
+        "Note over router,page2: key step: prefill's view of the prompt changed",
+        "Note over router,page2: key step: pages released without zeroing",
+        "Note over router,page2: key step: a completion that does not cover the grant is accepted",
+    ]
+    assert chart.count("rect rgb(255, 236, 190)") == 3
     assert (
         "    prefill->>page0: 21. decode_receive_write: data of req 1 / tenant b (gen 2)" in lines
     )
@@ -78,8 +92,16 @@ def test_the_chart_has_worker_and_page_lanes_and_highlights_the_violating_read(
     assert "24. decode_generate" in box
     assert "page1-->>decode: read: data of req 0 / tenant a (gen 1) NOT ITS OWN" in box
     assert "VIOLATED: no_cross_tenant_read" in box
-    # Every page lane that is activated is deactivated only while active.
-    assert chart.count("activate page") >= chart.count("deactivate page") * 2
+    # Every activation bar is closed (Mermaid draws an unclosed one not at all), and a page is
+    # deactivated only while active.
+    depth = dict.fromkeys(range(3), 0)
+    for line in stripped:
+        if line.startswith(("activate page", "deactivate page")):
+            page = int(line.rsplit("page", 1)[1])
+            depth[page] += 1 if line.startswith("activate") else -1
+            assert depth[page] in (0, 1), line
+    assert depth == dict.fromkeys(range(3), 0)
+    assert lines[-1] == "    deactivate page2"
     for step in range(1, 25):
         assert f" {step}. " in chart, f"step {step} is not named in the chart"
 
@@ -90,6 +112,9 @@ def test_markdown_holds_the_chart_and_the_steps(incident_trace: str) -> None:
     assert md.startswith("# no_cross_tenant_read: variant incident\n")
     assert "```mermaid\nsequenceDiagram\n" in md
     assert "24. `decode_generate` req 1 (tenant b, 3 pages, room 2)" in md
+    # Sub-items are indented to their item's text, so CommonMark keeps one numbered list.
+    assert "\n    - req 1: decode validated &rarr; generated\n" in md
+    assert "\n2. `" in md and "\n   - " in md
     assert "**VIOLATED `no_cross_tenant_read`**" in md
 
 
