@@ -82,6 +82,9 @@ DECLARED: dict[str, Declared] = {
     ),
     "kvhandoff_handoff_pages_total": Declared("counter", "Pages moved by validated handoffs."),
     "kvhandoff_handoff_bytes_total": Declared("counter", "Bytes moved by validated handoffs."),
+    "kvhandoff_landed_pages_total": Declared(
+        "counter", "Decode: pages accepted from one-sided writes (--transport mooncake)."
+    ),
     "kvhandoff_request_duration_seconds": Declared(
         "histogram",
         "Router: seconds from admitting a request to answering the client, by status.",
