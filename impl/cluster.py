@@ -26,7 +26,7 @@ from impl.client import Client
 from impl.core.common import RequestId
 from impl.core.decode import GrantView
 from impl.errors import ConfigError, TransportError
-from impl.eventlog import EventLog
+from impl.eventlog import EventLog, new_log_key
 from impl.modes import Mode, get_mode
 from impl.pool import PoolShape
 from impl.servers.base import CommonSettings, Runtime
@@ -81,6 +81,7 @@ class ClusterConfig:
     log_dir: Path | None = None
     state_dir: Path | None = None
     tls: TlsFiles | None = None
+    log_key: bytes | None = None  # keys the digests in event logs; None: a fresh one per cluster
 
     def resolved(self) -> ClusterConfig:
         d = defaults_for(get_mode(self.mode))
@@ -121,6 +122,8 @@ class Cluster:
             state_dir = Path(self._tmp.name)
         self.state_dir = state_dir
         self.runtime = Runtime()
+        # One key for the three logs of a deployment, so their digests compare; never logged.
+        self.log_key = self.config.log_key or new_log_key()
         self._logs: dict[str, EventLog] = {}
         self.prefill_server: PrefillServer
         self.decode_server: DecodeServer
@@ -203,6 +206,7 @@ class Cluster:
                     "prefill_pages": c.prefill_pages,
                     **self.limits.as_json(),
                 },
+                key=self.log_key,
             )
         return self._logs[role]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -42,6 +43,13 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument(
         "--log-dir", type=Path, help="write one JSON Lines event log per server here"
+    )
+    serve.add_argument(
+        "--log-key-file",
+        type=Path,
+        help="secret (>= 16 bytes) that keys the digests written in event logs; give every role "
+        "the same file to compare their logs. Without it, each start makes a fresh key, which "
+        "is never printed or logged",
     )
     serve.add_argument("--state-dir", type=Path, help="decode's persisted state (boot counter)")
     serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics (0 = any port)")
@@ -103,6 +111,21 @@ def _tls(args: argparse.Namespace) -> Any:
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
 
 
+def _log_key(args: argparse.Namespace) -> bytes | None:
+    path: Path | None = args.log_key_file
+    if path is None:
+        return None  # the servers make a fresh one
+    try:
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read --log-key-file {str(path)!r}: {exc.strerror}") from exc
+    if len(key) < 16:
+        raise UsageError(
+            f"--log-key-file {str(path)!r} holds {len(key)} bytes; a log key needs at least 16"
+        )
+    return key
+
+
 def _cluster_config(args: argparse.Namespace) -> Any:
     from impl.cluster import ClusterConfig
     from impl.errors import ConfigError
@@ -143,6 +166,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         log_dir=args.log_dir,
         state_dir=args.state_dir,
         tls=_tls(args),
+        log_key=_log_key(args),
     ).resolved()
 
 
@@ -204,6 +228,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
         metrics_port=args.metrics_port,
         tls=config.tls,
         max_message_bytes=config.max_message_bytes,
+        log_key=config.log_key,
     )
     shape = PoolShape(config.layers, config.page_size, config.heads, config.head_dim)
     server: BaseServer
@@ -258,16 +283,29 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
     return EXIT_OK
 
 
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} "
+            "(the tokenizer takes UTF-8 text; give token ids with --prompt-tokens)"
+        ) from None
+
+
 def _read_prompt(args: argparse.Namespace) -> list[int]:
     from impl.tokenizer import VOCAB_SIZE, encode
 
     if args.prompt is not None:
-        return encode(args.prompt)
+        # A non-UTF-8 argument reaches Python as lone surrogates (PEP 383): get the bytes back.
+        raw = os.fsencode(args.prompt)
+        return encode(_utf8(raw, "--prompt"))
     path: Path = args.prompt_file or args.prompt_tokens
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {str(path)!r}: {exc.strerror}") from exc
+    text = _utf8(data, repr(str(path)))
     if args.prompt_file is not None:
         return encode(text)
     tokens: list[int] = []

@@ -24,6 +24,7 @@ from impl.eventlog import EventLog
 from impl.metrics import Metrics
 from impl.modes import Mode
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.proto.rpc import ANSWERED_KEY
 from impl.tls import TlsFiles
 
 T = TypeVar("T")
@@ -39,6 +40,58 @@ class CommonSettings:
     max_message_bytes: int = 8 << 20
     tick_interval_s: float = 0.05
     rpc_timeout_s: float = 30.0
+    log_key: bytes | None = None  # keys event-log digests (impl.eventlog); None: a fresh one
+
+
+# Bounds on every size a peer or client controls (docs/impl.md, "Bounds", lists them with the
+# error each gets). Message bytes are bounded by `CommonSettings.max_message_bytes`; page lists by
+# each role's pool and prompt limits; pending state by the cores' own caps.
+MAX_ID_CHARS = 128  # request ids and tenants
+MAX_REASON_CHARS = 4096  # reasons in rejections and cancels
+MAX_SECRET_BYTES = 64  # capability tokens and digests
+
+_STRING_BOUNDS = {
+    "request_id": MAX_ID_CHARS,
+    "tenant": MAX_ID_CHARS,
+    "reason": MAX_REASON_CHARS,
+    "code": 32,
+    "dtype": 32,
+}
+_BYTES_BOUNDS = {"token": MAX_SECRET_BYTES, "digest": MAX_SECRET_BYTES}
+
+
+def bounds_problem(msg: Any) -> Reply | None:
+    """The first field of ``msg`` over its bound, as an INVALID_ARGUMENT reply naming the field,
+    its size and the bound; None when every bounded field fits. Fields are looked up by name,
+    so one function serves every message type."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name, bound in _STRING_BOUNDS.items():
+        if name in fields and len(getattr(msg, name)) > bound:
+            size = len(getattr(msg, name))
+            return Reply(
+                Status.INVALID_ARGUMENT, f"{name} of {size} characters is over the bound of {bound}"
+            )
+    for name, bound in _BYTES_BOUNDS.items():
+        if name in fields and len(getattr(msg, name)) > bound:
+            size = len(getattr(msg, name))
+            return Reply(
+                Status.INVALID_ARGUMENT, f"{name} of {size} bytes is over the bound of {bound}"
+            )
+    if "digests" in fields:
+        for i, d in enumerate(msg.digests):
+            if len(d) > MAX_SECRET_BYTES:
+                return Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"digest {i} of {len(d)} bytes is over the bound of {MAX_SECRET_BYTES}",
+                )
+    return None
+
+
+async def check_bounds(context: grpc.aio.ServicerContext, msg: Any) -> None:
+    """Answer the call INVALID_ARGUMENT when a field of ``msg`` is over its bound."""
+    problem = bounds_problem(msg)
+    if problem is not None:
+        await abort_with(context, problem)
 
 
 def grpc_code(status: Status) -> grpc.StatusCode:
@@ -63,11 +116,6 @@ def status_of(exc: grpc.RpcError) -> tuple[Status, str]:
         return Status[name], str(details or name)
     except KeyError:
         return Status.UNKNOWN, str(details or name)
-
-
-ANSWERED_KEY = "kvhandoff-answered"
-"""Trailing metadata on every error a server answers, so a caller can tell an answer from a
-broken call (`answered`)."""
 
 
 async def abort_with(context: grpc.aio.ServicerContext, reply: Reply) -> NoReturn:
@@ -110,7 +158,9 @@ class BaseServer:
         self.mode = mode
         self.boot_epoch = secrets.randbits(48) | 1
         path = common.log_dir / f"{self.role}.jsonl" if common.log_dir is not None else None
-        self.event_log = event_log or EventLog(path, self.role, mode.name, log_config)
+        self.event_log = event_log or EventLog(
+            path, self.role, mode.name, log_config, key=common.log_key
+        )
         self.metrics = Metrics(self.role)
         self.port = 0
         self.metrics_port: int | None = None
@@ -145,6 +195,7 @@ class BaseServer:
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelResponse:
+        await check_bounds(context, request)
         reply = self.cancel(RequestId(request.request_id), request.reason)
         if reply.status is not Status.OK:
             await abort_with(context, reply)

@@ -30,7 +30,14 @@ from impl.pool import (
 )
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.servers.base import (
+    BaseServer,
+    CommonSettings,
+    abort_with,
+    call_quietly,
+    check_bounds,
+    status_of,
+)
 
 MAX_REQUEST_ID = 128
 MAX_TENANT = 128
@@ -211,7 +218,12 @@ class DecodeServer(BaseServer):
         # A lost abort is retried by the core (Tick), so failures need no handling here.
         await call_quietly(
             self._stub().ReceiveAbort(
-                pb.Abort(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
+                pb.Abort(
+                    request_id=cmd.request_id,
+                    room=cmd.room,
+                    generation=cmd.generation,
+                    token=cmd.token,
+                ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
             )
@@ -230,6 +242,7 @@ class DecodeServer(BaseServer):
     async def Submit(
         self, request: pb.DecodeSubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.DecodeSubmitResponse:
+        await check_bounds(context, request)
         rid = RequestId(request.request_id)
         if not 0 < len(rid) <= MAX_REQUEST_ID:
             await abort_with(
@@ -308,6 +321,7 @@ class DecodeServer(BaseServer):
         async for msg in request_iterator:
             if len(self._handoff_started) > 4096:
                 self._handoff_started.clear()  # only failed transfers leave entries behind
+            await check_bounds(context, msg)
             self._handoff_started.setdefault(RequestId(msg.request_id), opened)
             if not msg.page_ids:
                 await abort_with(
@@ -360,6 +374,7 @@ class DecodeServer(BaseServer):
     async def Complete(
         self, request: pb.Completion, context: grpc.aio.ServicerContext
     ) -> pb.CompletionVerdict:
+        await check_bounds(context, request)
         cmds = self.feed(
             dc.CompletionReceived(
                 RequestId(request.request_id),
@@ -388,6 +403,7 @@ class DecodeServer(BaseServer):
     async def Reject(
         self, request: pb.Rejection, context: grpc.aio.ServicerContext
     ) -> pb.RejectionAck:
+        await check_bounds(context, request)
         try:
             status = Status[request.code]
         except KeyError:
@@ -408,11 +424,19 @@ class DecodeServer(BaseServer):
     async def ReceiveAbortAck(
         self, request: pb.AbortAck, context: grpc.aio.ServicerContext
     ) -> pb.AbortAckResponse:
-        self.feed(
-            dc.AbortAckReceived(
-                RequestId(request.request_id), Room(request.room), Generation(request.generation)
+        await check_bounds(context, request)
+        reply = self.reply_of(
+            self.feed(
+                dc.AbortAckReceived(
+                    RequestId(request.request_id),
+                    Room(request.room),
+                    Generation(request.generation),
+                    request.token,
+                )
             )
         )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
         return pb.AbortAckResponse()
 
     def cancel(self, request_id: RequestId, reason: str) -> Reply:

@@ -14,17 +14,33 @@ import grpc.aio
 import torch
 
 from impl.core import prefill as pc
-from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.core.common import (
+    Generation,
+    Log,
+    PageId,
+    Reply,
+    RequestId,
+    Room,
+    Status,
+    Tenant,
+    pages_for,
+)
 from impl.eventlog import EventLog
 from impl.model import CopyHeadModel
 from impl.modes import Mode
 from impl.pool import DTYPE_NAME, PoolShape, page_digest, resolve_device, tensor_bytes, wire_pages
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.servers.base import (
+    BaseServer,
+    CommonSettings,
+    abort_with,
+    call_quietly,
+    check_bounds,
+    status_of,
+)
 from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
 
-MAX_GRANT_PAGES = 1 << 20
 WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
 
 
@@ -84,6 +100,9 @@ class PrefillServer(BaseServer):
                 orphan_grant_timeout_s=s.orphan_grant_timeout_s,
                 behaviour=mode.behaviour,
             )
+        )
+        self.max_grant_pages = pages_for(
+            max(s.context_window, s.max_prompt_tokens), s.shape.page_size
         )
         self.device = resolve_device(s.device)
         self.model = CopyHeadModel(s.shape, self.device)
@@ -283,7 +302,12 @@ class PrefillServer(BaseServer):
     async def _send_abort_ack(self, cmd: pc.SendAbortAck) -> None:
         await call_quietly(
             self._stub().ReceiveAbortAck(
-                pb.AbortAck(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
+                pb.AbortAck(
+                    request_id=cmd.request_id,
+                    room=cmd.room,
+                    generation=cmd.generation,
+                    token=cmd.token,
+                ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
             )
@@ -294,6 +318,7 @@ class PrefillServer(BaseServer):
     async def Submit(
         self, request: pb.PrefillSubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrefillSubmitResponse:
+        await check_bounds(context, request)
         rid = RequestId(request.request_id)
         if not rid or not request.tenant:
             await abort_with(
@@ -347,12 +372,15 @@ class PrefillServer(BaseServer):
     async def ReceiveGrant(
         self, request: pb.Grant, context: grpc.aio.ServicerContext
     ) -> pb.GrantAck:
-        if not request.page_ids or len(request.page_ids) > MAX_GRANT_PAGES:
+        await check_bounds(context, request)
+        if not request.page_ids or len(request.page_ids) > self.max_grant_pages:
+            # The bound is the longest prompt this deployment serves, in pages: a grant can
+            # never need more, and a parked one then holds kilobytes, not megabytes.
             await abort_with(
                 context,
                 Reply(
                     Status.INVALID_ARGUMENT,
-                    f"grant of {len(request.page_ids)} pages must have 1..{MAX_GRANT_PAGES}",
+                    f"grant of {len(request.page_ids)} pages must have 1..{self.max_grant_pages}",
                 ),
             )
         reply = self.feed(
@@ -373,11 +401,17 @@ class PrefillServer(BaseServer):
     async def ReceiveAbort(
         self, request: pb.Abort, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
-        self.feed(
+        await check_bounds(context, request)
+        reply = self.feed(
             pc.AbortReceived(
-                RequestId(request.request_id), Room(request.room), Generation(request.generation)
+                RequestId(request.request_id),
+                Room(request.room),
+                Generation(request.generation),
+                request.token,
             )
         )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
         return pb.AbortResponse()
 
     def cancel(self, request_id: RequestId, reason: str) -> Reply:

@@ -24,6 +24,7 @@ from impl.servers.base import (
     abort_with,
     answered,
     call_quietly,
+    check_bounds,
     status_of,
 )
 from impl.tokenizer import VOCAB_SIZE
@@ -151,6 +152,7 @@ class RouterServer(BaseServer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateResponse:
+        await check_bounds(context, request)
         if not 0 < len(request.tenant) <= MAX_TENANT:
             await abort_with(
                 context,

@@ -152,6 +152,35 @@ def test_bad_prompt_tokens_are_exit_2_naming_the_token(
     assert "999" in capsys.readouterr().err
 
 
+def test_a_non_utf8_prompt_or_binary_prompt_file_is_exit_2_naming_the_byte(
+    tmp_path: Path,
+) -> None:
+    # A real process: a non-UTF-8 argv reaches Python as surrogates, as it does from a shell.
+    bad_arg = os.fsdecode(b"caf\xe9")
+    run = subprocess.run(
+        kvhandoff("generate", "--router", "127.0.0.1:1", "--tenant", "t", "--prompt", bad_arg),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "--prompt is not UTF-8 text: byte 0xe9 at offset 3" in run.stderr
+    assert "Traceback" not in run.stderr
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x00\x00\xff")
+    for flag in ("--prompt-file", "--prompt-tokens"):
+        run = subprocess.run(
+            kvhandoff("generate", "--router", "127.0.0.1:1", "--tenant", "t", flag, str(binary)),
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=60,
+        )
+        assert run.returncode == 2, run.stderr
+        assert "blob.bin" in run.stderr and "byte 0xff at offset 8" in run.stderr
+
+
 def test_a_single_role_needs_its_peers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "decode"]) == 2
     assert "--prefill" in capsys.readouterr().err
@@ -226,3 +255,10 @@ def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> 
     from_file = argparse.Namespace(prompt=None, prompt_file=f, prompt_tokens=None)
     from_text = argparse.Namespace(prompt="hé", prompt_file=None, prompt_tokens=None)
     assert _read_prompt(from_file) == _read_prompt(from_text) == [104, 195, 169]
+
+
+def test_a_short_log_key_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"short")
+    assert main(["serve", "all", "--log-key-file", str(key)]) == 2
+    assert "holds 5 bytes; a log key needs at least 16" in capsys.readouterr().err

@@ -101,14 +101,16 @@ class GrantAck(_message.Message):
     def __init__(self, boot_epoch: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("request_id", "room", "generation")
+    __slots__ = ("request_id", "room", "generation", "token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ()
@@ -205,14 +207,16 @@ class RejectionAck(_message.Message):
     def __init__(self) -> None: ...
 
 class AbortAck(_message.Message):
-    __slots__ = ("request_id", "room", "generation")
+    __slots__ = ("request_id", "room", "generation", "token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class AbortAckResponse(_message.Message):
     __slots__ = ()
