@@ -33,7 +33,7 @@ from impl.servers.base import CommonSettings, Runtime
 from impl.servers.decode import DecodeServer, DecodeSettings
 from impl.servers.prefill import PrefillServer, PrefillSettings
 from impl.servers.router import RouterServer, RouterSettings
-from impl.tls import TlsFiles
+from impl.tls import Pki, TlsFiles
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,10 @@ class ClusterConfig:
     metrics: bool = False
     log_dir: Path | None = None
     state_dir: Path | None = None
-    tls: TlsFiles | None = None
+    pki: Path | None = None  # mutual TLS with identities from this CA (created if absent)
+    admission_queue_len: int = 256  # decode's and the router's admission queues (0: none)
+    admission_timeout_s: float = 10.0
+    max_in_flight: int = 1024  # router: requests in the cluster at once; more wait in its queue
     log_key: bytes | None = None  # keys the digests in event logs; None: a fresh one per cluster
 
     def resolved(self) -> ClusterConfig:
@@ -121,6 +124,13 @@ class Cluster:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvhandoff-state-")
             state_dir = Path(self._tmp.name)
         self.state_dir = state_dir
+        # With a PKI every server gets a certificate naming its role, and callers are
+        # authorized by theirs; without one the servers run plaintext and allow every call.
+        self.pki = Pki.open(self.config.pki) if self.config.pki is not None else None
+        self._tls: dict[str, TlsFiles] = {}
+        if self.pki is not None:
+            for role in ("router", "prefill", "decode"):
+                self._tls[role] = self.pki.issue(role)
         self.runtime = Runtime()
         # One key for the three logs of a deployment, so their digests compare; never logged.
         self.log_key = self.config.log_key or new_log_key()
@@ -136,14 +146,14 @@ class Cluster:
 
     # ------------------------------------------------------------------ settings
 
-    def _common(self, port: int) -> CommonSettings:
+    def _common(self, port: int, role: str) -> CommonSettings:
         c = self.config
         return CommonSettings(
             host=c.host,
             port=port,
             log_dir=c.log_dir,
             metrics_port=0 if c.metrics else None,
-            tls=c.tls,
+            tls=self._tls.get(role),
             max_message_bytes=c.max_message_bytes,
             rpc_timeout_s=c.rpc_timeout_s,
         )
@@ -156,7 +166,7 @@ class Cluster:
         c = self.config
         assert c.decode_pages is not None and c.context_window is not None
         return DecodeSettings(
-            common=self._common(port),
+            common=self._common(port, "decode"),
             prefill_address=prefill,
             shape=self._shape(),
             num_pages=c.decode_pages,
@@ -169,13 +179,15 @@ class Cluster:
             prefill_dead_after_misses=c.prefill_dead_after_misses,
             device=c.device,
             state_dir=self.state_dir,
+            admission_queue_len=c.admission_queue_len,
+            admission_timeout_s=c.admission_timeout_s,
         )
 
     def _prefill_settings(self, port: int, decode: str) -> PrefillSettings:
         c = self.config
         assert c.prefill_pages is not None and c.context_window is not None
         return PrefillSettings(
-            common=self._common(port),
+            common=self._common(port, "prefill"),
             decode_address=decode,
             shape=self._shape(),
             num_pages=c.prefill_pages,
@@ -227,10 +239,13 @@ class Cluster:
         await self.decode_server.start()
         self.router_server = RouterServer(
             RouterSettings(
-                self._common(c.router_port),
+                self._common(c.router_port, "router"),
                 prefill_addr,
                 decode_addr,
                 context_window=self.limits.context_window,
+                max_in_flight=c.max_in_flight,
+                admission_queue_len=c.admission_queue_len,
+                admission_timeout_s=c.admission_timeout_s,
             ),
             self.mode,
             self._log("router"),
@@ -282,14 +297,24 @@ class Cluster:
                 channel.close()
 
     def _sync_channel(self, address: str) -> grpc.Channel:
-        if self.config.tls is not None:
-            return grpc.secure_channel(address, self.config.tls.channel_credentials())
+        if "router" in self._tls:  # health checks are open to any certificate of the CA
+            return grpc.secure_channel(address, self._tls["router"].channel_credentials())
         return grpc.insecure_channel(address)
 
-    def client(self) -> Client:
-        return Client(
-            self.router, tls=self.config.tls, max_message_bytes=self.config.max_message_bytes
-        )
+    def client_tls(self, tenant: str) -> TlsFiles | None:
+        """A client certificate for ``tenant`` (None without a PKI)."""
+        if self.pki is None:
+            return None
+        return self.pki.issue("client", tenant)
+
+    def client(self, tenant: str | None = None) -> Client:
+        """A router client; with a PKI it acts for ``tenant``, which its certificate names."""
+        tls = None
+        if self.pki is not None:
+            if tenant is None:
+                raise ConfigError("with a PKI a client acts for one tenant: client(tenant=...)")
+            tls = self.client_tls(tenant)
+        return Client(self.router, tls=tls, max_message_bytes=self.config.max_message_bytes)
 
     def crash_prefill(self) -> None:
         self.runtime.run(self.prefill_server.stop(grace=0))

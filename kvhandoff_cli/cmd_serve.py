@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,23 @@ def register(subparsers: Any) -> None:
         default=30.0,
         help="decode waits this long for a completion (s)",
     )
-    serve.add_argument("--tls-cert", type=Path)
+    serve.add_argument(
+        "--pki-dir",
+        type=Path,
+        help="mutual TLS with identities: a CA in this directory (created if absent) issues each "
+        "server a certificate naming its role. `serve all` without --pki-dir or --insecure makes "
+        "a throwaway one in a fresh temporary directory",
+    )
+    serve.add_argument(
+        "--tls-cert", type=Path, help="one role: its certificate (must name the role)"
+    )
     serve.add_argument("--tls-key", type=Path)
     serve.add_argument("--tls-ca", type=Path)
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext, no authorization: any caller may call any RPC and claim any tenant",
+    )
     serve.add_argument(
         "--json",
         action="store_true",
@@ -90,11 +105,56 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--max-tokens", type=int, default=16)
     gen.add_argument("--request-id", default="")
     gen.add_argument("--timeout", type=float, default=60.0)
-    gen.add_argument("--tls-cert", type=Path)
+    gen.add_argument(
+        "--pki-dir",
+        type=Path,
+        help="the servers' CA directory: mints a client certificate for --tenant from it",
+    )
+    gen.add_argument("--tls-cert", type=Path, help="a client certificate naming the tenant")
     gen.add_argument("--tls-key", type=Path)
     gen.add_argument("--tls-ca", type=Path)
     gen.add_argument("--json", action="store_true")
     gen.set_defaults(func=run_generate)
+
+
+INSECURE_NOTICE = (
+    "kvhandoff serve: INSECURE: plaintext gRPC without authorization; any caller that reaches "
+    "these ports may call any RPC and claim any tenant (use --pki-dir for mutual TLS)"
+)
+
+
+def _security(args: argparse.Namespace) -> tuple[Path | None, Any]:
+    """(PKI directory, TLS files of a single role): at most one of --pki-dir, --tls-* and
+    --insecure; `serve all` with none of them gets a throwaway PKI (made by the caller)."""
+    chosen = [
+        name
+        for name, on in (
+            ("--pki-dir", args.pki_dir is not None),
+            ("--tls-cert/--tls-key/--tls-ca", args.tls_cert is not None),
+            ("--insecure", args.insecure),
+        )
+        if on
+    ]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} exclude each other")
+    if args.role == "all" and args.tls_cert is not None:
+        raise UsageError("serve all runs three roles, each with its own certificate: use --pki-dir")
+    if args.role != "all" and not chosen:
+        raise UsageError(
+            f"serve {args.role} needs --pki-dir DIR (mutual TLS, the same CA for every role), "
+            "--tls-cert/--tls-key/--tls-ca, or --insecure"
+        )
+    tls = _tls(args)
+    if tls is not None:
+        from impl.tls import identity_of_pem
+
+        identity = identity_of_pem(tls.cert.read_bytes())
+        if identity is None or identity.role != args.role:
+            raise UsageError(
+                f"certificate {str(tls.cert)!r} names {identity or 'no kvhandoff identity'}, "
+                f"not the role {args.role!r} (a SAN URI kvhandoff:role={args.role})"
+            )
+    return args.pki_dir, tls
 
 
 def _tls(args: argparse.Namespace) -> Any:
@@ -165,7 +225,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         metrics=args.metrics_port is not None,
         log_dir=args.log_dir,
         state_dir=args.state_dir,
-        tls=_tls(args),
+        pki=args.pki_dir if args.role == "all" else None,
         log_key=_log_key(args),
     ).resolved()
 
@@ -182,23 +242,40 @@ def run_serve(args: argparse.Namespace) -> int:
     from impl.cluster import Cluster
     from impl.errors import KvhandoffError
 
+    pki_dir = _security(args)[0] if args.role == "all" else None
+    throwaway: tempfile.TemporaryDirectory[str] | None = None
+    if args.role == "all" and pki_dir is None and not args.insecure:
+        throwaway = tempfile.TemporaryDirectory(prefix="kvhandoff-pki-")
+        args.pki_dir = Path(throwaway.name)
     config = _cluster_config(args)
     try:
         if args.role == "all":
+            if args.insecure:
+                print(INSECURE_NOTICE, file=sys.stderr, flush=True)
             cluster = Cluster(config)
             try:
                 cluster.wait_healthy()
+                pki = str(config.pki) if config.pki is not None else None
                 if args.json:
-                    print(json.dumps(cluster.addresses()), flush=True)
+                    print(json.dumps({**cluster.addresses(), "pki": pki}), flush=True)
                 else:
                     print(
                         f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
                         f"prefill {cluster.prefill}, decode {cluster.decode}",
                         flush=True,
                     )
+                    if pki is not None:
+                        kind = "throwaway CA" if throwaway is not None else "CA"
+                        print(
+                            f"mutual TLS, {kind} in {pki}: kvhandoff generate --pki-dir {pki} "
+                            "--tenant T ...",
+                            flush=True,
+                        )
                 _wait_for_signal()
             finally:
                 cluster.stop()
+                if throwaway is not None:
+                    throwaway.cleanup()
             return EXIT_OK
         return _serve_one(args, config)
     except KvhandoffError as exc:
@@ -221,12 +298,19 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
             raise UsageError(f"serve {args.role} needs --{peer} HOST:PORT")
     limits = config.limits()
     mode = get_mode(config.mode)
+    pki_dir, tls = _security(args)
+    if args.insecure:
+        print(INSECURE_NOTICE, file=sys.stderr, flush=True)
+    if pki_dir is not None:
+        from impl.tls import Pki
+
+        tls = Pki.open(pki_dir).issue(args.role)
     common = CommonSettings(
         host=args.host,
         port=args.port,
         log_dir=args.log_dir,
         metrics_port=args.metrics_port,
-        tls=config.tls,
+        tls=tls,
         max_message_bytes=config.max_message_bytes,
         log_key=config.log_key,
     )
@@ -326,7 +410,20 @@ def run_generate(args: argparse.Namespace) -> int:
     tokens = _read_prompt(args)
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    with Client(args.router, tls=_tls(args)) as client:
+    tls = _tls(args)
+    if args.pki_dir is not None:
+        if tls is not None:
+            raise UsageError("--pki-dir and --tls-cert/--tls-key/--tls-ca exclude each other")
+        from impl.errors import ConfigError
+        from impl.tls import Pki
+
+        if not (args.pki_dir / "ca.crt").is_file():
+            raise UsageError(f"--pki-dir {str(args.pki_dir)!r} holds no CA (ca.crt)")
+        try:
+            tls = Pki.open(args.pki_dir).issue("client", args.tenant)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
+    with Client(args.router, tls=tls) as client:
         result = client.generate(
             args.tenant, tokens, args.max_tokens, args.request_id, args.timeout
         )

@@ -56,8 +56,23 @@ async def _refuse(context: grpc.aio.ServicerContext, bad: Malformed) -> None:
     )
 
 
-def _checked_unary(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+Authorize = Callable[[str, grpc.aio.ServicerContext], "tuple[grpc.StatusCode, str] | None"]
+
+
+async def _authorized(
+    authorize: Authorize | None, method: str, context: grpc.aio.ServicerContext
+) -> None:
+    # Before the request is looked at: a caller without the right role learns nothing else.
+    refusal = authorize(method, context) if authorize is not None else None
+    if refusal is not None:
+        await context.abort(refusal[0], refusal[1], trailing_metadata=((ANSWERED_KEY, "1"),))
+
+
+def _checked_unary(
+    fn: Callable[[Any, Any], Awaitable[Any]], method: str, authorize: Authorize | None
+) -> Callable[..., Awaitable[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _authorized(authorize, method, context)
         if isinstance(request, Malformed):
             await _refuse(context, request)
         return await fn(request, context)
@@ -65,8 +80,12 @@ def _checked_unary(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[..., Aw
     return call
 
 
-def _checked_stream(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _checked_stream(
+    fn: Callable[[Any, Any], Awaitable[Any]], method: str, authorize: Authorize | None
+) -> Callable[..., Awaitable[Any]]:
     async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        await _authorized(authorize, method, context)
+
         async def checked() -> AsyncIterator[Any]:
             async for msg in requests:
                 if isinstance(msg, Malformed):
@@ -80,6 +99,7 @@ def _checked_stream(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[..., A
 
 def _add(service: str, servicer: object, server: Any) -> None:
     desc = _pb.DESCRIPTOR.services_by_name[service]
+    authorize: Authorize | None = getattr(servicer, "authorize", None)
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in desc.methods:
         request_cls = getattr(_pb, method.input_type.name)
@@ -87,13 +107,13 @@ def _add(service: str, servicer: object, server: Any) -> None:
         fn = getattr(servicer, method.name)
         if method.client_streaming:
             handlers[method.name] = grpc.stream_unary_rpc_method_handler(
-                _checked_stream(fn),
+                _checked_stream(fn, method.name, authorize),
                 request_deserializer=_parser(request_cls),
                 response_serializer=response_cls.SerializeToString,
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _checked_unary(fn),
+                _checked_unary(fn, method.name, authorize),
                 request_deserializer=_parser(request_cls),
                 response_serializer=response_cls.SerializeToString,
             )

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
@@ -25,7 +25,7 @@ from impl.metrics import Metrics
 from impl.modes import Mode
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 from impl.proto.rpc import ANSWERED_KEY
-from impl.tls import TlsFiles
+from impl.tls import Identity, TlsFiles, identity_of_pem
 
 T = TypeVar("T")
 
@@ -179,12 +179,50 @@ class BaseServer:
     def _register(self, server: grpc.aio.Server) -> None:
         raise NotImplementedError
 
+    # -------------------------------------------------------------- identity and authorization
+
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {}
+    """Method name -> the roles that may call it; a method not listed is open to every
+    authenticated caller (Info: peers probe each other's health and limits with it)."""
+
+    def caller(self, context: grpc.aio.ServicerContext) -> Identity | None:
+        """The identity in the caller's client certificate; None without TLS (``--insecure``)
+        or when the certificate carries no kvhandoff identity."""
+        if self.common.tls is None:
+            return None
+        pems = context.auth_context().get("x509_pem_cert") or []
+        return identity_of_pem(bytes(pems[0])) if pems else None
+
+    def authorize(
+        self, method: str, context: grpc.aio.ServicerContext
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """None when the caller may call ``method``, else the refusal (called by impl.proto.rpc
+        before the request is parsed). Without TLS everything is allowed: that is what
+        ``--insecure`` means, and `kvhandoff serve` says so when it starts."""
+        if self.common.tls is None:
+            return None
+        identity = self.caller(context)
+        if identity is None:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                "the client certificate carries no kvhandoff identity (a subject-alternative-"
+                "name URI kvhandoff:role=ROLE)",
+            )
+        allowed = self.allowed_roles.get(method)
+        if allowed is not None and identity.role not in allowed:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{identity} may not call {self.role} {method} "
+                f"(only {' or '.join(sorted(allowed))} may)",
+            )
+        return None
+
     async def _on_tick(self, now: float) -> None:
         """Feed the core a Tick; subclasses override."""
 
     # -------------------------------------------------------------- RPCs every role serves
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
         """Feed the core this role's cancel event; subclasses override."""
         raise NotImplementedError
 
@@ -196,7 +234,7 @@ class BaseServer:
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelResponse:
         await check_bounds(context, request)
-        reply = self.cancel(RequestId(request.request_id), request.reason)
+        reply = self.cancel(RequestId(request.request_id), request.reason, self.caller(context))
         if reply.status is not Status.OK:
             await abort_with(context, reply)
         return pb.CancelResponse()

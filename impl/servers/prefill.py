@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import grpc.aio
@@ -39,6 +39,7 @@ from impl.servers.base import (
     check_bounds,
     status_of,
 )
+from impl.tls import Identity
 from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
 
 WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
@@ -71,6 +72,12 @@ class PrefillSettings:
 
 class PrefillServer(BaseServer):
     role = "prefill"
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {
+        "Submit": frozenset({"router"}),
+        "Cancel": frozenset({"router"}),
+        "ReceiveGrant": frozenset({"decode"}),
+        "ReceiveAbort": frozenset({"decode"}),
+    }
 
     def __init__(
         self,
@@ -414,7 +421,7 @@ class PrefillServer(BaseServer):
             await abort_with(context, reply)
         return pb.AbortResponse()
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
         return self.feed(pc.CancelRequest(request_id, reason or "cancelled"))
 
     def info_fields(self) -> dict[str, int]:

@@ -7,7 +7,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import grpc.aio
@@ -18,6 +18,7 @@ from impl.eventlog import EventLog
 from impl.modes import Mode
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.servers.admission import AdmissionQueue
 from impl.servers.base import (
     BaseServer,
     CommonSettings,
@@ -27,6 +28,7 @@ from impl.servers.base import (
     check_bounds,
     status_of,
 )
+from impl.tls import Identity
 from impl.tokenizer import VOCAB_SIZE
 
 MAX_TENANT = 128
@@ -41,10 +43,17 @@ class RouterSettings:
     decode_address: str
     context_window: int = 256
     max_new_tokens: int = 1024
+    max_in_flight: int = 1024  # requests in the cluster at once; more wait in the queue
+    admission_queue_len: int = 256
+    admission_timeout_s: float = 10.0
 
 
 class RouterServer(BaseServer):
     role = "router"
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {
+        "Generate": frozenset({"client"}),
+        "Cancel": frozenset({"client"}),
+    }
 
     def __init__(self, settings: RouterSettings, mode: Mode, event_log: EventLog | None = None):
         self.settings = settings
@@ -60,9 +69,73 @@ class RouterServer(BaseServer):
         self._prompts: dict[RequestId, list[int]] = {}
         self._answers: dict[RequestId, list[int]] = {}
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
+        self.queue: AdmissionQueue[asyncio.Future[Reply]] = AdmissionQueue(
+            settings.admission_queue_len, settings.admission_timeout_s
+        )
+        self._in_flight = 0
+        self.metrics.gauge("kvhandoff_admission_queue_length", lambda: float(len(self.queue)))
+        self.metrics.gauge("kvhandoff_requests_in_flight", lambda: float(self._in_flight))
 
     def _register(self, server: grpc.aio.Server) -> None:
         rpc.add_router(self, server)
+
+    # -------------------------------------------------------------- admission queue
+
+    def _pump(self) -> None:
+        while self._in_flight < self.settings.max_in_flight:
+            entry = self.queue.pop_admissible(lambda _: True)
+            if entry is None:
+                return
+            self.metrics.inc(
+                "kvhandoff_admission_wait_seconds_total", time.monotonic() - entry.enqueued
+            )
+            self.metrics.inc("kvhandoff_admission_admitted_total")
+            self._in_flight += 1  # the slot is the waiting call's from here
+            if not entry.item.done():
+                entry.item.set_result(Reply(Status.OK))
+
+    async def _on_tick(self, now: float) -> None:
+        for entry in self.queue.expired(now):
+            self.metrics.inc("kvhandoff_admission_refused_total", reason="deadline")
+            if not entry.item.done():
+                entry.item.set_result(
+                    Reply(
+                        Status.RESOURCE_EXHAUSTED,
+                        f"waited {self.queue.timeout_s:g}s in the router's admission queue "
+                        f"({self._in_flight} requests in flight, the bound is "
+                        f"{self.settings.max_in_flight})",
+                    )
+                )
+
+    async def _admission(self, tenant: str, context: grpc.aio.ServicerContext) -> None:
+        """Take an in-flight slot, waiting in the queue (tenants in turn) when none is free."""
+        if self._in_flight < self.settings.max_in_flight and not len(self.queue):
+            self._in_flight += 1
+            return
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        entry = self.queue.push(tenant, fut, time.monotonic())
+        if entry is None:
+            self.metrics.inc("kvhandoff_admission_refused_total", reason="queue_full")
+            await abort_with(
+                context,
+                Reply(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"the router's admission queue is full ({len(self.queue)} waiting, "
+                    f"{self._in_flight} in flight)",
+                ),
+            )
+        try:
+            reply = await fut
+        except asyncio.CancelledError:
+            if not self.queue.remove(entry) and fut.done() and fut.result().status is Status.OK:
+                self._finished_one()  # it had been given a slot
+            raise
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+
+    def _finished_one(self) -> None:
+        self._in_flight -= 1
+        self._pump()
 
     def feed(self, event: rc.RouterEvent) -> Reply:
         reply = Reply(Status.OK)
@@ -153,6 +226,18 @@ class RouterServer(BaseServer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateResponse:
         await check_bounds(context, request)
+        caller = self.caller(context)
+        if caller is not None:
+            # The tenant is the certificate's; a request may repeat it, never name another.
+            if request.tenant and request.tenant != caller.tenant:
+                await abort_with(
+                    context,
+                    Reply(
+                        Status.PERMISSION_DENIED,
+                        f"{caller} may not act for tenant {request.tenant!r}",
+                    ),
+                )
+            request.tenant = caller.tenant or ""
         if not 0 < len(request.tenant) <= MAX_TENANT:
             await abort_with(
                 context,
@@ -184,6 +269,23 @@ class RouterServer(BaseServer):
                 context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
             )
         max_tokens = request.max_tokens or DEFAULT_MAX_TOKENS
+        await self._admission(request.tenant, context)
+        try:
+            return await self._generate(request, context, rid, max_tokens)
+        finally:
+            self._finished_one()
+
+    async def _generate(
+        self,
+        request: pb.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+        rid: RequestId,
+        max_tokens: int,
+    ) -> pb.GenerateResponse:
+        if rid in self._waiters:
+            await abort_with(
+                context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
+            )
         fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         self._prompts[rid] = list(request.prompt_tokens)
@@ -214,7 +316,11 @@ class RouterServer(BaseServer):
             await abort_with(context, Reply(status, message))
         return pb.GenerateResponse(request_id=rid, tokens=tokens)
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
+        if caller is not None and self.core.tenant_of(request_id) != caller.tenant:
+            # Another tenant's request answers exactly as an unknown one: a tenant can neither
+            # cancel it nor learn that it exists.
+            return Reply(Status.NOT_FOUND, f"no active request {request_id!r}")
         return self.feed(rc.ClientCancel(request_id, reason or "client cancelled"))
 
     def info_fields(self) -> dict[str, int]:
