@@ -41,8 +41,9 @@ class GrpcTarget(Target):
     name = "grpc"
     fine_grained = False
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", **cluster_settings: Any) -> None:
         self.device = device
+        self.cluster_settings = cluster_settings  # extra ClusterConfig fields (fault campaigns)
         self.cluster: Any = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._key: tuple[Any, ...] | None = None
@@ -82,6 +83,7 @@ class GrpcTarget(Target):
                 heartbeat_interval_s=0.05,
                 log_dir=self.log_dir,
                 state_dir=root / "state",
+                **self.cluster_settings,
             )
             self.cluster.wait_healthy()
             self._offsets: dict[str, int] = {}

@@ -246,6 +246,10 @@ class Matchers:
                 out.append(Match((PrefillReceiveGrant(m),), _parked(r, g)))
             else:
                 out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
+        if outcome in ("refused", "dropped") and not out and req.p in PREFILL_TERMINAL:
+            # A second copy of a grant prefill already refused (the network duplicated it):
+            # refused again, prefill's state unchanged, so a stutter explains it.
+            out.append(Match(()))
         return out
 
     def m_prefill_write_page(self, ev: Event, s: State, r: int | None) -> list[Match]:
@@ -373,6 +377,10 @@ class Matchers:
             else:
                 check = _decode_phase(r, "failed")
             out.append(Match((DecodeReceiveCompletion(m),), check))
+        if ignored and not out:
+            # A second copy of a completion decode already received (the network duplicated
+            # it): refused, and decode's state is unchanged, so a stutter explains it.
+            out.append(Match((), _unchanged_decode(r)))
         return out
 
     def m_decode_receive_rejection(self, ev: Event, s: State, r: int | None) -> list[Match]:

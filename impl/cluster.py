@@ -14,6 +14,7 @@ counter, so generations never repeat).
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from impl.modes import Mode, get_mode
 from impl.pool import PoolShape
 from impl.servers.base import CommonSettings, Runtime
 from impl.servers.decode import DecodeServer, DecodeSettings
+from impl.servers.faults import FaultPlan
 from impl.servers.prefill import PrefillServer, PrefillSettings
 from impl.servers.router import RouterServer, RouterSettings
 from impl.tls import Pki, TlsFiles
@@ -69,6 +71,7 @@ class ClusterConfig:
     heartbeat_interval_s: float = 0.2
     prefill_dead_after_misses: int = 5
     orphan_grant_timeout_s: float = 10.0
+    prefill_grant_timeout_s: float | None = 60.0
     pages_per_message: int = 16
     write_delay_s: float = 0.0
     max_message_bytes: int = 8 << 20
@@ -135,6 +138,7 @@ class Cluster:
         # One key for the three logs of a deployment, so their digests compare; never logged.
         self.log_key = self.config.log_key or new_log_key()
         self._logs: dict[str, EventLog] = {}
+        self.faults: FaultPlan | None = None
         self.prefill_server: PrefillServer
         self.decode_server: DecodeServer
         self.router_server: RouterServer
@@ -196,6 +200,7 @@ class Cluster:
             pages_per_message=c.pages_per_message,
             write_delay_s=c.write_delay_s,
             orphan_grant_timeout_s=c.orphan_grant_timeout_s,
+            grant_timeout_s=c.prefill_grant_timeout_s,
             device=c.device,
         )
 
@@ -319,9 +324,41 @@ class Cluster:
     def crash_prefill(self) -> None:
         self.runtime.run(self.prefill_server.stop(grace=0))
 
+    def wait_peers_connected(self, timeout: float = 5.0) -> bool:
+        """True once every channel the servers hold to each other is READY (after a restart a
+        channel reconnects with a backoff: calls made meanwhile wait for it)."""
+
+        async def ready() -> bool:
+            servers = (self.router_server, self.prefill_server, self.decode_server)
+            deadline = time.monotonic() + timeout
+            for server in servers:
+                for channel in list(server._channels.values()):
+                    while True:
+                        state = channel.get_state(try_to_connect=True)
+                        if state is grpc.ChannelConnectivity.READY:
+                            break
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return False
+                        try:
+                            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+                        except TimeoutError:
+                            return False
+            return True
+
+        return bool(self.runtime.run(ready(), timeout + 5))
+
+    def set_faults(self, plan: FaultPlan | None) -> None:
+        """Fault campaigns: send every control message between prefill and decode through
+        ``plan`` (impl.servers.faults), restarted servers included; None turns faults off."""
+        self.faults = plan
+        self.prefill_server.faults = plan
+        self.decode_server.faults = plan
+
     def restart_prefill(self) -> None:
         old = self.prefill_server
         server = PrefillServer(old.settings, self.mode, self._log("prefill"), restarted=True)
+        server.faults = self.faults
         self.runtime.run(server.start())
         self.prefill_server = server
 
@@ -331,6 +368,7 @@ class Cluster:
     def restart_decode(self) -> None:
         old = self.decode_server
         server = DecodeServer(old.settings, self.mode, self._log("decode"))
+        server.faults = self.faults
         self.runtime.run(server.start())
         self.decode_server = server
 

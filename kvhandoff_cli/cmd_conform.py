@@ -41,6 +41,13 @@ def register(sub: Any) -> None:
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument("--out", metavar="DIR", default="kvhandoff-report", help="where failures go")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--faults",
+        metavar="LIST",
+        help="with --target grpc: a fault campaign over the real servers, with these faults "
+        "(comma-separated, or all): crash, restart, cancel, timeout, late, dup, drop, oversize "
+        "(see conformance/fault_campaign.py)",
+    )
     p.set_defaults(func=run_conform)
 
     r = sub.add_parser(
@@ -147,6 +154,8 @@ def _not_covered_lines(not_covered: dict[str, str]) -> list[str]:
 def run_conform(args: argparse.Namespace) -> int:
     if args.traces < 1 or args.steps < 1:
         raise UsageError("--traces and --steps must be at least 1")
+    if getattr(args, "faults", None) is not None:
+        return _fault_campaign(args)
 
     def body() -> int:
         target = _make_target(args.target, args.mode)
@@ -184,6 +193,42 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
             print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file})")
         for line in _not_covered_lines(report.not_covered):
             print(line)
+    return EXIT_OK if report.conforms else EXIT_VIOLATED
+
+
+def _fault_campaign(args: argparse.Namespace) -> int:
+    from conformance.fault_campaign import parse_faults, run_fault_campaign
+    from impl.errors import ConfigError
+    from impl.modes import get_mode
+
+    if args.target != "grpc":
+        raise UsageError(
+            f"--faults runs over the real gRPC servers: use --target grpc, not {args.target!r}"
+        )
+    try:
+        faults = parse_faults(args.faults)
+        get_mode(args.mode)
+    except (ValueError, ConfigError) as exc:
+        raise UsageError(str(exc)) from exc
+    report = run_fault_campaign(
+        args.mode, args.traces, args.seed, faults, Path(args.out), steps=args.steps
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        verdict = "conforms" if report.conforms else "diverges"
+        print(
+            f"target grpc, mode {report.mode}, faults {','.join(report.faults)}: "
+            f"{report.traces} traces in {report.seconds:.1f} s: {verdict}; "
+            f"{report.divergences} divergences, {report.cross_tenant_reads} cross-tenant reads, "
+            f"{report.unanswered} unanswered, {report.pages_lost} with pages held at quiescence"
+        )
+        print("  injected: " + ", ".join(f"{k} {v}" for k, v in sorted(report.injected.items())))
+        if report.failure is not None:
+            f = report.failure
+            print(f"  trace {f['trace']}: {f['kind']} ({f['property']}): {f['message']}")
+            print(f"  program: {f['program']}")
+            print(f"  merged log: {f['log']} (kvhandoff validate-log {f['log']})")
     return EXIT_OK if report.conforms else EXIT_VIOLATED
 
 

@@ -299,6 +299,8 @@ class GrantView:
 class _Tombstone:
     tenant: Tenant
     pages: tuple[PageId, ...]
+    token: bytes = b""
+    validated: bool = False  # its completion was validated (a second copy is answered OK)
 
 
 class DecodeCore:
@@ -620,8 +622,22 @@ class DecodeCore:
                 Reply(status, message),
             ]
 
+        def duplicate() -> list[DecodeCommand]:
+            # A second copy of a completion already validated (a network that duplicates, a
+            # sender that retries): answered as the first was, and nothing changes.
+            return [
+                Log(
+                    "decode_receive_completion",
+                    {**args, "verdict": "validated", "ignored": True, "reason": "duplicate"},
+                ),
+                Reply(Status.OK),
+            ]
+
         req = self._find_for_completion(ev)
         if req is None:
+            tomb = self._released.get((ev.request_id, ev.generation))
+            if tomb is not None and tomb.validated and hmac.compare_digest(ev.token, tomb.token):
+                return duplicate()
             return ignore(Status.NOT_FOUND, "unknown_request", f"unknown request {ev.request_id!r}")
         if ev.room != req.room:
             return ignore(
@@ -646,6 +662,8 @@ class DecodeCore:
                 f"capability token does not match generation {req.generation} "
                 f"of request {req.request_id!r}",
             )
+        if req.state is RequestState.GENERATING and identity_checked:
+            return duplicate()
         if req.state is not RequestState.WAITING:
             return ignore(
                 Status.FAILED_PRECONDITION,
@@ -956,7 +974,9 @@ class DecodeCore:
                 del self._owner[p]
                 self._free.add(p)
         del self._requests[req.request_id]
-        self._released[(req.request_id, req.generation)] = _Tombstone(req.tenant, req.pages)
+        self._released[(req.request_id, req.generation)] = _Tombstone(
+            req.tenant, req.pages, req.token, validated=reason == "answered"
+        )
         while len(self._released) > self.config.max_tombstones:
             self._released.popitem(last=False)
         return [

@@ -58,6 +58,10 @@ class PrefillConfig:
     max_parked_grants: int = 1024
     max_tombstones: int = 4096
     max_active_requests: int = 1024  # admitted requests not yet finished (pending state bound)
+    # An admitted request whose grant has not come by then fails (SGLang's bootstrap timeout):
+    # its decode side may be gone (a hand-over that crossed a restart, a request decode already
+    # failed), and nothing else would ever end it. None: wait forever (the in-process cores).
+    grant_timeout_s: float | None = None
     behaviour: Behaviour = field(default_factory=Behaviour)
 
 
@@ -262,6 +266,7 @@ class _Request:
     grant: _Grant | None = None
     sent: list[tuple[PageId, bytes]] = field(default_factory=list)
     stop_reason: str = ""  # set when writes are being cancelled: "abort" or "cancel"
+    grant_deadline: float | None = None
 
 
 class PrefillCore:
@@ -360,6 +365,8 @@ class PrefillCore:
         else:
             cmds.append(Log("prefill_admit_request", base))
         req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder, truncated)
+        if self.config.grant_timeout_s is not None:
+            req.grant_deadline = ev.now + self.config.grant_timeout_s
         self._requests[ev.request_id] = req
         key = (ev.request_id, ev.room)
         if key not in self._parked and self._b.accept_orphan_grants:
@@ -708,6 +715,18 @@ class PrefillCore:
 
     def _on_tick(self, ev: Tick) -> list[PrefillCommand]:
         cmds: list[PrefillCommand] = []
+        for req in list(self._requests.values()):
+            if (
+                req.state is PrefillState.ADMITTED
+                and req.grant is None
+                and req.grant_deadline is not None
+                and ev.now >= req.grant_deadline
+            ):
+                reason = (
+                    f"no grant from decode for request {req.request_id!r} within "
+                    f"{self.config.grant_timeout_s:g}s"
+                )
+                cmds += self._fail(req, Status.DEADLINE_EXCEEDED, reason, tell_decode=True)
         for key, grant in list(self._parked.items()):
             if grant.deadline is None or ev.now < grant.deadline:
                 continue

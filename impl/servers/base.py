@@ -25,6 +25,7 @@ from impl.metrics import Metrics
 from impl.modes import Mode
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 from impl.proto.rpc import ANSWERED_KEY
+from impl.servers.faults import FaultPlan
 from impl.tls import Identity, TlsFiles, identity_of_pem
 
 T = TypeVar("T")
@@ -169,6 +170,7 @@ class BaseServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.health = health_aio.HealthServicer()
+        self.faults: FaultPlan | None = None  # fault campaigns only (impl.servers.faults)
 
     @property
     def address(self) -> str:
@@ -301,6 +303,27 @@ class BaseServer:
                 ch = grpc.aio.insecure_channel(address, options=opts)
             self._channels[address] = ch
         return ch
+
+    async def send_control(
+        self, kind: str, call: Callable[[], Awaitable[T]]
+    ) -> tuple[Status, str, T | None]:
+        """Send one control message (``call`` makes the gRPC call) through the fault plan, if
+        any: it may be delayed, duplicated or (for messages the protocol repeats) lost without
+        the sender knowing. Returns the call's status, message and response."""
+        plan = self.faults
+        if plan is not None:
+            delay = plan.delay(kind)
+            if delay:
+                await asyncio.sleep(delay)
+            if plan.lose(kind):
+                return Status.OK, "", None
+            if plan.duplicate(kind):
+                self.spawn(call_quietly(call()))
+        try:
+            return Status.OK, "", await call()
+        except grpc.RpcError as exc:
+            status, message = status_of(exc)
+            return status, message, None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -35,9 +35,7 @@ from impl.servers.base import (
     BaseServer,
     CommonSettings,
     abort_with,
-    call_quietly,
     check_bounds,
-    status_of,
 )
 from impl.tls import Identity
 
@@ -314,13 +312,14 @@ class DecodeServer(BaseServer):
             token=cmd.token,
             prompt_tokens=cmd.prompt_len,
         )
-        try:
-            ack = await self._stub().ReceiveGrant(
+        status, message, ack = await self.send_control(
+            "grant",
+            lambda: self._stub().ReceiveGrant(
                 grant, timeout=self.common.rpc_timeout_s, wait_for_ready=True
-            )
-        except grpc.RpcError as exc:
+            ),
+        )
+        if ack is None or status is not Status.OK:
             if not self._stopping:
-                _, message = status_of(exc)
                 self.feed(dc.GrantFailed(cmd.request_id, cmd.generation, message, time.monotonic()))
             return
         if not self._stopping:
@@ -332,17 +331,14 @@ class DecodeServer(BaseServer):
 
     async def _send_abort(self, cmd: dc.SendAbort) -> None:
         # A lost abort is retried by the core (Tick), so failures need no handling here.
-        await call_quietly(
-            self._stub().ReceiveAbort(
-                pb.Abort(
-                    request_id=cmd.request_id,
-                    room=cmd.room,
-                    generation=cmd.generation,
-                    token=cmd.token,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        abort = pb.Abort(
+            request_id=cmd.request_id, room=cmd.room, generation=cmd.generation, token=cmd.token
+        )
+        await self.send_control(
+            "abort",
+            lambda: self._stub().ReceiveAbort(
+                abort, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
 
     def _generate(self, cmd: dc.Generate) -> None:

@@ -35,7 +35,6 @@ from impl.servers.base import (
     BaseServer,
     CommonSettings,
     abort_with,
-    call_quietly,
     check_bounds,
     status_of,
 )
@@ -67,6 +66,7 @@ class PrefillSettings:
     pages_per_message: int = 16
     write_delay_s: float = 0.0  # pause between write messages (tests use it to open a window)
     orphan_grant_timeout_s: float = 10.0
+    grant_timeout_s: float | None = 60.0  # an admitted request without a grant fails then
     device: str = "auto"
 
 
@@ -105,6 +105,7 @@ class PrefillServer(BaseServer):
                 page_size=s.shape.page_size,
                 max_prompt_tokens=s.max_prompt_tokens,
                 orphan_grant_timeout_s=s.orphan_grant_timeout_s,
+                grant_timeout_s=s.grant_timeout_s,
                 behaviour=mode.behaviour,
             )
         )
@@ -271,35 +272,32 @@ class PrefillServer(BaseServer):
             yield batch.payload
 
     async def _send_completion(self, cmd: pc.SendCompletion) -> None:
-        status, message = await call_quietly(
-            self._stub().Complete(
-                pb.Completion(
-                    request_id=cmd.request_id,
-                    room=cmd.room,
-                    generation=cmd.generation,
-                    token=cmd.token,
-                    page_count=cmd.page_count,
-                    digest=cmd.digest,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        completion = pb.Completion(
+            request_id=cmd.request_id,
+            room=cmd.room,
+            generation=cmd.generation,
+            token=cmd.token,
+            page_count=cmd.page_count,
+            digest=cmd.digest,
+        )
+        status, message, _ = await self.send_control(
+            "completion",
+            lambda: self._stub().Complete(
+                completion, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
         if not self._stopping:
             self.feed(pc.CompletionAnswered(cmd.request_id, cmd.generation, status, message))
 
     async def _send_rejection(self, cmd: pc.SendRejection) -> None:
-        status, message = await call_quietly(
-            self._stub().Reject(
-                pb.Rejection(
-                    request_id=cmd.request_id,
-                    room=cmd.room,
-                    code=cmd.status.value,
-                    reason=cmd.reason,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        rejection = pb.Rejection(
+            request_id=cmd.request_id, room=cmd.room, code=cmd.status.value, reason=cmd.reason
+        )
+        status, message, _ = await self.send_control(
+            "rejection",
+            lambda: self._stub().Reject(
+                rejection, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
         if status is not Status.OK:
             self.log_event(
@@ -307,17 +305,14 @@ class PrefillServer(BaseServer):
             )
 
     async def _send_abort_ack(self, cmd: pc.SendAbortAck) -> None:
-        await call_quietly(
-            self._stub().ReceiveAbortAck(
-                pb.AbortAck(
-                    request_id=cmd.request_id,
-                    room=cmd.room,
-                    generation=cmd.generation,
-                    token=cmd.token,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        ack = pb.AbortAck(
+            request_id=cmd.request_id, room=cmd.room, generation=cmd.generation, token=cmd.token
+        )
+        await self.send_control(
+            "abort_ack",
+            lambda: self._stub().ReceiveAbortAck(
+                ack, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
 
     # -------------------------------------------------------------- RPCs

@@ -238,3 +238,42 @@ def test_an_early_rejection_refuses_only_a_submit_for_its_own_room() -> None:
     core.handle(dc.RejectionReceived(RequestId("r2"), ROOM, Status.ABORTED, "real"))
     cmds = core.handle(dc.SubmitRequest(RequestId("r2"), Tenant("a"), ROOM, 8, 4, TOKEN, 0.0))
     assert reply(cmds).status is Status.ABORTED
+
+
+def test_an_admitted_request_whose_grant_never_comes_fails_and_tells_decode() -> None:
+    # Issue 15, crash in flight: a hand-over that crossed a prefill restart was admitted by the
+    # new prefill and held until the router's call timed out; now the grant has a deadline.
+    core = pc.PrefillCore(
+        pc.PrefillConfig(page_size=PAGE, max_prompt_tokens=64, grant_timeout_s=2.0)
+    )
+    core.handle(pc.SubmitRequest(RID, Tenant("a"), ROOM, 8, 10.0))
+    assert core.handle(pc.Tick(11.9)) == []
+    cmds = core.handle(pc.Tick(12.0))
+    assert core.active_requests() == {}
+    rejection = next(c for c in cmds if isinstance(c, pc.SendRejection))
+    assert rejection.status is Status.DEADLINE_EXCEEDED and "within 2s" in rejection.reason
+    answer = next(c for c in cmds if isinstance(c, pc.AnswerRequest))
+    assert answer.status is Status.DEADLINE_EXCEEDED
+    # A request that got its grant in time is not touched by the deadline.
+    p = prefill_writing()
+    assert p.core.handle(pc.Tick(1e9)) == []
+
+
+def test_a_second_copy_of_a_validated_completion_is_answered_ok_and_changes_nothing() -> None:
+    from impl.core.common import completion_digest
+
+    d = decode_waiting()
+    for i, page in enumerate(d.grant.pages):
+        d.core.handle(
+            dc.WriteReceived(RID, ROOM, d.grant.generation, TOKEN, page, 0, b"%d" % i, b"%d" % i)
+        )
+    digest = completion_digest(d.grant.generation, d.grant.pages, [b"0", b"1"])
+    done = dc.CompletionReceived(RID, ROOM, d.grant.generation, TOKEN, 2, digest)
+    assert any(isinstance(c, dc.Generate) for c in d.core.handle(done))
+    again = d.core.handle(done)  # while generating
+    assert reply(again).status is Status.OK and not any(isinstance(c, dc.Generate) for c in again)
+    d.core.handle(dc.GenerationFinished(RID, d.grant.generation, 4))
+    assert reply(d.core.handle(done)).status is Status.OK  # after release
+    forged = dc.CompletionReceived(RID, ROOM, d.grant.generation, b"forged", 2, digest)
+    assert reply(d.core.handle(forged)).status is Status.NOT_FOUND
+    assert d.core.free_pages == 8
