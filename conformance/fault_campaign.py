@@ -121,7 +121,12 @@ def run_fault_campaign(
 
     cfg = config or campaign_config()
     report = FaultReport(mode, sorted(faults))
-    settings: dict[str, Any] = {"admission_timeout_s": 5.0, "prefill_grant_timeout_s": 5.0}
+    # Short timers so a trace with lost aborts or stalled writes settles in well under a second.
+    settings: dict[str, Any] = {
+        "admission_timeout_s": 5.0,
+        "prefill_grant_timeout_s": 5.0,
+        "abort_retry_s": 0.2,
+    }
     if "timeout" in faults:
         settings["waiting_timeout_s"] = 1.0
     target = _FaultTarget(device=device, **settings)

@@ -147,6 +147,12 @@ class Cluster:
         except BaseException:
             self.runtime.close()
             raise
+        try:
+            self._router_sees(self.prefill, self.prefill_server.boot_epoch)
+            self._router_sees(self.decode, self.decode_server.boot_epoch)
+        except BaseException:
+            self.stop()
+            raise
 
     # ------------------------------------------------------------------ settings
 
@@ -348,6 +354,16 @@ class Cluster:
 
         return bool(self.runtime.run(ready(), timeout + 5))
 
+    def _router_sees(self, address: str, epoch: int, timeout: float = 5.0) -> None:
+        """A restart is complete once the router knows the new incarnation (until then it
+        refuses to hand requests over to that role: they could reach either incarnation)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.runtime.call(lambda: self.router_server.known_epoch(address)) == epoch:
+                return
+            time.sleep(0.005)
+        raise TransportError(f"the router did not reconnect to {address} within {timeout}s")
+
     def set_faults(self, plan: FaultPlan | None) -> None:
         """Fault campaigns: send every control message between prefill and decode through
         ``plan`` (impl.servers.faults), restarted servers included; None turns faults off."""
@@ -361,6 +377,7 @@ class Cluster:
         server.faults = self.faults
         self.runtime.run(server.start())
         self.prefill_server = server
+        self._router_sees(self.prefill, server.boot_epoch)
 
     def crash_decode(self) -> None:
         self.runtime.run(self.decode_server.stop(grace=0))
@@ -371,6 +388,7 @@ class Cluster:
         server.faults = self.faults
         self.runtime.run(server.start())
         self.decode_server = server
+        self._router_sees(self.decode, server.boot_epoch)
 
     def stall_prefill_writes(self, request_id: str, after_messages: int = 1) -> None:
         """Fault injection: prefill pauses the writes of ``request_id`` after that many messages."""

@@ -140,6 +140,9 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         # per-frame and flow-control round trips of a handoff.
         ("grpc.http2.max_frame_size", 4 << 20),
         ("grpc.http2.lookahead_bytes", 32 << 20),
+        # A channel leaves READY only when its connection breaks, never for being idle: the
+        # router takes leaving READY as "the peer may have restarted" (router.py).
+        ("grpc.client_idle_timeout_ms", 2**31 - 1),
     ]
 
 
@@ -240,6 +243,20 @@ class BaseServer:
         if reply.status is not Status.OK:
             await abort_with(context, reply)
         return pb.CancelResponse()
+
+    async def refuse_crossed_hand_over(
+        self, context: grpc.aio.ServicerContext, request: Any
+    ) -> None:
+        """A hand-over addressed to another incarnation of this server crossed its restart: it
+        is lost with the crash (as the spec says), so it is refused as a broken call would be
+        (no "answered" mark: for the router this is the crash, seen through this call)."""
+        if request.peer_epoch and request.peer_epoch != self.boot_epoch:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"request {request.request_id!r} was handed to {self.role} incarnation "
+                f"{request.peer_epoch}, which has restarted (now {self.boot_epoch}): "
+                "it was lost in the crash",
+            )
 
     async def Info(
         self, request: pb.InfoRequest, context: grpc.aio.ServicerContext

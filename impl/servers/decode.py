@@ -355,6 +355,7 @@ class DecodeServer(BaseServer):
         self, request: pb.DecodeSubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.DecodeSubmitResponse:
         await check_bounds(context, request)
+        await self.refuse_crossed_hand_over(context, request)
         rid = RequestId(request.request_id)
         if not 0 < len(rid) <= MAX_REQUEST_ID:
             await abort_with(

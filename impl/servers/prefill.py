@@ -321,6 +321,7 @@ class PrefillServer(BaseServer):
         self, request: pb.PrefillSubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrefillSubmitResponse:
         await check_bounds(context, request)
+        await self.refuse_crossed_hand_over(context, request)
         rid = RequestId(request.request_id)
         if not rid or not request.tenant:
             await abort_with(

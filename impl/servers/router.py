@@ -73,11 +73,18 @@ class RouterServer(BaseServer):
             settings.admission_queue_len, settings.admission_timeout_s
         )
         self._in_flight = 0
+        self._epochs: dict[str, int] = {}
+        self._epoch_seen = asyncio.Event()
         self.metrics.gauge("kvhandoff_admission_queue_length", lambda: float(len(self.queue)))
         self.metrics.gauge("kvhandoff_requests_in_flight", lambda: float(self._in_flight))
 
     def _register(self, server: grpc.aio.Server) -> None:
         rpc.add_router(self, server)
+
+    async def start(self) -> None:
+        await super().start()
+        self.spawn(self._track_epoch(self.settings.prefill_address, rpc.prefill_stub))
+        self.spawn(self._track_epoch(self.settings.decode_address, rpc.decode_stub))
 
     # -------------------------------------------------------------- admission queue
 
@@ -146,9 +153,11 @@ class RouterServer(BaseServer):
                 case Reply():
                     reply = cmd
                 case rc.ForwardToPrefill():
-                    self.spawn(self._to_prefill(cmd))
+                    self.spawn(
+                        self._to_prefill(cmd, self._epoch_now(self.settings.prefill_address))
+                    )
                 case rc.ForwardToDecode():
-                    self.spawn(self._to_decode(cmd))
+                    self.spawn(self._to_decode(cmd, self._epoch_now(self.settings.decode_address)))
                 case rc.CancelAtPrefill():
                     self.spawn(
                         call_quietly(
@@ -181,8 +190,67 @@ class RouterServer(BaseServer):
     def _decode(self) -> Any:
         return rpc.decode_stub(self.channel(self.settings.decode_address))
 
-    async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
+    # -------------------------------------------------------------- peer incarnations
+    #
+    # A hand-over (the Submit to prefill or decode) is addressed to the incarnation of the peer
+    # that was up when the router accepted the request: it carries that boot epoch, and a
+    # restarted peer refuses it. Otherwise a hand-over that waited in the channel while the peer
+    # was down (gRPC's wait-for-ready) reached the next incarnation, which knew nothing of the
+    # request's cancel or of its other side's failure, and served or held a request the protocol
+    # had lost in the crash (issue 15, "crash in flight"). The router learns each peer's epoch
+    # from its Info whenever its channel becomes READY, and forgets it whenever the channel
+    # leaves READY (the connection broke: the peer may be another incarnation when it is back).
+    # A request accepted while the epoch is unknown came after the crash: it waits for the next
+    # incarnation and is bound to it.
+
+    def _epoch_now(self, address: str) -> int | None:
+        """The peer's epoch as known when the router accepts a request: the hand-over is bound
+        to it. None when it is not known (never learned, or the connection broke since): the
+        request came after the crash, so it waits for the next incarnation and goes there."""
+        return self._epochs.get(address)
+
+    async def _track_epoch(self, address: str, stub: Any) -> None:
+        channel = self.channel(address)
+        while not self._stopping:
+            state = channel.get_state(try_to_connect=True)
+            if state is grpc.ChannelConnectivity.READY:
+                try:
+                    info = await stub(channel).Info(pb.InfoRequest(), timeout=2.0)
+                    if channel.get_state() is grpc.ChannelConnectivity.READY:
+                        self._epochs[address] = int(info.boot_epoch)
+                        self._epoch_seen.set()
+                except grpc.RpcError:
+                    pass
+            await channel.wait_for_state_change(state)
+            self._epochs.pop(address, None)
+
+    def known_epoch(self, address: str) -> int | None:
+        return self._epochs.get(address)
+
+    async def _resolve_epoch(self, address: str, epoch: int | None) -> int | None:
+        if epoch is not None:
+            return epoch
+        deadline = time.monotonic() + self.common.rpc_timeout_s
+        while (got := self._epochs.get(address)) is None and time.monotonic() < deadline:
+            self._epoch_seen.clear()
+            try:
+                await asyncio.wait_for(self._epoch_seen.wait(), 0.1)
+            except TimeoutError:
+                pass
+        return got
+
+    @staticmethod
+    def _unreachable(role: str) -> tuple[Status, str]:
+        return (Status.UNAVAILABLE, f"{role} did not come back within the call's deadline")
+
+    async def _to_prefill(self, cmd: rc.ForwardToPrefill, epoch: int | None = None) -> None:
         prompt = self._prompts.get(cmd.request_id, [])
+        peer = await self._resolve_epoch(self.settings.prefill_address, epoch)
+        if peer is None:
+            if not self._stopping:
+                status, message = self._unreachable("prefill")
+                self.feed(rc.PrefillFinished(cmd.request_id, status, message, True))
+            return
         try:
             await self._prefill().Submit(
                 pb.PrefillSubmitRequest(
@@ -190,6 +258,7 @@ class RouterServer(BaseServer):
                     tenant=cmd.tenant,
                     room=cmd.room,
                     prompt_tokens=prompt,
+                    peer_epoch=peer,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -201,7 +270,13 @@ class RouterServer(BaseServer):
         if not self._stopping:
             self.feed(rc.PrefillFinished(cmd.request_id, status, message, broken))
 
-    async def _to_decode(self, cmd: rc.ForwardToDecode) -> None:
+    async def _to_decode(self, cmd: rc.ForwardToDecode, epoch: int | None = None) -> None:
+        peer = await self._resolve_epoch(self.settings.decode_address, epoch)
+        if peer is None:
+            if not self._stopping:
+                status, message = self._unreachable("decode")
+                self.feed(rc.DecodeFinished(cmd.request_id, status, message))
+            return
         try:
             resp = await self._decode().Submit(
                 pb.DecodeSubmitRequest(
@@ -210,6 +285,7 @@ class RouterServer(BaseServer):
                     room=cmd.room,
                     prompt_tokens=cmd.prompt_len,
                     max_tokens=cmd.max_tokens,
+                    peer_epoch=peer,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
