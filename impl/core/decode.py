@@ -336,6 +336,11 @@ class DecodeCore:
         return len(self._free)
 
     @property
+    def prefill_dead(self) -> bool:
+        """Prefill missed enough health checks to be taken for dead (and has not come back)."""
+        return self._prefill_dead
+
+    @property
     def used_pages(self) -> int:
         return self.config.num_pages - len(self._free)
 

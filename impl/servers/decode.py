@@ -228,6 +228,9 @@ class DecodeServer(BaseServer):
         )
         reply = self.reply_of(self.feed(ev))
         if reply.status is not Status.OK and why_late:
+            if self.core.prefill_dead:
+                # The pages are held by requests whose prefill is gone: say so, not only "0 free".
+                why_late += " (prefill is not answering decode's health checks)"
             reply = Reply(reply.status, f"{why_late}: {reply.message}")
         if not w.admitted.done():
             w.admitted.set_result(reply)

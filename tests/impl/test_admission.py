@@ -129,3 +129,26 @@ def test_the_router_bounds_requests_in_flight_and_queues_the_rest(
     t2.join(30)
     assert box["first"].status == "ok" and box["second"].status == "ok", box
     assert router.metrics.get("kvhandoff_admission_admitted_total") == 1
+
+
+def test_while_prefill_is_down_a_queued_request_is_told_so(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    # Issue 15: clients used to read only "decode has 0 free" while prefill was down.
+    cluster = make_cluster(
+        "reference", decode_pages=10, admission_timeout_s=0.5, heartbeat_interval_s=0.05
+    )
+    cluster.crash_prefill()
+    server = cluster.decode_server
+    assert _eventually(lambda: cluster.runtime.call(lambda: server.core.prefill_dead))
+    big = encode("X" * 24)
+    box: dict[str, GenerateResult] = {}
+    held = generate_in_background(cluster, "a", big, "held", box)  # reserves, waits for prefill
+    assert _eventually(lambda: cluster.runtime.call(lambda: server.core.free_pages) == 4)
+    with cluster.client() as c:
+        r = c.generate("b", big, 4, request_id="late", timeout=10)
+    assert r.code == "RESOURCE_EXHAUSTED"
+    assert "prefill is not answering decode's health checks" in r.error
+    assert "needs 6 pages, decode has 4 free" in r.error
+    cluster.restart_prefill()
+    held.join(40)
