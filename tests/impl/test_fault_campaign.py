@@ -15,9 +15,9 @@ from kvhandoff_cli.main import main
 
 def test_a_short_fault_campaign_conforms_with_every_fault_injected(tmp_path: Path) -> None:
     faults = parse_faults("crash,restart,cancel,timeout,dup,drop,oversize")
-    report = run_fault_campaign("reference", 20, 3, faults, tmp_path)
+    report = run_fault_campaign("reference", 12, 4, faults, tmp_path)
     assert report.conforms, report.failure
-    assert report.traces == 20
+    assert report.traces == 12
     assert (report.divergences, report.cross_tenant_reads, report.pages_lost) == (0, 0, 0)
     kinds = {k.split("_")[0] for k in report.injected}
     assert {"crash", "dup", "drop", "timeout"} <= kinds, report.injected
