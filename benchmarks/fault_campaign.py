@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance.fault_campaign import parse_faults, run_fault_campaign
 
-DEFAULT = "crash,restart,cancel,timeout,dup,drop,oversize"
+DEFAULT = "all"
 
 
 def main() -> int:

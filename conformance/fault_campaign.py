@@ -95,6 +95,14 @@ class _FaultTarget(GrpcTarget):
 
     def settle(self) -> None:
         super().settle()
+        # A delayed control message of this trace must land in this trace's logs, not the next.
+        plan = self.cluster.faults
+        deadline = time.monotonic() + 5.0
+        while plan is not None and plan.in_flight > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if plan is not None and plan.max_delay_s:
+            time.sleep(plan.max_delay_s)  # a send that had not yet entered the plan
+        super().settle()
         # The spec starts each trace with every worker up and reachable: wait until the
         # servers' channels to each other have reconnected after this trace's restarts, so a
         # hand-over of the next trace is not held back by this one's reconnect backoff.

@@ -188,6 +188,10 @@ class Matchers:
             # The prefill that served the request crashed before the router heard its result:
             # the router answers an error although decode answered (fail closed).
             return [Match(())]
+        if not ok and s.requests[r].answer is not None and s.requests[r].p_epoch != s.decode_epoch:
+            # Decode crashed after it answered, before its answer reached the router: the
+            # router's call broke and it answers an error (fail closed).
+            return [Match(())]
         if not ok and s.decode_sees_prefill_epoch != s.prefill_epoch:
             # The router's call to a crashed prefill broke before decode's health check saw the
             # restart: the restart's detection, observed by the router first.

@@ -328,19 +328,30 @@ class BaseServer:
         any: it may be delayed, duplicated or (for messages the protocol repeats) lost without
         the sender knowing. Returns the call's status, message and response."""
         plan = self.faults
-        if plan is not None:
+        if plan is None:
+            try:
+                return Status.OK, "", await call()
+            except grpc.RpcError as exc:
+                status, message = status_of(exc)
+                return status, message, None
+        plan.in_flight += 1
+        try:
             delay = plan.delay(kind)
             if delay:
                 await asyncio.sleep(delay)
             if plan.lose(kind):
                 return Status.OK, "", None
             if plan.duplicate(kind):
-                self.spawn(call_quietly(call()))
-        try:
-            return Status.OK, "", await call()
-        except grpc.RpcError as exc:
-            status, message = status_of(exc)
-            return status, message, None
+                plan.in_flight += 1
+                copy = self.spawn(call_quietly(call()))
+                copy.add_done_callback(lambda _: setattr(plan, "in_flight", plan.in_flight - 1))
+            try:
+                return Status.OK, "", await call()
+            except grpc.RpcError as exc:
+                status, message = status_of(exc)
+                return status, message, None
+        finally:
+            plan.in_flight -= 1
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

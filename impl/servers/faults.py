@@ -30,6 +30,7 @@ class FaultPlan:
     drop: float = 0.0
     seed: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0  # control messages being sent through the plan (a campaign waits for 0)
     _rng: random.Random = field(init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 

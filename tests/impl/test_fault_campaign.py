@@ -1,5 +1,5 @@
 """A short fault campaign over the real gRPC servers (issue 15): crashes with requests in
-flight, restarts, cancels, waiting timeouts, duplicated and lost control messages and an
+flight, restarts, cancels, waiting timeouts, delayed, duplicated and lost control messages and an
 over-limit prompt, each trace judged on its event logs, answers, canaries and quiescence.
 The long run is `benchmarks/fault_campaign.py`."""
 
@@ -14,13 +14,13 @@ from kvhandoff_cli.main import main
 
 
 def test_a_short_fault_campaign_conforms_with_every_fault_injected(tmp_path: Path) -> None:
-    faults = parse_faults("crash,restart,cancel,timeout,dup,drop,oversize")
+    faults = parse_faults("all")
     report = run_fault_campaign("reference", 12, 4, faults, tmp_path)
     assert report.conforms, report.failure
     assert report.traces == 12
     assert (report.divergences, report.cross_tenant_reads, report.pages_lost) == (0, 0, 0)
     kinds = {k.split("_")[0] for k in report.injected}
-    assert {"crash", "dup", "drop", "timeout"} <= kinds, report.injected
+    assert {"crash", "late", "dup", "drop", "timeout"} <= kinds, report.injected
 
 
 def test_the_incident_mode_is_caught_by_the_fault_campaign(tmp_path: Path) -> None:
