@@ -41,9 +41,12 @@ class GrpcTarget(Target):
     name = "grpc"
     fine_grained = False
 
-    def __init__(self, device: str = "cpu", transport: str = "grpc") -> None:
+    def __init__(
+        self, device: str = "cpu", transport: str = "grpc", **cluster_settings: Any
+    ) -> None:
         self.device = device
         self.transport = transport  # page data path (impl.transport.TRANSPORT_NAMES)
+        self.cluster_settings = cluster_settings  # extra ClusterConfig fields (fault campaigns)
         self.cluster: Any = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._key: tuple[Any, ...] | None = None
@@ -93,6 +96,7 @@ class GrpcTarget(Target):
                 transport=self.transport,
                 log_dir=self.log_dir,
                 state_dir=root / "state",
+                **self.cluster_settings,
             )
             self.cluster.wait_healthy()
             self._offsets: dict[str, int] = {}

@@ -528,10 +528,12 @@ class InProcTarget(Target):
             self._to_prefill(pc.CancelRequest(p.rid, p.payload))
         elif k == "abort":
             sa: dc.SendAbort = p.payload
-            self._to_prefill(pc.AbortReceived(sa.request_id, sa.room, sa.generation))
+            self._to_prefill(pc.AbortReceived(sa.request_id, sa.room, sa.generation, sa.token))
         elif k == "abort_ack":
             ack: pc.SendAbortAck = p.payload
-            self._to_decode(dc.AbortAckReceived(ack.request_id, ack.room, ack.generation))
+            self._to_decode(
+                dc.AbortAckReceived(ack.request_id, ack.room, ack.generation, ack.token)
+            )
         elif k == "generate":
             gen: dc.Generate = p.payload
             n = -(-gen.prompt_len // self.page_size)

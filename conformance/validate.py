@@ -188,6 +188,10 @@ class Matchers:
             # The prefill that served the request crashed before the router heard its result:
             # the router answers an error although decode answered (fail closed).
             return [Match(())]
+        if not ok and s.requests[r].answer is not None and s.requests[r].p_epoch != s.decode_epoch:
+            # Decode crashed after it answered, before its answer reached the router: the
+            # router's call broke and it answers an error (fail closed).
+            return [Match(())]
         if not ok and s.decode_sees_prefill_epoch != s.prefill_epoch:
             # The router's call to a crashed prefill broke before decode's health check saw the
             # restart: the restart's detection, observed by the router first.
@@ -246,6 +250,10 @@ class Matchers:
                 out.append(Match((PrefillReceiveGrant(m),), _parked(r, g)))
             else:
                 out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
+        if outcome in ("refused", "dropped") and not out and req.p in PREFILL_TERMINAL:
+            # A second copy of a grant prefill already refused (the network duplicated it):
+            # refused again, prefill's state unchanged, so a stutter explains it.
+            out.append(Match(()))
         return out
 
     def m_prefill_write_page(self, ev: Event, s: State, r: int | None) -> list[Match]:
@@ -375,6 +383,10 @@ class Matchers:
             else:
                 check = _decode_phase(r, "failed")
             out.append(Match((DecodeReceiveCompletion(m),), check))
+        if ignored and not out:
+            # A second copy of a completion decode already received (the network duplicated
+            # it): refused, and decode's state is unchanged, so a stutter explains it.
+            out.append(Match((), _unchanged_decode(r)))
         return out
 
     def m_decode_receive_rejection(self, ev: Event, s: State, r: int | None) -> list[Match]:

@@ -14,6 +14,7 @@ counter, so generations never repeat).
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -26,14 +27,15 @@ from impl.client import Client
 from impl.core.common import RequestId
 from impl.core.decode import GrantView
 from impl.errors import ConfigError, TransportError
-from impl.eventlog import EventLog
+from impl.eventlog import EventLog, new_log_key
 from impl.modes import Mode, get_mode
 from impl.pool import PoolShape
 from impl.servers.base import CommonSettings, Runtime
 from impl.servers.decode import DecodeServer, DecodeSettings
+from impl.servers.faults import FaultPlan
 from impl.servers.prefill import PrefillServer, PrefillSettings
 from impl.servers.router import RouterServer, RouterSettings
-from impl.tls import TlsFiles
+from impl.tls import Pki, TlsFiles
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class ClusterConfig:
     heartbeat_interval_s: float = 0.2
     prefill_dead_after_misses: int = 5
     orphan_grant_timeout_s: float = 10.0
+    prefill_grant_timeout_s: float | None = 60.0
     pages_per_message: int = 16
     write_delay_s: float = 0.0
     max_message_bytes: int = 8 << 20
@@ -83,7 +86,11 @@ class ClusterConfig:
     metrics: bool = False
     log_dir: Path | None = None
     state_dir: Path | None = None
-    tls: TlsFiles | None = None
+    pki: Path | None = None  # mutual TLS with identities from this CA (created if absent)
+    admission_queue_len: int = 256  # decode's and the router's admission queues (0: none)
+    admission_timeout_s: float = 10.0
+    max_in_flight: int = 1024  # router: requests in the cluster at once; more wait in its queue
+    log_key: bytes | None = None  # keys the digests in event logs; None: a fresh one per cluster
     transport: str = "grpc"  # how page data moves: impl.transport.TRANSPORT_NAMES
 
     def resolved(self) -> ClusterConfig:
@@ -124,8 +131,18 @@ class Cluster:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvhandoff-state-")
             state_dir = Path(self._tmp.name)
         self.state_dir = state_dir
+        # With a PKI every server gets a certificate naming its role, and callers are
+        # authorized by theirs; without one the servers run plaintext and allow every call.
+        self.pki = Pki.open(self.config.pki) if self.config.pki is not None else None
+        self._tls: dict[str, TlsFiles] = {}
+        if self.pki is not None:
+            for role in ("router", "prefill", "decode"):
+                self._tls[role] = self.pki.issue(role)
         self.runtime = Runtime()
+        # One key for the three logs of a deployment, so their digests compare; never logged.
+        self.log_key = self.config.log_key or new_log_key()
         self._logs: dict[str, EventLog] = {}
+        self.faults: FaultPlan | None = None
         self.prefill_server: PrefillServer
         self.decode_server: DecodeServer
         self.router_server: RouterServer
@@ -134,17 +151,23 @@ class Cluster:
         except BaseException:
             self.runtime.close()
             raise
+        try:
+            self._router_sees(self.prefill, self.prefill_server.boot_epoch)
+            self._router_sees(self.decode, self.decode_server.boot_epoch)
+        except BaseException:
+            self.stop()
+            raise
 
     # ------------------------------------------------------------------ settings
 
-    def _common(self, port: int) -> CommonSettings:
+    def _common(self, port: int, role: str) -> CommonSettings:
         c = self.config
         return CommonSettings(
             host=c.host,
             port=port,
             log_dir=c.log_dir,
             metrics_port=0 if c.metrics else None,
-            tls=c.tls,
+            tls=self._tls.get(role),
             max_message_bytes=c.max_message_bytes,
             rpc_timeout_s=c.rpc_timeout_s,
         )
@@ -157,7 +180,7 @@ class Cluster:
         c = self.config
         assert c.decode_pages is not None and c.context_window is not None
         return DecodeSettings(
-            common=self._common(port),
+            common=self._common(port, "decode"),
             prefill_address=prefill,
             shape=self._shape(),
             num_pages=c.decode_pages,
@@ -171,13 +194,15 @@ class Cluster:
             device=c.device,
             state_dir=self.state_dir,
             transport=c.transport,
+            admission_queue_len=c.admission_queue_len,
+            admission_timeout_s=c.admission_timeout_s,
         )
 
     def _prefill_settings(self, port: int, decode: str) -> PrefillSettings:
         c = self.config
         assert c.prefill_pages is not None and c.context_window is not None
         return PrefillSettings(
-            common=self._common(port),
+            common=self._common(port, "prefill"),
             decode_address=decode,
             shape=self._shape(),
             num_pages=c.prefill_pages,
@@ -186,6 +211,7 @@ class Cluster:
             pages_per_message=c.pages_per_message,
             write_delay_s=c.write_delay_s,
             orphan_grant_timeout_s=c.orphan_grant_timeout_s,
+            grant_timeout_s=c.prefill_grant_timeout_s,
             device=c.device,
             transport=c.transport,
         )
@@ -209,6 +235,7 @@ class Cluster:
                     "prefill_pages": c.prefill_pages,
                     **self.limits.as_json(),
                 },
+                key=self.log_key,
             )
         return self._logs[role]
 
@@ -229,10 +256,13 @@ class Cluster:
         await self.decode_server.start()
         self.router_server = RouterServer(
             RouterSettings(
-                self._common(c.router_port),
+                self._common(c.router_port, "router"),
                 prefill_addr,
                 decode_addr,
                 context_window=self.limits.context_window,
+                max_in_flight=c.max_in_flight,
+                admission_queue_len=c.admission_queue_len,
+                admission_timeout_s=c.admission_timeout_s,
             ),
             self.mode,
             self._log("router"),
@@ -298,23 +328,76 @@ class Cluster:
                 channel.close()
 
     def _sync_channel(self, address: str) -> grpc.Channel:
-        if self.config.tls is not None:
-            return grpc.secure_channel(address, self.config.tls.channel_credentials())
+        if "router" in self._tls:  # health checks are open to any certificate of the CA
+            return grpc.secure_channel(address, self._tls["router"].channel_credentials())
         return grpc.insecure_channel(address)
 
-    def client(self) -> Client:
-        return Client(
-            self.router, tls=self.config.tls, max_message_bytes=self.config.max_message_bytes
-        )
+    def client_tls(self, tenant: str) -> TlsFiles | None:
+        """A client certificate for ``tenant`` (None without a PKI)."""
+        if self.pki is None:
+            return None
+        return self.pki.issue("client", tenant)
+
+    def client(self, tenant: str | None = None) -> Client:
+        """A router client; with a PKI it acts for ``tenant``, which its certificate names."""
+        tls = None
+        if self.pki is not None:
+            if tenant is None:
+                raise ConfigError("with a PKI a client acts for one tenant: client(tenant=...)")
+            tls = self.client_tls(tenant)
+        return Client(self.router, tls=tls, max_message_bytes=self.config.max_message_bytes)
 
     def crash_prefill(self) -> None:
         self.runtime.run(self.prefill_server.stop(grace=0))
 
+    def wait_peers_connected(self, timeout: float = 5.0) -> bool:
+        """True once every channel the servers hold to each other is READY (after a restart a
+        channel reconnects with a backoff: calls made meanwhile wait for it)."""
+
+        async def ready() -> bool:
+            servers = (self.router_server, self.prefill_server, self.decode_server)
+            deadline = time.monotonic() + timeout
+            for server in servers:
+                for channel in list(server._channels.values()):
+                    while True:
+                        state = channel.get_state(try_to_connect=True)
+                        if state is grpc.ChannelConnectivity.READY:
+                            break
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return False
+                        try:
+                            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+                        except TimeoutError:
+                            return False
+            return True
+
+        return bool(self.runtime.run(ready(), timeout + 5))
+
+    def _router_sees(self, address: str, epoch: int, timeout: float = 5.0) -> None:
+        """A restart is complete once the router knows the new incarnation (until then it
+        refuses to hand requests over to that role: they could reach either incarnation)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.runtime.call(lambda: self.router_server.known_epoch(address)) == epoch:
+                return
+            time.sleep(0.005)
+        raise TransportError(f"the router did not reconnect to {address} within {timeout}s")
+
+    def set_faults(self, plan: FaultPlan | None) -> None:
+        """Fault campaigns: send every control message between prefill and decode through
+        ``plan`` (impl.servers.faults), restarted servers included; None turns faults off."""
+        self.faults = plan
+        self.prefill_server.faults = plan
+        self.decode_server.faults = plan
+
     def restart_prefill(self) -> None:
         old = self.prefill_server
         server = PrefillServer(old.settings, self.mode, self._log("prefill"), restarted=True)
+        server.faults = self.faults
         self.runtime.run(server.start())
         self.prefill_server = server
+        self._router_sees(self.prefill, server.boot_epoch)
 
     def crash_decode(self) -> None:
         self.runtime.run(self.decode_server.stop(grace=0))
@@ -322,8 +405,10 @@ class Cluster:
     def restart_decode(self) -> None:
         old = self.decode_server
         server = DecodeServer(old.settings, self.mode, self._log("decode"))
+        server.faults = self.faults
         self.runtime.run(server.start())
         self.decode_server = server
+        self._router_sees(self.decode, server.boot_epoch)
 
     def stall_prefill_writes(self, request_id: str, after_messages: int = 1) -> None:
         """Fault injection: prefill pauses the writes of ``request_id`` after that many messages."""

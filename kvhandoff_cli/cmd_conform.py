@@ -55,6 +55,13 @@ def register(sub: Any) -> None:
         "./kvhandoff-report/)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--faults",
+        metavar="LIST",
+        help="with --target grpc: a fault campaign over the real servers, with these faults "
+        "(comma-separated, or all): crash, restart, cancel, timeout, late, dup, drop, oversize "
+        "(see conformance/fault_campaign.py)",
+    )
     p.set_defaults(func=run_conform)
 
     r = sub.add_parser(
@@ -166,6 +173,8 @@ def run_conform(args: argparse.Namespace) -> int:
         args.traces = 300 if args.target == "inproc" else 100
     if args.traces < 1 or args.steps < 1:
         raise UsageError("--traces and --steps must be at least 1")
+    if getattr(args, "faults", None) is not None:
+        return _fault_campaign(args)
 
     if args.transport != "grpc":
         if args.target != "grpc":
@@ -225,6 +234,42 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
             print(line)
         if report.coverage is not None and report.conforms:
             print(f"  {report.coverage.summary()}")
+    return EXIT_OK if report.conforms else EXIT_VIOLATED
+
+
+def _fault_campaign(args: argparse.Namespace) -> int:
+    from conformance.fault_campaign import parse_faults, run_fault_campaign
+    from impl.errors import ConfigError
+    from impl.modes import get_mode
+
+    if args.target != "grpc":
+        raise UsageError(
+            f"--faults runs over the real gRPC servers: use --target grpc, not {args.target!r}"
+        )
+    try:
+        faults = parse_faults(args.faults)
+        get_mode(args.mode)
+    except (ValueError, ConfigError) as exc:
+        raise UsageError(str(exc)) from exc
+    report = run_fault_campaign(
+        args.mode, args.traces, args.seed, faults, Path(args.out), steps=args.steps
+    )
+    if args.json:
+        output.print_json("fault-campaign", report.to_json(), sort_keys=True)
+    else:
+        verdict = "conforms" if report.conforms else "diverges"
+        print(
+            f"target grpc, mode {report.mode}, faults {','.join(report.faults)}: "
+            f"{report.traces} traces in {report.seconds:.1f} s: {verdict}; "
+            f"{report.divergences} divergences, {report.cross_tenant_reads} cross-tenant reads, "
+            f"{report.unanswered} unanswered, {report.pages_lost} with pages held at quiescence"
+        )
+        print("  injected: " + ", ".join(f"{k} {v}" for k, v in sorted(report.injected.items())))
+        if report.failure is not None:
+            f = report.failure
+            print(f"  trace {f['trace']}: {f['kind']} ({f['property']}): {f['message']}")
+            print(f"  program: {f['program']}")
+            print(f"  merged log: {f['log']} (kvhandoff validate-log {f['log']})")
     return EXIT_OK if report.conforms else EXIT_VIOLATED
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,13 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--log-dir", type=Path, help="write one JSON Lines event log per server here"
     )
+    serve.add_argument(
+        "--log-key-file",
+        type=Path,
+        help="secret (>= 16 bytes) that keys the digests written in event logs; give every role "
+        "the same file to compare their logs. Without it, each start makes a fresh key, which "
+        "is never printed or logged",
+    )
     serve.add_argument("--state-dir", type=Path, help="decode's persisted state (boot counter)")
     serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics (0 = any port)")
     serve.add_argument("--page-size", type=int, default=4, help="tokens per page")
@@ -72,9 +81,23 @@ def register(subparsers: Any) -> None:
         default=30.0,
         help="decode waits this long for a completion (s)",
     )
-    serve.add_argument("--tls-cert", type=Path)
+    serve.add_argument(
+        "--pki-dir",
+        type=Path,
+        help="mutual TLS with identities: a CA in this directory (created if absent) issues each "
+        "server a certificate naming its role. `serve all` without --pki-dir or --insecure makes "
+        "a throwaway one in a fresh temporary directory",
+    )
+    serve.add_argument(
+        "--tls-cert", type=Path, help="one role: its certificate (must name the role)"
+    )
     serve.add_argument("--tls-key", type=Path)
     serve.add_argument("--tls-ca", type=Path)
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext, no authorization: any caller may call any RPC and claim any tenant",
+    )
     serve.add_argument(
         "--json",
         action="store_true",
@@ -100,11 +123,56 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--max-tokens", type=int, default=16)
     gen.add_argument("--request-id", default="")
     gen.add_argument("--timeout", type=float, default=60.0)
-    gen.add_argument("--tls-cert", type=Path)
+    gen.add_argument(
+        "--pki-dir",
+        type=Path,
+        help="the servers' CA directory: mints a client certificate for --tenant from it",
+    )
+    gen.add_argument("--tls-cert", type=Path, help="a client certificate naming the tenant")
     gen.add_argument("--tls-key", type=Path)
     gen.add_argument("--tls-ca", type=Path)
     gen.add_argument("--json", action="store_true")
     gen.set_defaults(func=run_generate)
+
+
+INSECURE_NOTICE = (
+    "kvhandoff serve: INSECURE: plaintext gRPC without authorization; any caller that reaches "
+    "these ports may call any RPC and claim any tenant (use --pki-dir for mutual TLS)"
+)
+
+
+def _security(args: argparse.Namespace) -> tuple[Path | None, Any]:
+    """(PKI directory, TLS files of a single role): at most one of --pki-dir, --tls-* and
+    --insecure; `serve all` with none of them gets a throwaway PKI (made by the caller)."""
+    chosen = [
+        name
+        for name, on in (
+            ("--pki-dir", args.pki_dir is not None),
+            ("--tls-cert/--tls-key/--tls-ca", args.tls_cert is not None),
+            ("--insecure", args.insecure),
+        )
+        if on
+    ]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} exclude each other")
+    if args.role == "all" and args.tls_cert is not None:
+        raise UsageError("serve all runs three roles, each with its own certificate: use --pki-dir")
+    if args.role != "all" and not chosen:
+        raise UsageError(
+            f"serve {args.role} needs --pki-dir DIR (mutual TLS, the same CA for every role), "
+            "--tls-cert/--tls-key/--tls-ca, or --insecure"
+        )
+    tls = _tls(args)
+    if tls is not None:
+        from impl.tls import identity_of_pem
+
+        identity = identity_of_pem(tls.cert.read_bytes())
+        if identity is None or identity.role != args.role:
+            raise UsageError(
+                f"certificate {str(tls.cert)!r} names {identity or 'no kvhandoff identity'}, "
+                f"not the role {args.role!r} (a SAN URI kvhandoff:role={args.role})"
+            )
+    return args.pki_dir, tls
 
 
 def _tls(args: argparse.Namespace) -> Any:
@@ -119,6 +187,21 @@ def _tls(args: argparse.Namespace) -> Any:
         if not p.is_file():
             raise UsageError(f"TLS file {str(p)!r} does not exist")
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
+
+
+def _log_key(args: argparse.Namespace) -> bytes | None:
+    path: Path | None = args.log_key_file
+    if path is None:
+        return None  # the servers make a fresh one
+    try:
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read --log-key-file {str(path)!r}: {exc.strerror}") from exc
+    if len(key) < 16:
+        raise UsageError(
+            f"--log-key-file {str(path)!r} holds {len(key)} bytes; a log key needs at least 16"
+        )
+    return key
 
 
 def _cluster_config(args: argparse.Namespace) -> Any:
@@ -160,7 +243,8 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         metrics=args.metrics_port is not None,
         log_dir=args.log_dir,
         state_dir=args.state_dir,
-        tls=_tls(args),
+        pki=args.pki_dir if args.role == "all" else None,
+        log_key=_log_key(args),
         transport=args.transport,
     ).resolved()
 
@@ -177,6 +261,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from impl.cluster import Cluster
     from impl.errors import KvhandoffError
 
+    pki_dir = _security(args)[0] if args.role == "all" else None
+    throwaway: tempfile.TemporaryDirectory[str] | None = None
+    if args.role == "all" and pki_dir is None and not args.insecure:
+        throwaway = tempfile.TemporaryDirectory(prefix="kvhandoff-pki-")
+        args.pki_dir = Path(throwaway.name)
     config = _cluster_config(args)
     if args.role == "all" and args.metrics_port not in (None, 0):
         raise UsageError(
@@ -187,11 +276,14 @@ def run_serve(args: argparse.Namespace) -> int:
         _reexec_with_loopback_bind()
     try:
         if args.role == "all":
+            if args.insecure:
+                print(INSECURE_NOTICE, file=sys.stderr, flush=True)
             cluster = Cluster(config)
             try:
                 cluster.wait_healthy()
+                pki = str(config.pki) if config.pki is not None else None
                 if args.json:
-                    print(json.dumps(cluster.addresses()), flush=True)
+                    print(json.dumps({**cluster.addresses(), "pki": pki}), flush=True)
                 else:
                     print(
                         f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
@@ -202,9 +294,18 @@ def run_serve(args: argparse.Namespace) -> int:
                         ),
                         flush=True,
                     )
+                    if pki is not None:
+                        kind = "throwaway CA" if throwaway is not None else "CA"
+                        print(
+                            f"mutual TLS, {kind} in {pki}: kvhandoff generate --pki-dir {pki} "
+                            "--tenant T ...",
+                            flush=True,
+                        )
                 _wait_for_signal()
             finally:
                 cluster.stop()
+                if throwaway is not None:
+                    throwaway.cleanup()
             return EXIT_OK
         return _serve_one(args, config)
     except KvhandoffError as exc:
@@ -239,13 +340,21 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
             raise UsageError(f"serve {args.role} needs --{peer} HOST:PORT")
     limits = config.limits()
     mode = get_mode(config.mode)
+    pki_dir, tls = _security(args)
+    if args.insecure:
+        print(INSECURE_NOTICE, file=sys.stderr, flush=True)
+    if pki_dir is not None:
+        from impl.tls import Pki
+
+        tls = Pki.open(pki_dir).issue(args.role)
     common = CommonSettings(
         host=args.host,
         port=args.port,
         log_dir=args.log_dir,
         metrics_port=args.metrics_port,
-        tls=config.tls,
+        tls=tls,
         max_message_bytes=config.max_message_bytes,
+        log_key=config.log_key,
     )
     shape = PoolShape(config.layers, config.page_size, config.heads, config.head_dim)
     server: BaseServer
@@ -302,16 +411,29 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
     return EXIT_OK
 
 
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} "
+            "(the tokenizer takes UTF-8 text; give token ids with --prompt-tokens)"
+        ) from None
+
+
 def _read_prompt(args: argparse.Namespace) -> list[int]:
     from impl.tokenizer import VOCAB_SIZE, encode
 
     if args.prompt is not None:
-        return encode(args.prompt)
+        # A non-UTF-8 argument reaches Python as lone surrogates (PEP 383): get the bytes back.
+        raw = os.fsencode(args.prompt)
+        return encode(_utf8(raw, "--prompt"))
     path: Path = args.prompt_file or args.prompt_tokens
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {str(path)!r}: {exc.strerror}") from exc
+    text = _utf8(data, repr(str(path)))
     if args.prompt_file is not None:
         return encode(text)
     tokens: list[int] = []
@@ -332,7 +454,20 @@ def run_generate(args: argparse.Namespace) -> int:
     tokens = _read_prompt(args)
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    with Client(args.router, tls=_tls(args)) as client:
+    tls = _tls(args)
+    if args.pki_dir is not None:
+        if tls is not None:
+            raise UsageError("--pki-dir and --tls-cert/--tls-key/--tls-ca exclude each other")
+        from impl.errors import ConfigError
+        from impl.tls import Pki
+
+        if not (args.pki_dir / "ca.crt").is_file():
+            raise UsageError(f"--pki-dir {str(args.pki_dir)!r} holds no CA (ca.crt)")
+        try:
+            tls = Pki.open(args.pki_dir).issue("client", args.tenant)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
+    with Client(args.router, tls=tls) as client:
         result = client.generate(
             args.tenant, tokens, args.max_tokens, args.request_id, args.timeout
         )

@@ -27,6 +27,7 @@ KINDS = (
     "check-all",
     "matrix",
     "conform",
+    "fault-campaign",
     "replay",
     "validate-log",
     "generate",

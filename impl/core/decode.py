@@ -135,9 +135,13 @@ class CancelRequest:
 
 @dataclass(frozen=True)
 class AbortAckReceived:
+    """Prefill's writes of ``generation`` drained. ``token`` echoes the abort's capability:
+    the ack releases pages, so it is bound like a write."""
+
     request_id: RequestId
     room: Room
     generation: Generation
+    token: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,7 @@ class SendAbort:
     request_id: RequestId
     room: Room
     generation: Generation
+    token: bytes
 
 
 @dataclass(frozen=True)
@@ -294,6 +299,8 @@ class GrantView:
 class _Tombstone:
     tenant: Tenant
     pages: tuple[PageId, ...]
+    token: bytes = b""
+    validated: bool = False  # its completion was validated (a second copy is answered OK)
 
 
 class DecodeCore:
@@ -312,7 +319,9 @@ class DecodeCore:
         # in m7/m8, be stored where the RDMA write would land). Bounded, oldest dropped first.
         self._released: OrderedDict[tuple[RequestId, int], _Tombstone] = OrderedDict()
         # Rejections that arrived before the router's submit (the two race on purpose).
-        self._early_rejections: OrderedDict[RequestId, tuple[Status, str]] = OrderedDict()
+        # Keyed by request, and kept with the room they named: a submit for another room is not
+        # refused by them (a guessed request id cannot poison a future request).
+        self._early_rejections: OrderedDict[RequestId, tuple[Room, Status, str]] = OrderedDict()
         # Cancels that overtook the router's submit (two separate calls): refuse the submit later.
         self._early_cancels: OrderedDict[RequestId, str] = OrderedDict()
         self._seen_ids: OrderedDict[RequestId, None] = OrderedDict()
@@ -325,6 +334,11 @@ class DecodeCore:
     @property
     def free_pages(self) -> int:
         return len(self._free)
+
+    @property
+    def prefill_dead(self) -> bool:
+        """Prefill missed enough health checks to be taken for dead (and has not come back)."""
+        return self._prefill_dead
 
     @property
     def used_pages(self) -> int:
@@ -403,8 +417,11 @@ class DecodeCore:
         elif ev.request_id in self._early_cancels:
             reason = self._early_cancels.pop(ev.request_id)
             problem = (Status.CANCELLED, f"request {ev.request_id!r} was cancelled: {reason}")
-        elif ev.request_id in self._early_rejections:
-            code, reason = self._early_rejections.pop(ev.request_id)
+        elif (
+            ev.request_id in self._early_rejections
+            and self._early_rejections[ev.request_id][0] == ev.room
+        ):
+            _, code, reason = self._early_rejections.pop(ev.request_id)
             problem = (code, f"prefill rejected request {ev.request_id!r}: {reason}")
         elif need > len(self._free):
             problem = (
@@ -533,8 +550,9 @@ class DecodeCore:
             return refuse(
                 Status.DATA_LOSS,
                 "digest_mismatch",
-                f"page {ev.page_id} data digest {ev.data_digest.hex()} does not match the "
-                f"claimed {ev.claimed_digest.hex()}",
+                # No digest values in the message: the sender logs it, and an unkeyed page
+                # digest in a log gives the page's tokens back (impl.eventlog).
+                f"page {ev.page_id}: the data received does not match the digest sent with it",
             )
         req.written[PageId(ev.page_id)] = ev.data_digest
         return [
@@ -609,8 +627,22 @@ class DecodeCore:
                 Reply(status, message),
             ]
 
+        def duplicate() -> list[DecodeCommand]:
+            # A second copy of a completion already validated (a network that duplicates, a
+            # sender that retries): answered as the first was, and nothing changes.
+            return [
+                Log(
+                    "decode_receive_completion",
+                    {**args, "verdict": "validated", "ignored": True, "reason": "duplicate"},
+                ),
+                Reply(Status.OK),
+            ]
+
         req = self._find_for_completion(ev)
         if req is None:
+            tomb = self._released.get((ev.request_id, ev.generation))
+            if tomb is not None and tomb.validated and hmac.compare_digest(ev.token, tomb.token):
+                return duplicate()
             return ignore(Status.NOT_FOUND, "unknown_request", f"unknown request {ev.request_id!r}")
         if ev.room != req.room:
             return ignore(
@@ -635,6 +667,8 @@ class DecodeCore:
                 f"capability token does not match generation {req.generation} "
                 f"of request {req.request_id!r}",
             )
+        if req.state is RequestState.GENERATING and identity_checked:
+            return duplicate()
         if req.state is not RequestState.WAITING:
             return ignore(
                 Status.FAILED_PRECONDITION,
@@ -698,7 +732,10 @@ class DecodeCore:
             return f"pages {missing} were never written in generation {req.generation}"
         expected = completion_digest(req.generation, req.pages, [req.written[p] for p in req.pages])
         if not hmac.compare_digest(expected, ev.digest):
-            return f"completion digest {ev.digest.hex()} does not match {expected.hex()}"
+            return (
+                f"completion digest does not match the digest of the pages accepted in "
+                f"generation {req.generation}"
+            )
         return None
 
     def _on_generation_finished(self, ev: GenerationFinished) -> list[DecodeCommand]:
@@ -737,7 +774,7 @@ class DecodeCore:
         }
         req = self._requests.get(ev.request_id)
         if req is None:
-            self._early_rejections[ev.request_id] = (ev.status, ev.reason)
+            self._early_rejections[ev.request_id] = (ev.room, ev.status, ev.reason)
             while len(self._early_rejections) > self.config.max_tombstones:
                 self._early_rejections.popitem(last=False)
             return [Log("decode_receive_rejection", {**args, "early": True}), Reply(Status.OK)]
@@ -801,7 +838,7 @@ class DecodeCore:
         return cmds + self._begin_release(req, ev.now)
 
     def _begin_release(self, req: _Request, now: float) -> list[DecodeCommand]:
-        abort = SendAbort(req.request_id, req.room, req.generation)
+        abort = SendAbort(req.request_id, req.room, req.generation, req.token)
         if self._b.release_before_drain:
             return [abort, *self._release(req, "aborted_before_drain")]
         if self._prefill_dead:
@@ -823,6 +860,16 @@ class DecodeCore:
         req = self._requests.get(ev.request_id)
         if req is None or req.generation != ev.generation or req.room != ev.room:
             return [Log("decode_receive_abort_ack", {**args, "matched": False}), Reply(Status.OK)]
+        if not hmac.compare_digest(ev.token, req.token):
+            # A forged ack would release pages prefill may still be writing: refused, unlogged
+            # as a step (nothing happened), and the request keeps waiting for the real one.
+            return [
+                Reply(
+                    Status.PERMISSION_DENIED,
+                    f"abort ack's capability token does not match generation {req.generation} "
+                    f"of request {req.request_id!r}",
+                )
+            ]
         cmds: list[DecodeCommand] = [Log("decode_receive_abort_ack", {**args, "matched": True})]
         if req.state is RequestState.RELEASING:
             cmds += self._release(req, "drained")
@@ -910,7 +957,7 @@ class DecodeCore:
                     cmds += self._release(req, "ack_timeout")
                 else:
                     req.deadline = ev.now + self.config.abort_retry_s
-                    cmds.append(SendAbort(req.request_id, req.room, req.generation))
+                    cmds.append(SendAbort(req.request_id, req.room, req.generation, req.token))
         return cmds
 
     def _answer(self, req: _Request, status: Status, message: str = "") -> list[DecodeCommand]:
@@ -934,7 +981,9 @@ class DecodeCore:
                 del self._owner[p]
                 self._free.add(p)
         del self._requests[req.request_id]
-        self._released[(req.request_id, req.generation)] = _Tombstone(req.tenant, req.pages)
+        self._released[(req.request_id, req.generation)] = _Tombstone(
+            req.tenant, req.pages, req.token, validated=reason == "answered"
+        )
         while len(self._released) > self.config.max_tombstones:
             self._released.popitem(last=False)
         return [

@@ -261,7 +261,9 @@ class InProcessCluster:
                         "abort_ack",
                         partial(
                             self.to_decode,
-                            dc.AbortAckReceived(cmd.request_id, cmd.room, cmd.generation),
+                            dc.AbortAckReceived(
+                                cmd.request_id, cmd.room, cmd.generation, cmd.token
+                            ),
                         ),
                     )
                 case pc.AnswerRequest():
@@ -287,7 +289,7 @@ class InProcessCluster:
                         "abort",
                         partial(
                             self.to_prefill,
-                            pc.AbortReceived(cmd.request_id, cmd.room, cmd.generation),
+                            pc.AbortReceived(cmd.request_id, cmd.room, cmd.generation, cmd.token),
                         ),
                     )
                 case dc.ReleasePages():

@@ -29,6 +29,7 @@ compares its view with the grant's (the reference refuses a grant for another le
 from __future__ import annotations
 
 import enum
+import hmac
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -56,6 +57,11 @@ class PrefillConfig:
     orphan_grant_timeout_s: float = 10.0
     max_parked_grants: int = 1024
     max_tombstones: int = 4096
+    max_active_requests: int = 1024  # admitted requests not yet finished (pending state bound)
+    # An admitted request whose grant has not come by then fails (SGLang's bootstrap timeout):
+    # its decode side may be gone (a hand-over that crossed a restart, a request decode already
+    # failed), and nothing else would ever end it. None: wait forever (the in-process cores).
+    grant_timeout_s: float | None = None
     behaviour: Behaviour = field(default_factory=Behaviour)
 
 
@@ -114,11 +120,13 @@ class CompletionAnswered:
 
 @dataclass(frozen=True)
 class AbortReceived:
-    """Decode asks prefill to stop writing ``generation`` and ack once drained."""
+    """Decode asks prefill to stop writing ``generation`` and ack once drained. ``token`` is the
+    grant's capability: an abort binds request, room, generation and token like a write does."""
 
     request_id: RequestId
     room: Room
     generation: Generation
+    token: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -200,9 +208,12 @@ class SendRejection:
 
 @dataclass(frozen=True)
 class SendAbortAck:
+    """The ack echoes the abort's capability token, so decode can tell it from a forgery."""
+
     request_id: RequestId
     room: Room
     generation: Generation
+    token: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -255,6 +266,7 @@ class _Request:
     grant: _Grant | None = None
     sent: list[tuple[PageId, bytes]] = field(default_factory=list)
     stop_reason: str = ""  # set when writes are being cancelled: "abort" or "cancel"
+    grant_deadline: float | None = None
 
 
 class PrefillCore:
@@ -271,6 +283,9 @@ class PrefillCore:
         # block the next request that reuses its room.
         self._parked: dict[tuple[RequestId, Room], _Grant] = {}
         self._finished: OrderedDict[RequestId, str] = OrderedDict()
+        # Aborts that overtook the router's submit, with the room they named: only a submit for
+        # that room is refused later, so a guessed request id cannot poison a future request.
+        self._early_aborts: OrderedDict[RequestId, Room] = OrderedDict()
 
     @property
     def parked_grants(self) -> int:
@@ -304,6 +319,9 @@ class PrefillCore:
     # ------------------------------------------------------------------ admission
 
     def _on_submit(self, ev: SubmitRequest) -> list[PrefillCommand]:
+        early_room = self._early_aborts.pop(ev.request_id, None)
+        if early_room is not None and early_room == ev.room:
+            self._remember_finished(ev.request_id, "aborted")
         if ev.request_id in self._requests or ev.request_id in self._finished:
             return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} already seen")]
         base: dict[str, LogValue] = {
@@ -314,6 +332,14 @@ class PrefillCore:
         }
         if ev.prompt_len < 1:
             return [Reply(Status.INVALID_ARGUMENT, f"prompt length {ev.prompt_len} must be >= 1")]
+        if len(self._requests) >= self.config.max_active_requests:
+            return [
+                Reply(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"prefill already holds {len(self._requests)} requests, its bound "
+                    f"(max_active_requests={self.config.max_active_requests})",
+                )
+            ]
         limit = self.config.max_prompt_tokens
         own_len, placeholder, truncated = ev.prompt_len, False, False
         cmds: list[PrefillCommand] = []
@@ -339,6 +365,8 @@ class PrefillCore:
         else:
             cmds.append(Log("prefill_admit_request", base))
         req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder, truncated)
+        if self.config.grant_timeout_s is not None:
+            req.grant_deadline = ev.now + self.config.grant_timeout_s
         self._requests[ev.request_id] = req
         key = (ev.request_id, ev.room)
         if key not in self._parked and self._b.accept_orphan_grants:
@@ -375,6 +403,8 @@ class PrefillCore:
         req = self._requests.get(ev.request_id)
         if req is None:
             finished = self._finished.get(ev.request_id)
+            if finished is None and self._early_aborts.get(ev.request_id) == ev.room:
+                finished = "aborted"
             if finished == "failed" and self._b.silent_prefill_abort:
                 # M15: prefill's own failure stays local; the grant is acked and goes nowhere
                 # (SGLang's bootstrap thread stores it), so decode keeps waiting.
@@ -521,7 +551,9 @@ class PrefillCore:
         grant = req.grant
         assert grant is not None
         if req.stop_reason == "abort":
-            cmds: list[PrefillCommand] = [SendAbortAck(req.request_id, req.room, grant.generation)]
+            cmds: list[PrefillCommand] = [
+                SendAbortAck(req.request_id, req.room, grant.generation, grant.token)
+            ]
             return cmds + self._fail(
                 req, Status.ABORTED, "decode aborted the handoff", tell_decode=False
             )
@@ -578,6 +610,30 @@ class PrefillCore:
             "generation": ev.generation,
         }
         req = self._requests.get(ev.request_id)
+        # An abort kills a request, so it is checked like a write: the room must be the
+        # request's, and where prefill knows the grant (held or parked), generation and token
+        # must be the grant's. A refused abort changes nothing and is not acked.
+        if req is not None and ev.room != req.room:
+            return [
+                Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"abort names room {ev.room}, not the room {req.room} of request "
+                    f"{ev.request_id!r}",
+                )
+            ]
+        known = req.grant if req is not None else self._parked.get((ev.request_id, ev.room))
+        if (
+            known is not None
+            and known.generation == ev.generation
+            and not hmac.compare_digest(known.token, ev.token)
+        ):
+            return [
+                Reply(
+                    Status.PERMISSION_DENIED,
+                    f"abort's capability token does not match generation {ev.generation} "
+                    f"of request {ev.request_id!r}",
+                )
+            ]
         parked = self._parked.get((ev.request_id, ev.room))
         if (
             parked is not None
@@ -587,7 +643,7 @@ class PrefillCore:
             del self._parked[
                 (ev.request_id, ev.room)
             ]  # M18 keeps the orphan's transfer state regardless
-        ack = SendAbortAck(ev.request_id, ev.room, ev.generation)
+        ack = SendAbortAck(ev.request_id, ev.room, ev.generation, ev.token)
         if req is None or req.grant is None or req.grant.generation != ev.generation:
             cmds: list[PrefillCommand] = [
                 Log("prefill_receive_abort", {**args, "in_flight": False})
@@ -597,8 +653,11 @@ class PrefillCore:
                     req, Status.ABORTED, "decode aborted the request", tell_decode=False
                 )
             elif req is None and ev.request_id not in self._finished:
-                # The abort overtook the router's submit: refuse the request when it arrives.
-                self._remember_finished(ev.request_id, "aborted")
+                # The abort overtook the router's submit: refuse the request when it arrives
+                # (for this room only).
+                self._early_aborts[ev.request_id] = ev.room
+                while len(self._early_aborts) > self.config.max_tombstones:
+                    self._early_aborts.popitem(last=False)
             return [*cmds, ack, Reply(Status.OK)]
         if req.state is PrefillState.WRITING:
             if not req.stop_reason:
@@ -656,6 +715,18 @@ class PrefillCore:
 
     def _on_tick(self, ev: Tick) -> list[PrefillCommand]:
         cmds: list[PrefillCommand] = []
+        for req in list(self._requests.values()):
+            if (
+                req.state is PrefillState.ADMITTED
+                and req.grant is None
+                and req.grant_deadline is not None
+                and ev.now >= req.grant_deadline
+            ):
+                reason = (
+                    f"no grant from decode for request {req.request_id!r} within "
+                    f"{self.config.grant_timeout_s:g}s"
+                )
+                cmds += self._fail(req, Status.DEADLINE_EXCEEDED, reason, tell_decode=True)
         for key, grant in list(self._parked.items()):
             if grant.deadline is None or ev.now < grant.deadline:
                 continue

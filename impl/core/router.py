@@ -128,6 +128,11 @@ class RouterCore:
     def active_requests(self) -> list[RequestId]:
         return list(self._requests)
 
+    def tenant_of(self, request_id: RequestId) -> Tenant | None:
+        """The tenant of an active request (for the edge's authorization), else None."""
+        req = self._requests.get(request_id)
+        return req.tenant if req is not None else None
+
     def handle(self, event: RouterEvent) -> list[RouterCommand]:
         match event:
             case ClientSubmit():

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
@@ -24,7 +24,9 @@ from impl.eventlog import EventLog
 from impl.metrics import Metrics, RpcTimer
 from impl.modes import Mode
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.tls import TlsFiles
+from impl.proto.rpc import ANSWERED_KEY
+from impl.servers.faults import FaultPlan
+from impl.tls import Identity, TlsFiles, identity_of_pem
 
 T = TypeVar("T")
 
@@ -39,6 +41,58 @@ class CommonSettings:
     max_message_bytes: int = 8 << 20
     tick_interval_s: float = 0.05
     rpc_timeout_s: float = 30.0
+    log_key: bytes | None = None  # keys event-log digests (impl.eventlog); None: a fresh one
+
+
+# Bounds on every size a peer or client controls (docs/impl.md, "Bounds", lists them with the
+# error each gets). Message bytes are bounded by `CommonSettings.max_message_bytes`; page lists by
+# each role's pool and prompt limits; pending state by the cores' own caps.
+MAX_ID_CHARS = 128  # request ids and tenants
+MAX_REASON_CHARS = 4096  # reasons in rejections and cancels
+MAX_SECRET_BYTES = 64  # capability tokens and digests
+
+_STRING_BOUNDS = {
+    "request_id": MAX_ID_CHARS,
+    "tenant": MAX_ID_CHARS,
+    "reason": MAX_REASON_CHARS,
+    "code": 32,
+    "dtype": 32,
+}
+_BYTES_BOUNDS = {"token": MAX_SECRET_BYTES, "digest": MAX_SECRET_BYTES}
+
+
+def bounds_problem(msg: Any) -> Reply | None:
+    """The first field of ``msg`` over its bound, as an INVALID_ARGUMENT reply naming the field,
+    its size and the bound; None when every bounded field fits. Fields are looked up by name,
+    so one function serves every message type."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name, bound in _STRING_BOUNDS.items():
+        if name in fields and len(getattr(msg, name)) > bound:
+            size = len(getattr(msg, name))
+            return Reply(
+                Status.INVALID_ARGUMENT, f"{name} of {size} characters is over the bound of {bound}"
+            )
+    for name, bound in _BYTES_BOUNDS.items():
+        if name in fields and len(getattr(msg, name)) > bound:
+            size = len(getattr(msg, name))
+            return Reply(
+                Status.INVALID_ARGUMENT, f"{name} of {size} bytes is over the bound of {bound}"
+            )
+    if "digests" in fields:
+        for i, d in enumerate(msg.digests):
+            if len(d) > MAX_SECRET_BYTES:
+                return Reply(
+                    Status.INVALID_ARGUMENT,
+                    f"digest {i} of {len(d)} bytes is over the bound of {MAX_SECRET_BYTES}",
+                )
+    return None
+
+
+async def check_bounds(context: grpc.aio.ServicerContext, msg: Any) -> None:
+    """Answer the call INVALID_ARGUMENT when a field of ``msg`` is over its bound."""
+    problem = bounds_problem(msg)
+    if problem is not None:
+        await abort_with(context, problem)
 
 
 def grpc_code(status: Status) -> grpc.StatusCode:
@@ -65,11 +119,6 @@ def status_of(exc: grpc.RpcError) -> tuple[Status, str]:
         return Status.UNKNOWN, str(details or name)
 
 
-ANSWERED_KEY = "kvhandoff-answered"
-"""Trailing metadata on every error a server answers, so a caller can tell an answer from a
-broken call (`answered`)."""
-
-
 async def abort_with(context: grpc.aio.ServicerContext, reply: Reply) -> NoReturn:
     """End the current call with the reply's status (raises, as grpc does)."""
     await context.abort(
@@ -91,6 +140,9 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         # per-frame and flow-control round trips of a handoff.
         ("grpc.http2.max_frame_size", 4 << 20),
         ("grpc.http2.lookahead_bytes", 32 << 20),
+        # A channel leaves READY only when its connection breaks, never for being idle: the
+        # router takes leaving READY as "the peer may have restarted" (router.py).
+        ("grpc.client_idle_timeout_ms", 2**31 - 1),
     ]
 
 
@@ -110,7 +162,9 @@ class BaseServer:
         self.mode = mode
         self.boot_epoch = secrets.randbits(48) | 1
         path = common.log_dir / f"{self.role}.jsonl" if common.log_dir is not None else None
-        self.event_log = event_log or EventLog(path, self.role, mode.name, log_config)
+        self.event_log = event_log or EventLog(
+            path, self.role, mode.name, log_config, key=common.log_key
+        )
         self.metrics = Metrics(self.role)
         self.port = 0
         self.metrics_port: int | None = None
@@ -119,6 +173,7 @@ class BaseServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.health = health_aio.HealthServicer()
+        self.faults: FaultPlan | None = None  # fault campaigns only (impl.servers.faults)
 
     @property
     def address(self) -> str:
@@ -129,12 +184,50 @@ class BaseServer:
     def _register(self, server: grpc.aio.Server) -> None:
         raise NotImplementedError
 
+    # -------------------------------------------------------------- identity and authorization
+
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {}
+    """Method name -> the roles that may call it; a method not listed is open to every
+    authenticated caller (Info: peers probe each other's health and limits with it)."""
+
+    def caller(self, context: grpc.aio.ServicerContext) -> Identity | None:
+        """The identity in the caller's client certificate; None without TLS (``--insecure``)
+        or when the certificate carries no kvhandoff identity."""
+        if self.common.tls is None:
+            return None
+        pems = context.auth_context().get("x509_pem_cert") or []
+        return identity_of_pem(bytes(pems[0])) if pems else None
+
+    def authorize(
+        self, method: str, context: grpc.aio.ServicerContext
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """None when the caller may call ``method``, else the refusal (called by impl.proto.rpc
+        before the request is parsed). Without TLS everything is allowed: that is what
+        ``--insecure`` means, and `kvhandoff serve` says so when it starts."""
+        if self.common.tls is None:
+            return None
+        identity = self.caller(context)
+        if identity is None:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                "the client certificate carries no kvhandoff identity (a subject-alternative-"
+                "name URI kvhandoff:role=ROLE)",
+            )
+        allowed = self.allowed_roles.get(method)
+        if allowed is not None and identity.role not in allowed:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{identity} may not call {self.role} {method} "
+                f"(only {' or '.join(sorted(allowed))} may)",
+            )
+        return None
+
     async def _on_tick(self, now: float) -> None:
         """Feed the core a Tick; subclasses override."""
 
     # -------------------------------------------------------------- RPCs every role serves
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
         """Feed the core this role's cancel event; subclasses override."""
         raise NotImplementedError
 
@@ -145,10 +238,25 @@ class BaseServer:
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelResponse:
-        reply = self.cancel(RequestId(request.request_id), request.reason)
+        await check_bounds(context, request)
+        reply = self.cancel(RequestId(request.request_id), request.reason, self.caller(context))
         if reply.status is not Status.OK:
             await abort_with(context, reply)
         return pb.CancelResponse()
+
+    async def refuse_crossed_hand_over(
+        self, context: grpc.aio.ServicerContext, request: Any
+    ) -> None:
+        """A hand-over addressed to another incarnation of this server crossed its restart: it
+        is lost with the crash (as the spec says), so it is refused as a broken call would be
+        (no "answered" mark: for the router this is the crash, seen through this call)."""
+        if request.peer_epoch and request.peer_epoch != self.boot_epoch:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"request {request.request_id!r} was handed to {self.role} incarnation "
+                f"{request.peer_epoch}, which has restarted (now {self.boot_epoch}): "
+                "it was lost in the crash",
+            )
 
     async def Info(
         self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
@@ -215,6 +323,38 @@ class BaseServer:
                 ch = grpc.aio.insecure_channel(address, options=opts)
             self._channels[address] = ch
         return ch
+
+    async def send_control(
+        self, kind: str, call: Callable[[], Awaitable[T]]
+    ) -> tuple[Status, str, T | None]:
+        """Send one control message (``call`` makes the gRPC call) through the fault plan, if
+        any: it may be delayed, duplicated or (for messages the protocol repeats) lost without
+        the sender knowing. Returns the call's status, message and response."""
+        plan = self.faults
+        if plan is None:
+            try:
+                return Status.OK, "", await call()
+            except grpc.RpcError as exc:
+                status, message = status_of(exc)
+                return status, message, None
+        plan.in_flight += 1
+        try:
+            delay = plan.delay(kind)
+            if delay:
+                await asyncio.sleep(delay)
+            if plan.lose(kind):
+                return Status.OK, "", None
+            if plan.duplicate(kind):
+                plan.in_flight += 1
+                copy = self.spawn(call_quietly(call()))
+                copy.add_done_callback(lambda _: setattr(plan, "in_flight", plan.in_flight - 1))
+            try:
+                return Status.OK, "", await call()
+            except grpc.RpcError as exc:
+                status, message = status_of(exc)
+                return status, message, None
+        finally:
+            plan.in_flight -= 1
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

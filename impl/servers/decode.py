@@ -10,14 +10,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import grpc.aio
 import torch
 
 from impl.core import decode as dc
-from impl.core.common import Generation, Log, Reply, RequestId, Room, Status, Tenant
+from impl.core.common import Generation, Log, Reply, RequestId, Room, Status, Tenant, pages_for
 from impl.eventlog import EventLog
 from impl.model import CopyHeadModel
 from impl.modes import Mode
@@ -32,7 +32,14 @@ from impl.pool import (
 )
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.servers.admission import AdmissionQueue, Entry
+from impl.servers.base import (
+    BaseServer,
+    CommonSettings,
+    abort_with,
+    check_bounds,
+)
+from impl.tls import Identity
 from impl.transport import OneSidedTransport, Transport, open_transport
 
 MAX_REQUEST_ID = 128
@@ -55,6 +62,8 @@ class DecodeSettings:
     device: str = "auto"
     state_dir: Path | None = None
     transport: str = "grpc"  # how page data arrives: impl.transport.TRANSPORT_NAMES
+    admission_queue_len: int = 256  # requests waiting for pages (0: refuse at once, as before)
+    admission_timeout_s: float = 10.0  # longest wait in the queue
 
 
 def next_boot(state_dir: Path | None) -> int:
@@ -75,8 +84,25 @@ def next_boot(state_dir: Path | None) -> int:
     return boot
 
 
+@dataclass
+class _Waiting:
+    """A submit waiting in decode's admission queue; ``admitted`` gets the core's reply."""
+
+    event: dc.SubmitRequest
+    need: int
+    admitted: asyncio.Future[Reply]
+
+
 class DecodeServer(BaseServer):
     role = "decode"
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {
+        "Submit": frozenset({"router"}),
+        "Cancel": frozenset({"router"}),
+        "WritePages": frozenset({"prefill"}),
+        "Complete": frozenset({"prefill"}),
+        "Reject": frozenset({"prefill"}),
+        "ReceiveAbortAck": frozenset({"prefill"}),
+    }
 
     def __init__(self, settings: DecodeSettings, mode: Mode, event_log: EventLog | None = None):
         s = settings
@@ -124,6 +150,13 @@ class DecodeServer(BaseServer):
         # Samples are (pages, bytes, seconds).
         self._handoff_started: dict[RequestId, float] = {}
         self.handoff_samples: deque[tuple[int, int, float]] = deque(maxlen=1024)
+        self.queue: AdmissionQueue[_Waiting] = AdmissionQueue(
+            s.admission_queue_len, s.admission_timeout_s
+        )
+        self._queued: dict[RequestId, Entry[_Waiting]] = {}
+        self._pumping = False
+        self.prefill_max_prompt: int | None = None  # from prefill's Info (heartbeat)
+        self.metrics.gauge("kvhandoff_admission_queue_length", lambda: float(len(self.queue)))
         self.metrics.gauge("kvhandoff_pages_free", lambda: float(self.core.free_pages))
         self.metrics.gauge("kvhandoff_pages_used", lambda: float(self.core.used_pages))
         self.metrics.gauge("kvhandoff_validation_seconds_total", lambda: self.validation_seconds)
@@ -147,6 +180,7 @@ class DecodeServer(BaseServer):
         """Hand ``event`` to the core and run its commands; Reply and StorePage are returned to
         the caller (they concern the call being handled)."""
         keep: list[dc.DecodeCommand] = []
+        released = False
         t0 = time.thread_time()
         cmds = self.core.handle(event)
         if isinstance(event, dc.WriteReceived | dc.CompletionReceived):
@@ -169,13 +203,99 @@ class DecodeServer(BaseServer):
                         if self.landing is not None:
                             # Never read, but it held a tenant's data: scrub it like the pool.
                             self.landing[list(cmd.pages)] = 0
+                    released = True
                 case dc.Generate():
                     asyncio.get_running_loop().call_soon(self._generate, cmd)
                 case dc.AnswerRequest():
                     fut = self._waiters.get(cmd.request_id)
                     if fut is not None and not fut.done():
                         fut.set_result((cmd.status, cmd.message))
+        if released:
+            self._pump()
         return keep
+
+    # -------------------------------------------------------------- admission queue
+
+    def _pump(self) -> None:
+        """Hand waiting submits to the core while their pages are free, tenants in turn."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while True:
+                entry = self.queue.pop_admissible(lambda w: w.need <= self.core.free_pages)
+                if entry is None:
+                    return
+                self._admit(entry, "")
+        finally:
+            self._pumping = False
+
+    def _admit(self, entry: Entry[_Waiting], why_late: str) -> None:
+        """Feed a queued submit to the core now (it fits, or it has waited long enough and the
+        core decides), and hand the core's reply to the waiting call."""
+        w = entry.item
+        self._queued.pop(w.event.request_id, None)
+        waited = time.monotonic() - entry.enqueued
+        self.metrics.inc("kvhandoff_admission_wait_seconds_total", waited)
+        self.metrics.inc("kvhandoff_admission_admitted_total")
+        ev = dc.SubmitRequest(
+            w.event.request_id,
+            w.event.tenant,
+            w.event.room,
+            w.event.prompt_len,
+            w.event.max_tokens,
+            w.event.token,
+            time.monotonic(),
+        )
+        reply = self.reply_of(self.feed(ev))
+        if reply.status is not Status.OK and why_late:
+            if self.core.prefill_dead:
+                # The pages are held by requests whose prefill is gone: say so, not only "0 free".
+                why_late += " (prefill is not answering decode's health checks)"
+            reply = Reply(reply.status, f"{why_late}: {reply.message}")
+        if not w.admitted.done():
+            w.admitted.set_result(reply)
+
+    def _admit_now(self, request_id: RequestId) -> None:
+        """A cancel or a rejection for a queued request: the core decides it at once."""
+        entry = self._queued.get(request_id)
+        if entry is not None and self.queue.remove(entry):
+            self._admit(entry, "")
+
+    def _queue_or_feed(self, ev: dc.SubmitRequest) -> Reply | asyncio.Future[Reply]:
+        """The core's reply now, or a future of it when the request waits in the queue."""
+        cfg = self.core.config
+        valid = 1 <= ev.prompt_len <= cfg.max_prompt_tokens and (
+            1 <= ev.max_tokens <= cfg.max_new_tokens
+        )
+        need = pages_for(ev.prompt_len, cfg.page_size) if valid else 0
+        # Over prefill's limit (in a mode whose prefill rejects such prompts): reserve nothing
+        # and wait for prefill's rejection, which decides the request (an early rejection).
+        b = self.mode.behaviour
+        prefill_rejects = not (b.placeholder_rejection or b.truncate_oversized)
+        held = (
+            valid
+            and prefill_rejects
+            and self.prefill_max_prompt is not None
+            and ev.prompt_len > self.prefill_max_prompt
+        )
+        must_wait = held or (valid and (need > self.core.free_pages or len(self.queue) > 0))
+        if not must_wait or self.queue.max_len == 0:
+            return self.reply_of(self.feed(ev))
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        entry = self.queue.push(ev.tenant, _Waiting(ev, need, fut), time.monotonic(), held=held)
+        if entry is None:
+            self.metrics.inc("kvhandoff_admission_refused_total", reason="queue_full")
+            reply = self.reply_of(self.feed(ev))
+            if reply.status is Status.RESOURCE_EXHAUSTED:
+                reply = Reply(
+                    reply.status,
+                    f"admission queue full ({len(self.queue)} waiting): {reply.message}",
+                )
+            return reply
+        self._queued[ev.request_id] = entry
+        self._pump()
+        return fut
 
     @staticmethod
     def reply_of(cmds: Sequence[dc.DecodeCommand]) -> Reply:
@@ -186,6 +306,9 @@ class DecodeServer(BaseServer):
 
     async def _on_tick(self, now: float) -> None:
         self.feed(dc.Tick(now))
+        for entry in self.queue.expired(now):
+            self.metrics.inc("kvhandoff_admission_refused_total", reason="deadline")
+            self._admit(entry, f"waited {self.queue.timeout_s:g}s in decode's admission queue")
 
     def _stub(self) -> Any:
         return rpc.prefill_stub(self.channel(self.settings.prefill_address))
@@ -198,6 +321,7 @@ class DecodeServer(BaseServer):
                     pb.InfoRequest(), timeout=max(self.settings.heartbeat_interval_s, 0.5)
                 )
                 epoch = int(info.boot_epoch)
+                self.prefill_max_prompt = int(info.max_prompt_tokens) or None
             except grpc.RpcError:
                 epoch = None
             self.feed(dc.PrefillHeartbeat(epoch, time.monotonic()))
@@ -216,13 +340,14 @@ class DecodeServer(BaseServer):
             grant.transfer_endpoint = self.transport.endpoint
             grant.transfer_base = self.landing.data_ptr()
             grant.transfer_slot_bytes = self.settings.shape.page_bytes
-        try:
-            ack = await self._stub().ReceiveGrant(
+        status, message, ack = await self.send_control(
+            "grant",
+            lambda: self._stub().ReceiveGrant(
                 grant, timeout=self.common.rpc_timeout_s, wait_for_ready=True
-            )
-        except grpc.RpcError as exc:
+            ),
+        )
+        if ack is None or status is not Status.OK:
             if not self._stopping:
-                _, message = status_of(exc)
                 self.feed(dc.GrantFailed(cmd.request_id, cmd.generation, message, time.monotonic()))
             return
         if not self._stopping:
@@ -234,12 +359,14 @@ class DecodeServer(BaseServer):
 
     async def _send_abort(self, cmd: dc.SendAbort) -> None:
         # A lost abort is retried by the core (Tick), so failures need no handling here.
-        await call_quietly(
-            self._stub().ReceiveAbort(
-                pb.Abort(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        abort = pb.Abort(
+            request_id=cmd.request_id, room=cmd.room, generation=cmd.generation, token=cmd.token
+        )
+        await self.send_control(
+            "abort",
+            lambda: self._stub().ReceiveAbort(
+                abort, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
 
     def _generate(self, cmd: dc.Generate) -> None:
@@ -255,6 +382,8 @@ class DecodeServer(BaseServer):
     async def Submit(
         self, request: pb.DecodeSubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.DecodeSubmitResponse:
+        await check_bounds(context, request)
+        await self.refuse_crossed_hand_over(context, request)
         rid = RequestId(request.request_id)
         if not 0 < len(rid) <= MAX_REQUEST_ID:
             await abort_with(
@@ -279,19 +408,27 @@ class DecodeServer(BaseServer):
         fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
-            reply = self.reply_of(
-                self.feed(
-                    dc.SubmitRequest(
-                        rid,
-                        Tenant(request.tenant),
-                        Room(request.room),
-                        int(request.prompt_tokens),
-                        int(request.max_tokens),
-                        secrets.token_bytes(16),
-                        time.monotonic(),
-                    )
+            first = self._queue_or_feed(
+                dc.SubmitRequest(
+                    rid,
+                    Tenant(request.tenant),
+                    Room(request.room),
+                    int(request.prompt_tokens),
+                    int(request.max_tokens),
+                    secrets.token_bytes(16),
+                    time.monotonic(),
                 )
             )
+            if isinstance(first, Reply):
+                reply = first
+            else:
+                try:
+                    reply = await first
+                except asyncio.CancelledError:
+                    entry = self._queued.pop(rid, None)
+                    if entry is not None:
+                        self.queue.remove(entry)  # never reached the core: nothing to undo
+                    raise
             if reply.status is not Status.OK:
                 await abort_with(context, reply)
             try:
@@ -338,6 +475,7 @@ class DecodeServer(BaseServer):
         async for msg in request_iterator:
             if len(self._handoff_started) > 4096:
                 self._handoff_started.clear()  # only failed transfers leave entries behind
+            await check_bounds(context, msg)
             self._handoff_started.setdefault(RequestId(msg.request_id), opened)
             if not msg.page_ids:
                 await abort_with(
@@ -413,6 +551,7 @@ class DecodeServer(BaseServer):
     async def Complete(
         self, request: pb.Completion, context: grpc.aio.ServicerContext
     ) -> pb.CompletionVerdict:
+        await check_bounds(context, request)
         cmds = self.feed(
             dc.CompletionReceived(
                 RequestId(request.request_id),
@@ -441,6 +580,7 @@ class DecodeServer(BaseServer):
     async def Reject(
         self, request: pb.Rejection, context: grpc.aio.ServicerContext
     ) -> pb.RejectionAck:
+        await check_bounds(context, request)
         try:
             status = Status[request.code]
         except KeyError:
@@ -454,6 +594,7 @@ class DecodeServer(BaseServer):
                 )
             )
         )
+        self._admit_now(RequestId(request.request_id))
         if reply.status is not Status.OK:
             await abort_with(context, reply)
         return pb.RejectionAck()
@@ -461,17 +602,27 @@ class DecodeServer(BaseServer):
     async def ReceiveAbortAck(
         self, request: pb.AbortAck, context: grpc.aio.ServicerContext
     ) -> pb.AbortAckResponse:
-        self.feed(
-            dc.AbortAckReceived(
-                RequestId(request.request_id), Room(request.room), Generation(request.generation)
+        await check_bounds(context, request)
+        reply = self.reply_of(
+            self.feed(
+                dc.AbortAckReceived(
+                    RequestId(request.request_id),
+                    Room(request.room),
+                    Generation(request.generation),
+                    request.token,
+                )
             )
         )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
         return pb.AbortAckResponse()
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
-        return self.reply_of(
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
+        reply = self.reply_of(
             self.feed(dc.CancelRequest(request_id, reason or "cancelled", time.monotonic()))
         )
+        self._admit_now(request_id)
+        return reply
 
     def info_fields(self) -> dict[str, int]:
         return {

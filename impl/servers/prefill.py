@@ -7,14 +7,24 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import grpc.aio
 import torch
 
 from impl.core import prefill as pc
-from impl.core.common import Generation, Log, PageId, Reply, RequestId, Room, Status, Tenant
+from impl.core.common import (
+    Generation,
+    Log,
+    PageId,
+    Reply,
+    RequestId,
+    Room,
+    Status,
+    Tenant,
+    pages_for,
+)
 from impl.errors import TransportError
 from impl.eventlog import EventLog
 from impl.model import CopyHeadModel
@@ -22,11 +32,17 @@ from impl.modes import Mode
 from impl.pool import DTYPE_NAME, PoolShape, page_digest, resolve_device, tensor_bytes, wire_pages
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import BaseServer, CommonSettings, abort_with, call_quietly, status_of
+from impl.servers.base import (
+    BaseServer,
+    CommonSettings,
+    abort_with,
+    check_bounds,
+    status_of,
+)
+from impl.tls import Identity
 from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
 from impl.transport import OneSidedTransport, Transport, WriteOp, open_transport
 
-MAX_GRANT_PAGES = 1 << 20
 WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
 
 
@@ -62,12 +78,19 @@ class PrefillSettings:
     pages_per_message: int = 16
     write_delay_s: float = 0.0  # pause between write messages (tests use it to open a window)
     orphan_grant_timeout_s: float = 10.0
+    grant_timeout_s: float | None = 60.0  # an admitted request without a grant fails then
     device: str = "auto"
     transport: str = "grpc"  # how page data leaves: impl.transport.TRANSPORT_NAMES
 
 
 class PrefillServer(BaseServer):
     role = "prefill"
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {
+        "Submit": frozenset({"router"}),
+        "Cancel": frozenset({"router"}),
+        "ReceiveGrant": frozenset({"decode"}),
+        "ReceiveAbort": frozenset({"decode"}),
+    }
 
     def __init__(
         self,
@@ -95,8 +118,12 @@ class PrefillServer(BaseServer):
                 page_size=s.shape.page_size,
                 max_prompt_tokens=s.max_prompt_tokens,
                 orphan_grant_timeout_s=s.orphan_grant_timeout_s,
+                grant_timeout_s=s.grant_timeout_s,
                 behaviour=mode.behaviour,
             )
+        )
+        self.max_grant_pages = pages_for(
+            max(s.context_window, s.max_prompt_tokens), s.shape.page_size
         )
         self.device = resolve_device(s.device)
         self.model = CopyHeadModel(s.shape, self.device)
@@ -339,35 +366,32 @@ class PrefillServer(BaseServer):
             yield batch.payload
 
     async def _send_completion(self, cmd: pc.SendCompletion) -> None:
-        status, message = await call_quietly(
-            self._stub().Complete(
-                pb.Completion(
-                    request_id=cmd.request_id,
-                    room=cmd.room,
-                    generation=cmd.generation,
-                    token=cmd.token,
-                    page_count=cmd.page_count,
-                    digest=cmd.digest,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        completion = pb.Completion(
+            request_id=cmd.request_id,
+            room=cmd.room,
+            generation=cmd.generation,
+            token=cmd.token,
+            page_count=cmd.page_count,
+            digest=cmd.digest,
+        )
+        status, message, _ = await self.send_control(
+            "completion",
+            lambda: self._stub().Complete(
+                completion, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
         if not self._stopping:
             self.feed(pc.CompletionAnswered(cmd.request_id, cmd.generation, status, message))
 
     async def _send_rejection(self, cmd: pc.SendRejection) -> None:
-        status, message = await call_quietly(
-            self._stub().Reject(
-                pb.Rejection(
-                    request_id=cmd.request_id,
-                    room=cmd.room,
-                    code=cmd.status.value,
-                    reason=cmd.reason,
-                ),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        rejection = pb.Rejection(
+            request_id=cmd.request_id, room=cmd.room, code=cmd.status.value, reason=cmd.reason
+        )
+        status, message, _ = await self.send_control(
+            "rejection",
+            lambda: self._stub().Reject(
+                rejection, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
         if status is not Status.OK:
             self.log_event(
@@ -375,12 +399,14 @@ class PrefillServer(BaseServer):
             )
 
     async def _send_abort_ack(self, cmd: pc.SendAbortAck) -> None:
-        await call_quietly(
-            self._stub().ReceiveAbortAck(
-                pb.AbortAck(request_id=cmd.request_id, room=cmd.room, generation=cmd.generation),
-                timeout=self.common.rpc_timeout_s,
-                wait_for_ready=True,
-            )
+        ack = pb.AbortAck(
+            request_id=cmd.request_id, room=cmd.room, generation=cmd.generation, token=cmd.token
+        )
+        await self.send_control(
+            "abort_ack",
+            lambda: self._stub().ReceiveAbortAck(
+                ack, timeout=self.common.rpc_timeout_s, wait_for_ready=True
+            ),
         )
 
     # -------------------------------------------------------------- RPCs
@@ -388,6 +414,8 @@ class PrefillServer(BaseServer):
     async def Submit(
         self, request: pb.PrefillSubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrefillSubmitResponse:
+        await check_bounds(context, request)
+        await self.refuse_crossed_hand_over(context, request)
         rid = RequestId(request.request_id)
         if not rid or not request.tenant:
             await abort_with(
@@ -441,12 +469,15 @@ class PrefillServer(BaseServer):
     async def ReceiveGrant(
         self, request: pb.Grant, context: grpc.aio.ServicerContext
     ) -> pb.GrantAck:
-        if not request.page_ids or len(request.page_ids) > MAX_GRANT_PAGES:
+        await check_bounds(context, request)
+        if not request.page_ids or len(request.page_ids) > self.max_grant_pages:
+            # The bound is the longest prompt this deployment serves, in pages: a grant can
+            # never need more, and a parked one then holds kilobytes, not megabytes.
             await abort_with(
                 context,
                 Reply(
                     Status.INVALID_ARGUMENT,
-                    f"grant of {len(request.page_ids)} pages must have 1..{MAX_GRANT_PAGES}",
+                    f"grant of {len(request.page_ids)} pages must have 1..{self.max_grant_pages}",
                 ),
             )
         if request.transfer_endpoint:
@@ -483,14 +514,20 @@ class PrefillServer(BaseServer):
     async def ReceiveAbort(
         self, request: pb.Abort, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
-        self.feed(
+        await check_bounds(context, request)
+        reply = self.feed(
             pc.AbortReceived(
-                RequestId(request.request_id), Room(request.room), Generation(request.generation)
+                RequestId(request.request_id),
+                Room(request.room),
+                Generation(request.generation),
+                request.token,
             )
         )
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
         return pb.AbortResponse()
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
         return self.feed(pc.CancelRequest(request_id, reason or "cancelled"))
 
     def info_fields(self) -> dict[str, int]:

@@ -7,7 +7,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import grpc.aio
@@ -18,14 +18,17 @@ from impl.eventlog import EventLog
 from impl.modes import Mode
 from impl.proto import rpc
 from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from impl.servers.admission import AdmissionQueue
 from impl.servers.base import (
     BaseServer,
     CommonSettings,
     abort_with,
     answered,
     call_quietly,
+    check_bounds,
     status_of,
 )
+from impl.tls import Identity
 from impl.tokenizer import VOCAB_SIZE
 
 MAX_TENANT = 128
@@ -40,10 +43,17 @@ class RouterSettings:
     decode_address: str
     context_window: int = 256
     max_new_tokens: int = 1024
+    max_in_flight: int = 1024  # requests in the cluster at once; more wait in the queue
+    admission_queue_len: int = 256
+    admission_timeout_s: float = 10.0
 
 
 class RouterServer(BaseServer):
     role = "router"
+    allowed_roles: ClassVar[dict[str, frozenset[str]]] = {
+        "Generate": frozenset({"client"}),
+        "Cancel": frozenset({"client"}),
+    }
 
     def __init__(self, settings: RouterSettings, mode: Mode, event_log: EventLog | None = None):
         self.settings = settings
@@ -59,9 +69,80 @@ class RouterServer(BaseServer):
         self._prompts: dict[RequestId, list[int]] = {}
         self._answers: dict[RequestId, list[int]] = {}
         self._waiters: dict[RequestId, asyncio.Future[tuple[Status, str]]] = {}
+        self.queue: AdmissionQueue[asyncio.Future[Reply]] = AdmissionQueue(
+            settings.admission_queue_len, settings.admission_timeout_s
+        )
+        self._in_flight = 0
+        self._epochs: dict[str, int] = {}
+        self._epoch_seen = asyncio.Event()
+        self.metrics.gauge("kvhandoff_admission_queue_length", lambda: float(len(self.queue)))
+        self.metrics.gauge("kvhandoff_requests_in_flight", lambda: float(self._in_flight))
 
     def _register(self, server: grpc.aio.Server) -> None:
         rpc.add_router(self, server)
+
+    async def start(self) -> None:
+        await super().start()
+        self.spawn(self._track_epoch(self.settings.prefill_address, rpc.prefill_stub))
+        self.spawn(self._track_epoch(self.settings.decode_address, rpc.decode_stub))
+
+    # -------------------------------------------------------------- admission queue
+
+    def _pump(self) -> None:
+        while self._in_flight < self.settings.max_in_flight:
+            entry = self.queue.pop_admissible(lambda _: True)
+            if entry is None:
+                return
+            self.metrics.inc(
+                "kvhandoff_admission_wait_seconds_total", time.monotonic() - entry.enqueued
+            )
+            self.metrics.inc("kvhandoff_admission_admitted_total")
+            self._in_flight += 1  # the slot is the waiting call's from here
+            if not entry.item.done():
+                entry.item.set_result(Reply(Status.OK))
+
+    async def _on_tick(self, now: float) -> None:
+        for entry in self.queue.expired(now):
+            self.metrics.inc("kvhandoff_admission_refused_total", reason="deadline")
+            if not entry.item.done():
+                entry.item.set_result(
+                    Reply(
+                        Status.RESOURCE_EXHAUSTED,
+                        f"waited {self.queue.timeout_s:g}s in the router's admission queue "
+                        f"({self._in_flight} requests in flight, the bound is "
+                        f"{self.settings.max_in_flight})",
+                    )
+                )
+
+    async def _admission(self, tenant: str, context: grpc.aio.ServicerContext) -> None:
+        """Take an in-flight slot, waiting in the queue (tenants in turn) when none is free."""
+        if self._in_flight < self.settings.max_in_flight and not len(self.queue):
+            self._in_flight += 1
+            return
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        entry = self.queue.push(tenant, fut, time.monotonic())
+        if entry is None:
+            self.metrics.inc("kvhandoff_admission_refused_total", reason="queue_full")
+            await abort_with(
+                context,
+                Reply(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"the router's admission queue is full ({len(self.queue)} waiting, "
+                    f"{self._in_flight} in flight)",
+                ),
+            )
+        try:
+            reply = await fut
+        except asyncio.CancelledError:
+            if not self.queue.remove(entry) and fut.done() and fut.result().status is Status.OK:
+                self._finished_one()  # it had been given a slot
+            raise
+        if reply.status is not Status.OK:
+            await abort_with(context, reply)
+
+    def _finished_one(self) -> None:
+        self._in_flight -= 1
+        self._pump()
 
     def feed(self, event: rc.RouterEvent) -> Reply:
         reply = Reply(Status.OK)
@@ -72,9 +153,11 @@ class RouterServer(BaseServer):
                 case Reply():
                     reply = cmd
                 case rc.ForwardToPrefill():
-                    self.spawn(self._to_prefill(cmd))
+                    self.spawn(
+                        self._to_prefill(cmd, self._epoch_now(self.settings.prefill_address))
+                    )
                 case rc.ForwardToDecode():
-                    self.spawn(self._to_decode(cmd))
+                    self.spawn(self._to_decode(cmd, self._epoch_now(self.settings.decode_address)))
                 case rc.CancelAtPrefill():
                     self.spawn(
                         call_quietly(
@@ -107,8 +190,67 @@ class RouterServer(BaseServer):
     def _decode(self) -> Any:
         return rpc.decode_stub(self.channel(self.settings.decode_address))
 
-    async def _to_prefill(self, cmd: rc.ForwardToPrefill) -> None:
+    # -------------------------------------------------------------- peer incarnations
+    #
+    # A hand-over (the Submit to prefill or decode) is addressed to the incarnation of the peer
+    # that was up when the router accepted the request: it carries that boot epoch, and a
+    # restarted peer refuses it. Otherwise a hand-over that waited in the channel while the peer
+    # was down (gRPC's wait-for-ready) reached the next incarnation, which knew nothing of the
+    # request's cancel or of its other side's failure, and served or held a request the protocol
+    # had lost in the crash (issue 15, "crash in flight"). The router learns each peer's epoch
+    # from its Info whenever its channel becomes READY, and forgets it whenever the channel
+    # leaves READY (the connection broke: the peer may be another incarnation when it is back).
+    # A request accepted while the epoch is unknown came after the crash: it waits for the next
+    # incarnation and is bound to it.
+
+    def _epoch_now(self, address: str) -> int | None:
+        """The peer's epoch as known when the router accepts a request: the hand-over is bound
+        to it. None when it is not known (never learned, or the connection broke since): the
+        request came after the crash, so it waits for the next incarnation and goes there."""
+        return self._epochs.get(address)
+
+    async def _track_epoch(self, address: str, stub: Any) -> None:
+        channel = self.channel(address)
+        while not self._stopping:
+            state = channel.get_state(try_to_connect=True)
+            if state is grpc.ChannelConnectivity.READY:
+                try:
+                    info = await stub(channel).Info(pb.InfoRequest(), timeout=2.0)
+                    if channel.get_state() is grpc.ChannelConnectivity.READY:
+                        self._epochs[address] = int(info.boot_epoch)
+                        self._epoch_seen.set()
+                except grpc.RpcError:
+                    pass
+            await channel.wait_for_state_change(state)
+            self._epochs.pop(address, None)
+
+    def known_epoch(self, address: str) -> int | None:
+        return self._epochs.get(address)
+
+    async def _resolve_epoch(self, address: str, epoch: int | None) -> int | None:
+        if epoch is not None:
+            return epoch
+        deadline = time.monotonic() + self.common.rpc_timeout_s
+        while (got := self._epochs.get(address)) is None and time.monotonic() < deadline:
+            self._epoch_seen.clear()
+            try:
+                await asyncio.wait_for(self._epoch_seen.wait(), 0.1)
+            except TimeoutError:
+                pass
+        return got
+
+    @staticmethod
+    def _unreachable(role: str) -> tuple[Status, str]:
+        return (Status.UNAVAILABLE, f"{role} did not come back within the call's deadline")
+
+    async def _to_prefill(self, cmd: rc.ForwardToPrefill, epoch: int | None = None) -> None:
         prompt = self._prompts.get(cmd.request_id, [])
+        peer = await self._resolve_epoch(self.settings.prefill_address, epoch)
+        if peer is None:
+            if not self._stopping:
+                status, message = self._unreachable("prefill")
+                self.feed(rc.PrefillFinished(cmd.request_id, status, message, True))
+            return
         try:
             await self._prefill().Submit(
                 pb.PrefillSubmitRequest(
@@ -116,6 +258,7 @@ class RouterServer(BaseServer):
                     tenant=cmd.tenant,
                     room=cmd.room,
                     prompt_tokens=prompt,
+                    peer_epoch=peer,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -127,7 +270,13 @@ class RouterServer(BaseServer):
         if not self._stopping:
             self.feed(rc.PrefillFinished(cmd.request_id, status, message, broken))
 
-    async def _to_decode(self, cmd: rc.ForwardToDecode) -> None:
+    async def _to_decode(self, cmd: rc.ForwardToDecode, epoch: int | None = None) -> None:
+        peer = await self._resolve_epoch(self.settings.decode_address, epoch)
+        if peer is None:
+            if not self._stopping:
+                status, message = self._unreachable("decode")
+                self.feed(rc.DecodeFinished(cmd.request_id, status, message))
+            return
         try:
             resp = await self._decode().Submit(
                 pb.DecodeSubmitRequest(
@@ -136,6 +285,7 @@ class RouterServer(BaseServer):
                     room=cmd.room,
                     prompt_tokens=cmd.prompt_len,
                     max_tokens=cmd.max_tokens,
+                    peer_epoch=peer,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -151,6 +301,19 @@ class RouterServer(BaseServer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateResponse:
+        await check_bounds(context, request)
+        caller = self.caller(context)
+        if caller is not None:
+            # The tenant is the certificate's; a request may repeat it, never name another.
+            if request.tenant and request.tenant != caller.tenant:
+                await abort_with(
+                    context,
+                    Reply(
+                        Status.PERMISSION_DENIED,
+                        f"{caller} may not act for tenant {request.tenant!r}",
+                    ),
+                )
+            request.tenant = caller.tenant or ""
         if not 0 < len(request.tenant) <= MAX_TENANT:
             await abort_with(
                 context,
@@ -182,6 +345,23 @@ class RouterServer(BaseServer):
                 context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
             )
         max_tokens = request.max_tokens or DEFAULT_MAX_TOKENS
+        await self._admission(request.tenant, context)
+        try:
+            return await self._generate(request, context, rid, max_tokens)
+        finally:
+            self._finished_one()
+
+    async def _generate(
+        self,
+        request: pb.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+        rid: RequestId,
+        max_tokens: int,
+    ) -> pb.GenerateResponse:
+        if rid in self._waiters:
+            await abort_with(
+                context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
+            )
         fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         self._prompts[rid] = list(request.prompt_tokens)
@@ -212,7 +392,11 @@ class RouterServer(BaseServer):
             await abort_with(context, Reply(status, message))
         return pb.GenerateResponse(request_id=rid, tokens=tokens)
 
-    def cancel(self, request_id: RequestId, reason: str) -> Reply:
+    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
+        if caller is not None and self.core.tenant_of(request_id) != caller.tenant:
+            # Another tenant's request answers exactly as an unknown one: a tenant can neither
+            # cancel it nor learn that it exists.
+            return Reply(Status.NOT_FOUND, f"no active request {request_id!r}")
         return self.feed(rc.ClientCancel(request_id, reason or "client cancelled"))
 
     def info_fields(self) -> dict[str, int]:

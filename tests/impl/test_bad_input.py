@@ -172,7 +172,9 @@ def test_page_data_of_the_wrong_shape_dtype_or_size_is_refused(
 def test_page_data_that_does_not_match_its_digest_is_refused(cluster: Cluster, held: Held) -> None:
     err = write(cluster, page_write(cluster, held.grant, digests=[b"\x00\x00\x00\x01"]))
     assert err.code() is grpc.StatusCode.DATA_LOSS
-    assert "00000001" in err.details()
+    # Names the page, not digest values (the sender logs the message: issue 15, private logs).
+    assert f"page {held.grant.pages[0]}: the data received does not match" in err.details()
+    assert "00000001" not in err.details()
 
 
 def test_a_completion_for_an_unknown_request_is_refused(cluster: Cluster, held: Held) -> None:
@@ -327,3 +329,137 @@ def test_an_error_a_server_answers_is_told_apart_from_a_broken_call(cluster: Clu
     nobody = rpc.decode_stub(grpc.insecure_channel("127.0.0.1:1"))
     broken = refused(lambda: nobody.Complete(ghost, timeout=5))
     assert broken.code() is grpc.StatusCode.UNAVAILABLE and not answered(broken)
+
+
+@pytest.mark.parametrize(
+    ("field", "code"),
+    [("room", grpc.StatusCode.INVALID_ARGUMENT), ("token", grpc.StatusCode.PERMISSION_DENIED)],
+)
+def test_an_abort_with_a_wrong_room_or_token_is_refused_and_the_request_completes(
+    cluster: Cluster, held: Held, field: str, code: grpc.StatusCode
+) -> None:
+    # Issue 15: prefill accepted an abort with the right generation and any room.
+    g = held.grant
+    fields: dict[str, object] = dict(
+        request_id="held-1", room=g.room, generation=g.generation, token=g.token
+    )
+    fields[field] = {"room": g.room + 1, "token": b"guess"}[field]
+    stub = rpc.prefill_stub(grpc.insecure_channel(cluster.prefill))
+    err = refused(lambda: stub.ReceiveAbort(pb.Abort(**fields), timeout=10))  # type: ignore[arg-type]
+    assert err.code() is code and "held-1" in err.details()
+    ack = pb.AbortAck(request_id="held-1", room=g.room, generation=g.generation, token=b"guess")
+    err = refused(
+        lambda: rpc.decode_stub(grpc.insecure_channel(cluster.decode)).ReceiveAbortAck(
+            ack, timeout=10
+        )
+    )
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize(
+    ("role", "method", "type_name"),
+    [
+        ("router", "/kvhandoff.v1.Router/Generate", "GenerateRequest"),
+        ("router", "/kvhandoff.v1.Router/Cancel", "CancelRequest"),
+        ("prefill", "/kvhandoff.v1.Prefill/Submit", "PrefillSubmitRequest"),
+        ("prefill", "/kvhandoff.v1.Prefill/ReceiveGrant", "Grant"),
+        ("prefill", "/kvhandoff.v1.Prefill/ReceiveAbort", "Abort"),
+        ("decode", "/kvhandoff.v1.Decode/Submit", "DecodeSubmitRequest"),
+        ("decode", "/kvhandoff.v1.Decode/Complete", "Completion"),
+        ("decode", "/kvhandoff.v1.Decode/Reject", "Rejection"),
+        ("decode", "/kvhandoff.v1.Decode/ReceiveAbortAck", "AbortAck"),
+        ("decode", "/kvhandoff.v1.Decode/WritePages", "PageWrite"),
+    ],
+)
+def test_a_message_that_does_not_parse_is_invalid_argument_naming_its_type(
+    cluster: Cluster, role: str, method: str, type_name: str
+) -> None:
+    channel = grpc.insecure_channel(getattr(cluster, role))
+    for payload, what in [(b"\xff\xff\xff", "corrupt"), (b"\x0a\x02\xff\xfe", "UTF-8")]:
+        if method.endswith("WritePages"):
+            call = channel.stream_unary(method)
+            err = refused(lambda c=call, p=payload: c(iter([p]), timeout=10))  # type: ignore[misc]
+        else:
+            unary = channel.unary_unary(method)
+            err = refused(lambda u=unary, p=payload: u(p, timeout=10))  # type: ignore[misc]
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err
+        assert f"malformed kvhandoff.v1.{type_name} message" in err.details()
+        assert what in err.details() and answered(err)
+    with cluster.client() as c:
+        assert c.generate("t", encode("still serving"), 4).status == "ok"
+
+
+def test_every_peer_controlled_size_has_a_bound_with_a_clear_error(
+    cluster: Cluster, held: Held
+) -> None:
+    """Issue 15: decode kept reasons of up to 8 MiB; prefill parked grants of 2^20 pages."""
+    prefill = rpc.prefill_stub(grpc.insecure_channel(cluster.prefill))
+    decode = rpc.decode_stub(grpc.insecure_channel(cluster.decode))
+    router = rpc.router_stub(grpc.insecure_channel(cluster.router))
+    g = held.grant
+    cases: list[tuple[Callable[[], object], str]] = [
+        (
+            lambda: decode.Reject(
+                pb.Rejection(request_id="x", room=1, code="ABORTED", reason="r" * 5000), timeout=10
+            ),
+            "reason of 5000 characters is over the bound of 4096",
+        ),
+        (
+            lambda: router.Cancel(pb.CancelRequest(request_id="held-1", reason="r" * 4097)),
+            "reason of 4097 characters is over the bound of 4096",
+        ),
+        (
+            lambda: prefill.Submit(
+                pb.PrefillSubmitRequest(
+                    request_id="i" * 129, tenant="t", room=1, prompt_tokens=[1]
+                ),
+                timeout=10,
+            ),
+            "request_id of 129 characters is over the bound of 128",
+        ),
+        (
+            lambda: router.Generate(pb.GenerateRequest(tenant="t" * 200, prompt_tokens=[1])),
+            "tenant of 200 characters is over the bound of 128",
+        ),
+        (
+            lambda: decode.Complete(
+                pb.Completion(
+                    request_id="held-1", room=g.room, generation=g.generation, token=b"k" * 65
+                ),
+                timeout=10,
+            ),
+            "token of 65 bytes is over the bound of 64",
+        ),
+        (
+            lambda: decode.WritePages(
+                iter([page_write(cluster, g, digests=[b"d" * 100])]), timeout=10
+            ),
+            "digest 0 of 100 bytes is over the bound of 64",
+        ),
+        (
+            lambda: prefill.ReceiveGrant(
+                pb.Grant(request_id="orphan", room=5, generation=1, page_ids=[0] * (1 << 20)),
+                timeout=10,
+            ),
+            f"grant of {1 << 20} pages must have 1..64",
+        ),
+    ]
+    for call, message in cases:
+        err = refused(call)
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, (message, err)
+        assert message in err.details()
+    assert cluster.prefill_server.core.parked_grants == 0
+
+
+def test_prefill_bounds_the_requests_it_holds() -> None:
+    from impl.core import prefill as pc
+    from impl.core.common import RequestId, Room, Status, Tenant
+
+    core = pc.PrefillCore(
+        pc.PrefillConfig(page_size=4, max_prompt_tokens=64, max_active_requests=2)
+    )
+    for i in range(2):
+        core.handle(pc.SubmitRequest(RequestId(f"r{i}"), Tenant("t"), Room(i), 8, 0.0))
+    cmds = core.handle(pc.SubmitRequest(RequestId("r2"), Tenant("t"), Room(2), 8, 0.0))
+    assert [c.status for c in cmds if hasattr(c, "status")] == [Status.RESOURCE_EXHAUSTED]
+    assert "max_active_requests=2" in str(cmds)

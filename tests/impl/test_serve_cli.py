@@ -67,7 +67,8 @@ def test_serve_all_prints_addresses_and_incident_shaped_limits_then_stops_on_sig
     served: tuple[subprocess.Popen[str], dict[str, object]], tmp_path: Path
 ) -> None:
     proc, info = served
-    assert set(info) == {"router", "prefill", "decode", "limits"}
+    assert set(info) == {"router", "prefill", "decode", "limits", "pki"}
+    assert info["pki"] and Path(str(info["pki"]), "ca.crt").is_file()  # throwaway CA
     limits = info["limits"]
     assert isinstance(limits, dict)
     assert limits["context_window"] > limits["prefill_max_prompt"]
@@ -81,6 +82,8 @@ def test_serve_all_prints_addresses_and_incident_shaped_limits_then_stops_on_sig
             str(info["router"]),
             "--tenant",
             "A",
+            "--pki-dir",
+            str(info["pki"]),
             "--prompt-tokens",
             str(tokens),
             "--max-tokens",
@@ -100,6 +103,7 @@ def test_serve_all_prints_addresses_and_incident_shaped_limits_then_stops_on_sig
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     assert (tmp_path / "logs" / "decode.jsonl").exists()
+    assert not Path(str(info["pki"])).exists()  # the throwaway CA goes with the servers
 
 
 def test_generate_reports_a_clear_error_with_exit_1(
@@ -113,6 +117,8 @@ def test_generate_reports_a_clear_error_with_exit_1(
             str(info["router"]),
             "--tenant",
             "A",
+            "--pki-dir",
+            str(info["pki"]),
             "--prompt",
             "x" * 5000,
             "--json",
@@ -152,6 +158,65 @@ def test_bad_prompt_tokens_are_exit_2_naming_the_token(
     assert "999" in capsys.readouterr().err
 
 
+def test_a_non_utf8_prompt_or_binary_prompt_file_is_exit_2_naming_the_byte(
+    tmp_path: Path,
+) -> None:
+    # A real process: a non-UTF-8 argv reaches Python as surrogates, as it does from a shell.
+    bad_arg = os.fsdecode(b"caf\xe9")
+    run = subprocess.run(
+        kvhandoff("generate", "--router", "127.0.0.1:1", "--tenant", "t", "--prompt", bad_arg),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "--prompt is not UTF-8 text: byte 0xe9 at offset 3" in run.stderr
+    assert "Traceback" not in run.stderr
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x00\x00\xff")
+    for flag in ("--prompt-file", "--prompt-tokens"):
+        run = subprocess.run(
+            kvhandoff("generate", "--router", "127.0.0.1:1", "--tenant", "t", flag, str(binary)),
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=60,
+        )
+        assert run.returncode == 2, run.stderr
+        assert "blob.bin" in run.stderr and "byte 0xff at offset 8" in run.stderr
+
+
+def test_a_single_role_needs_a_security_choice_and_insecure_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "decode", "--prefill", "127.0.0.1:1"]) == 2
+    assert "needs --pki-dir DIR" in capsys.readouterr().err
+    assert main(["serve", "all", "--insecure", "--pki-dir", "x"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    proc = subprocess.Popen(
+        kvhandoff("serve", "all", "--insecure", "--device", "cpu", "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        info = json.loads(proc.stdout.readline())
+        assert info["pki"] is None
+        # (torch may warn first on stderr)
+        assert any("INSECURE" in proc.stderr.readline() for _ in range(10))
+        from impl.client import Client
+
+        with Client(str(info["router"])) as c:
+            assert c.generate("t", [72, 105], 2).text == "Hi"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+
+
 def test_a_single_role_needs_its_peers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "decode"]) == 2
     assert "--prefill" in capsys.readouterr().err
@@ -162,6 +227,7 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
     import urllib.request
 
     from impl.client import Client
+    from impl.tls import Pki
 
     def free_port() -> int:
         with socket.socket() as s:
@@ -184,12 +250,16 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
         ),
         ("router", "--prefill", f"127.0.0.1:{pp}", "--decode", f"127.0.0.1:{dp}"),
     ]
+    pki = tmp_path / "pki"  # one CA for the three processes, created by the first
+    Pki.open(pki)
     procs: list[subprocess.Popen[str]] = []
     infos: dict[str, dict[str, object]] = {}
     try:
         for role, *flags in roles:
             proc = subprocess.Popen(
-                kvhandoff("serve", role, "--device", "cpu", "--json", *flags),
+                kvhandoff(
+                    "serve", role, "--device", "cpu", "--json", "--pki-dir", str(pki), *flags
+                ),
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env(),
@@ -198,7 +268,7 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
             procs.append(proc)
             assert proc.stdout is not None
             infos[role] = json.loads(proc.stdout.readline())
-        with Client(str(infos["router"]["router"])) as c:
+        with Client(str(infos["router"]["router"]), Pki(pki).issue("client", "t")) as c:
             result = c.generate("t", [72, 105, 33], 3)
         assert result.status == "ok" and result.text == "Hi!"
         metrics = (
@@ -233,7 +303,7 @@ def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> N
 
     from impl.client import Client
 
-    args = ["serve", "all", "--device", "cpu", "--json", "--metrics-port", "0"]
+    args = ["serve", "all", "--device", "cpu", "--json", "--metrics-port", "0", "--insecure"]
     proc = subprocess.Popen(
         kvhandoff(*args, "--state-dir", str(tmp_path / "state")),
         stdout=subprocess.PIPE,
@@ -262,3 +332,10 @@ def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> N
             proc.wait(10)
     # Three servers cannot share one fixed port.
     assert main(["serve", "all", "--metrics-port", "9100"]) == 2
+
+
+def test_a_short_log_key_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"short")
+    assert main(["serve", "all", "--log-key-file", str(key)]) == 2
+    assert "holds 5 bytes; a log key needs at least 16" in capsys.readouterr().err

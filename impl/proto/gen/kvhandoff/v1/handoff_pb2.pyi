@@ -61,16 +61,18 @@ class CancelResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PrefillSubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "room", "prompt_tokens")
+    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "peer_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PEER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     room: int
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    peer_epoch: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., peer_epoch: _Optional[int] = ...) -> None: ...
 
 class PrefillSubmitResponse(_message.Message):
     __slots__ = ("request_id",)
@@ -107,32 +109,36 @@ class GrantAck(_message.Message):
     def __init__(self, boot_epoch: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("request_id", "room", "generation")
+    __slots__ = ("request_id", "room", "generation", "token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class DecodeSubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "max_tokens")
+    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "max_tokens", "peer_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PEER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     room: int
     prompt_tokens: int
     max_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    peer_epoch: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., peer_epoch: _Optional[int] = ...) -> None: ...
 
 class DecodeSubmitResponse(_message.Message):
     __slots__ = ("request_id", "tokens")
@@ -213,14 +219,16 @@ class RejectionAck(_message.Message):
     def __init__(self) -> None: ...
 
 class AbortAck(_message.Message):
-    __slots__ = ("request_id", "room", "generation")
+    __slots__ = ("request_id", "room", "generation", "token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class AbortAckResponse(_message.Message):
     __slots__ = ()
