@@ -106,26 +106,9 @@ class Pki:
             return pki
         if pki.ca.exists() or pki._ca_key.exists():
             raise ConfigError(f"{directory} holds only one of ca.crt and ca.key")
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
 
         directory.mkdir(parents=True, exist_ok=True)
-        now = datetime.datetime.now(datetime.UTC)
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvhandoff throwaway CA")])
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256())
-        )
+        cert, key = _self_signed_ca("kvhandoff throwaway CA", days=30)
         _write_pem(pki.ca, cert, None)
         _write_pem(pki._ca_key, None, key)
         return pki
@@ -216,6 +199,31 @@ def _issue(ca_cert: Any, ca_key: Any, files: TlsFiles, cn: str, uris: list[str])
     _write_pem(files.key, None, key)
 
 
+def _self_signed_ca(common_name: str, days: int) -> tuple[Any, Any]:
+    """A new CA: its self-signed certificate and its private key (P-256), valid from five
+    minutes ago (clock skew between test processes) for `days` days."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
 def make_test_pki(directory: Path, name: str = "kvhandoff") -> TlsFiles:
     """A throw-away CA and one certificate for 127.0.0.1/localhost usable as server and client.
     For tests and demos only."""
@@ -226,19 +234,8 @@ def make_test_pki(directory: Path, name: str = "kvhandoff") -> TlsFiles:
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_cert, ca_key = _self_signed_ca(f"{name} test CA", days=1)
+    ca_name = ca_cert.subject
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()

@@ -135,7 +135,7 @@ def test_serve_all_with_mooncake_preloads_the_wrapper_and_listens_on_loopback(
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root)
     code = "import sys; from kvhandoff_cli.main import main; sys.exit(main())"
-    args = ["serve", "all", "--transport", "mooncake", "--device", "cpu", "--json"]
+    args = ["serve", "all", "--transport", "mooncake", "--device", "cpu", "--json", "--insecure"]
     proc = subprocess.Popen(
         [sys.executable, "-c", code, *args, "--state-dir", str(tmp_path)],
         stdout=subprocess.PIPE,
