@@ -56,6 +56,14 @@ def register(sub: Any) -> None:
         help="BMC: stop at the first (shortest) counterexample of any property; the others are "
         "then reported as holding up to the depth before it",
     )
+    p.add_argument(
+        "--invariants",
+        action="store_true",
+        help="explicit search: also evaluate the proof's invariants (spec/invariants.py, the "
+        "formulas kind and prove use) on every reachable state, and name any that fails with "
+        "its shortest run (they are the reference design's: a variant may break them). Costs "
+        "about half again the search time",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--junit",
@@ -170,6 +178,16 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
         if missing:
             line += f" (not reached: {', '.join(missing)})"
         print(line)
+    invariants = result.extra.get("invariants")
+    if invariants is not None:
+        failing = invariants["failing"]
+        if not failing:
+            print(
+                f"  invariants: all {len(invariants['checked'])} hold on every reachable state "
+                "(the formulas kind and prove use)"
+            )
+        for name, where in failing.items():
+            print(f"  invariant fails: {name} (first at depth {where['depth']})")
     if result.extra.get("response_bound") is not None:
         print(
             f"  bounded response: every request ends within {result.extra['response_bound']} "
@@ -337,8 +355,14 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--first applies to --engine bmc only, not {args.engine!r}")
     if args.dot and args.engine != "explore":
         raise UsageError("--dot needs --engine explore")
+    if args.invariants and args.engine not in ("explore", "all"):
+        raise UsageError(f"--invariants applies to --engine explore (or all), not {args.engine!r}")
     options = EngineOptions(
-        depth=args.depth, timeout=args.timeout, max_states=args.max_states, first=args.first
+        depth=args.depth,
+        timeout=args.timeout,
+        max_states=args.max_states,
+        first=args.first,
+        invariants=args.invariants,
     )
     names = list(ENGINES) if args.engine == "all" else [args.engine]
     runs = [run_engine(name, variant, config, options) for name in names]

@@ -32,6 +32,7 @@ from typing import Any
 
 from kvhandoff_cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
 from model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
+from model_checker.variant_loader import VariantLoadError, load_variant
 from spec.config import Config, ConfigError, default_config, parse_set
 from spec.properties import TERMINATION
 from spec.variants import VARIANTS, Variant
@@ -58,7 +59,10 @@ def register(sub: Any) -> None:
             "times out on the default configuration: --spacer-timeout per variant for unknown)"
         ),
     )
-    p.add_argument("--variants", help="comma-separated variant names (default: the catalogue)")
+    p.add_argument(
+        "--variants",
+        help="comma-separated variant names or variant files (.py) (default: the catalogue)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
@@ -185,10 +189,18 @@ def run_matrix(args: argparse.Namespace) -> int:
     if args.variants:
         names = [v.strip() for v in args.variants.split(",")]
         known = {v.name: v for v in VARIANTS}
-        missing = [n for n in names if n not in known]
+        missing = [n for n in names if n not in known and not n.endswith(".py")]
         if missing:
             raise UsageError(f"--variants: unknown {missing}")
-        variants = [known[n] for n in names]
+        variants = []
+        for n in names:
+            if n in known:
+                variants.append(known[n])
+                continue
+            try:  # a reviewer's variant file: every engine checks it too (or says why not)
+                variants.append(load_variant(n))
+            except VariantLoadError as exc:
+                raise UsageError(f"--variants: {exc}") from exc
     options = EngineOptions(depth=args.depth, timeout=args.timeout)
     spacer = EngineOptions(depth=args.depth, timeout=args.spacer_timeout)
     for variant in variants:

@@ -46,13 +46,15 @@ class EngineOptions:
     """Explicit search only: stop after this many states (the verdict is then 'unknown')."""
     first: bool = False
     """BMC only: stop at the first depth where some property fails."""
+    invariants: bool = False
+    """Explicit search only: evaluate spec/invariants.py's formulas on every state."""
 
 
 Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
 
 
 def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    result = explore(variant, config, max_states=options.max_states)
+    result = explore(variant, config, max_states=options.max_states, invariants=options.invariants)
     _remember_explored(variant, config, result)
     return result
 

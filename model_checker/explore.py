@@ -36,6 +36,7 @@ from model_checker import progress
 from model_checker.result import CheckResult, PropertyResult, Verdict
 from spec.actions import Action, action_name, is_fault
 from spec.config import Config
+from spec.invariants import INVARIANTS
 from spec.machine import enabled, init, step
 from spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
 from spec.state import PREFILL_TERMINAL, Faults, Ghost, PageState, ReqState, State, all_done
@@ -56,6 +57,9 @@ class StateGraph:
     depth_of: list[int]
     transitions: int
     complete: bool
+    invariant_failures: dict[str, int] | None = None
+    """With `invariants=True`: the first state (by index) breaking each invariant of
+    `spec/invariants.py` that some reachable state breaks."""
 
     def path_to(self, index: int) -> tuple[Action, ...]:
         actions: list[Action] = []
@@ -126,16 +130,25 @@ class _Shared:
 
 
 def build_graph(
-    variant: Variant, config: Config, max_states: int | None = None, keep_edges: bool = False
+    variant: Variant,
+    config: Config,
+    max_states: int | None = None,
+    keep_edges: bool = False,
+    invariants: bool = False,
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     """Breadth-first search. Returns the graph, the index of the first state violating each
-    `always` property, and which witnesses were reached."""
+    `always` property, and which witnesses were reached. With `invariants`, it also evaluates
+    every invariant of `spec/invariants.py` (the formulas kind and prove use) on every state."""
     with _cyclic_gc_paused():
-        return _search(variant, config, max_states, keep_edges)
+        return _search(variant, config, max_states, keep_edges, invariants)
 
 
 def _search(
-    variant: Variant, config: Config, max_states: int | None, keep_edges: bool
+    variant: Variant,
+    config: Config,
+    max_states: int | None,
+    keep_edges: bool,
+    check_invariants: bool = False,
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     s0 = init(config)
     index: dict[State, int] = {s0: 0}
@@ -158,8 +171,17 @@ def _search(
     # states of that depth with fewer faults may break them too (see the module docstring).
     improvable: list[Any] = []
 
+    drain = variant.design.release_fence in ("drain_ack", "ack_or_timeout")
+    invariant_failures: dict[str, int] = {}
+    unbroken = [(inv.name, inv.compiled()) for inv in INVARIANTS] if check_invariants else []
+
     def inspect(i: int, s: State) -> None:
-        nonlocal pending_witnesses, improvable
+        nonlocal pending_witnesses, improvable, unbroken
+        if unbroken and not all(holds(s, config, drain) for _, holds in unbroken):
+            for name, holds in unbroken:
+                if not holds(s, config, drain):
+                    invariant_failures[name] = i
+            unbroken = [(n, h) for n, h in unbroken if n not in invariant_failures]
         for prop in always:
             if prop.name not in first_violation and not prop.holds(config, s):
                 first_violation[prop.name] = i
@@ -240,6 +262,7 @@ def _search(
         depth_of,
         transitions,
         complete,
+        invariant_failures if check_invariants else None,
     )
     return graph, first_violation, witnesses
 
@@ -361,10 +384,15 @@ def _stuck_detail(config: Config, state: State) -> str:
     return "stuck: no protocol step is enabled, but " + "; ".join(waiting)
 
 
-def explore(variant: Variant, config: Config, max_states: int | None = None) -> CheckResult:
-    """Check every property of `variant` on `config` by exhaustive search."""
+def explore(
+    variant: Variant, config: Config, max_states: int | None = None, invariants: bool = False
+) -> CheckResult:
+    """Check every property of `variant` on `config` by exhaustive search; with `invariants`,
+    also evaluate the proof's invariants on every state (`extra["invariants"]`)."""
     started = time.perf_counter()
-    graph, first_violation, witnesses = build_graph(variant, config, max_states)
+    graph, first_violation, witnesses = build_graph(
+        variant, config, max_states, invariants=invariants
+    )
     results: list[PropertyResult] = []
     for prop in ALWAYS:
         i = first_violation.get(prop.name)
@@ -387,6 +415,18 @@ def explore(variant: Variant, config: Config, max_states: int | None = None) -> 
     else:
         results.append(PropertyResult(TERMINATION.name, "unknown", detail="state limit reached"))
     seconds = time.perf_counter() - started
+    extra_invariants: dict[str, Any] = {}
+    if graph.invariant_failures is not None:
+        extra_invariants["invariants"] = {
+            "checked": [inv.name for inv in INVARIANTS],
+            "failing": {
+                name: {
+                    "depth": graph.depth_of[i],
+                    "trace": [action_name(a) for a in graph.path_to(i)],
+                }
+                for name, i in sorted(graph.invariant_failures.items())
+            },
+        }
     return CheckResult(
         variant=variant.name,
         engine="explore",
@@ -403,6 +443,7 @@ def explore(variant: Variant, config: Config, max_states: int | None = None) -> 
             "states_per_second": round(len(graph.states) / seconds) if seconds > 0 else None,
             "deployment": {name: check(config) for name, check in DEPLOYMENT},
             "expected_breaks": list(variant.breaks),
+            **extra_invariants,
         },
     )
 

@@ -231,6 +231,7 @@ class Encoding:
             )
         self.variant = variant
         self.design = variant.design
+        self.formula_guards = variant.formula_guards()
         self.pull = variant.design.transfer == "pull"
         self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
         """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
@@ -1132,9 +1133,17 @@ class Encoding:
     # --- the transition relation ----------------------------------------------------------------
 
     def rule(self, s: SymState, i: int) -> tuple[Any, dict[str, Any]]:
-        """Guard and updated variables of instance i on state s."""
+        """Guard and updated variables of instance i on state s. A variant's formula guard
+        (`spec.logic.guard`) replaces the rulebook's guard: it is translated, not re-coded."""
         inst = self.instances[i]
         guard, e = self._rules[inst.name](s, *inst.args)
+        replaced = self.formula_guards.get(inst.name)
+        if replaced is not None:
+            from model_checker.logic_z3 import FixedReading, translate
+
+            params = replaced.formula.params
+            env = {id(p): a for p, a in zip(params, inst.args, strict=True)}
+            guard = translate(replaced.formula.formula, FixedReading(self, s), env)
         return guard, e.new
 
     def _rules_on(self, s: SymState) -> list[tuple[Any, dict[str, Any]]]:

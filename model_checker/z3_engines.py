@@ -117,7 +117,7 @@ def bmc_cached(
     variant must be refused before the lookup, or it would get the result of its design alone."""
     if not variant.is_pure_design:
         Encoding(variant, config)  # raises CannotEncode, naming the overrides and added actions
-    key = (variant.design, config, depth, timeout, first)
+    key = (variant.rules_key(), config, depth, timeout, first)
     if key not in _BMC_CACHE:
         _BMC_CACHE[key] = bmc(variant, config, depth, timeout, first)
     result = copy.deepcopy(_BMC_CACHE[key])

@@ -110,7 +110,7 @@ def spec_reach(
     """The first step at which each action kind fires and the first depth at which each witness
     holds, in the spec's breadth-first search up to `depth` steps (remembered per design,
     config and depth: only pure-design variants reach the Z3 engines)."""
-    key = (variant.design, config, depth)
+    key = (variant.rules_key(), config, depth)
     if key not in _SPEC_CACHE:
         s0 = init(config)
         seen = {s0}
@@ -317,7 +317,7 @@ def fixed_movement_cached(
     """`fixed_movement`, remembered per (design, config, depth): bmc, kind, spacer and
     fixed-config prove all ask it of the same encoding. The timeout only matters to an answer
     with a solver `unknown`, which is asked again."""
-    key = (variant.design, config, depth, _code())
+    key = (variant.rules_key(), config, depth, _code())
     if key not in _FIXED_CACHE or _FIXED_CACHE[key].unknown:
         _FIXED_CACHE[key] = fixed_movement(variant, config, depth, timeout)
     return _copy(_FIXED_CACHE[key])
@@ -599,7 +599,7 @@ def any_size_movement_cached(
     variant: Variant, config: Config, timeout: float | None = None
 ) -> Movement:
     """`any_size_movement`, remembered per (design, config); asked again after an `unknown`."""
-    key = (variant.design, config, _code())
+    key = (variant.rules_key(), config, _code())
     if key not in _ANY_SIZE_CACHE or _ANY_SIZE_CACHE[key].unknown:
         _ANY_SIZE_CACHE[key] = any_size_movement(variant, config, timeout)
     return _copy(_ANY_SIZE_CACHE[key])

@@ -24,14 +24,13 @@ Read them as the protocol's proof sketch:
    granted to prefill's writer and never validated, so nothing is written or generated for it;
    `decode_validates_only_completed_prefill` and `unsubmitted_requests_are_untouched` are the
    bookkeeping that argument needs (decode's progress follows prefill's, nothing precedes submit).
-6. `fenced_writes_land_in_held_pages` (`ONE_SIDED_INVARIANTS`, for one-sided designs with a drain
-   fence): with no receiver check, the fence must keep every live write aimed at a page its own
-   request still holds.
 
-Every invariant is a pure function `(config, state) -> bool`, like the properties. They are
-checked three ways: on every state the explorer reaches (`tests/model_checker`), as k-induction
-strengthening on the fixed-configuration Z3 encoding, and (their parametric versions, the same
-names) over any number of pages, requests and tenants by `kvhandoff check --engine prove`.
+**Written once, read by every checker.** Each invariant is a formula of `spec/logic.py` over the
+symbols of `spec/vocabulary.py`, not a Python function. The explorer evaluates it on states
+(`Invariant.holds`, a closure compiled once); `kvhandoff check --engine kind` and the
+fixed-configuration `prove` translate the very same object to Z3 over the encoding's variables
+(`model_checker/logic_z3.py`). A wrong invariant therefore fails fast and concretely, on the
+first reachable state that breaks it, before any solver is asked to prove it.
 
 They are invariants of the *reference* design (and of designs that keep its defences); a variant
 that breaks a property breaks at least one of them, which is how the proof fails for it.
@@ -40,281 +39,373 @@ that breaks a property breaks at least one of them, which is how the proof fails
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spec.config import Config
-from spec.state import State, Tag
+from spec.logic import (
+    PAGE,
+    RANK,
+    REQ,
+    And,
+    Implies,
+    Not,
+    Or,
+    Term,
+    each_message,
+    each_pending_ack,
+    each_write,
+    forall,
+)
+from spec.state import State
+from spec.variants import Design
+from spec.vocabulary import (
+    accepted_set,
+    answered,
+    answered_ok,
+    compile_claim,
+    d,
+    d_awaiting_ack,
+    d_gen,
+    d_holds,
+    d_rank,
+    drain_fence,
+    issued,
+    next_gen,
+    not_as_is,
+    owned,
+    owner,
+    owner_gen,
+    p,
+    p_gen,
+    p_granted,
+    p_granted_count,
+    p_rank_done,
+    p_written,
+    p_wrote,
+    prefill_ranks,
+    read_done,
+    shard_gen,
+    shard_has,
+    shard_outside,
+    shard_req,
+    submitted,
+)
+
+# Phases, grouped as the claims use them.
+EARLY = ("none", "received", "admitted", "rejected")  # before decode reserves (or refused)
+HOLDING = ("reserved", "validated", "generated", "answered", "failed")  # may hold pages
+RESERVED = ("reserved", "validated", "generated", "answered")  # hold a live grant
+LATER = ("validated", "generated", "answered")  # after decode accepted the completion
+P_IDLE = ("none", "received", "admitted", "rejected")  # prefill has no grant to write
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Invariant:
     name: str
     claim: str
-    holds: Callable[[Config, State], bool]
+    formula: Term
+    _compiled: list[Callable[[State, Config, bool], bool]] = field(default_factory=list, repr=False)
+
+    def holds(self, config: Config, state: State, design: Design | None = None) -> bool:
+        """The invariant on one concrete state. Without a design, design-dependent clauses are
+        read at their weakest (a drain fence is assumed present)."""
+        drain = design is None or design.release_fence in ("drain_ack", "ack_or_timeout")
+        return self.compiled()(state, config, drain)
+
+    def compiled(self) -> Callable[[State, Config, bool], bool]:
+        """The formula as a Python function `(state, config, drain_fence) -> bool`, compiled
+        once (the explorer calls it on every state it visits)."""
+        if not self._compiled:
+            self._compiled.append(compile_claim(self.formula, self.name))
+        return self._compiled[0]
 
 
-def generations_are_unique(config: Config, state: State) -> bool:
+def generations_are_unique() -> Term:
     """No two requests hold the same decode generation, and the counter is past all of them."""
-    held = [req.d_gen for req in state.requests if req.d_gen != 0]
-    return len(held) == len(set(held)) and all(g < state.next_generation for g in held)
+    return forall(
+        REQ,
+        lambda r: And(
+            d_gen(r) >= 0,
+            d_gen(r) < next_gen(),
+            forall(REQ, lambda r2: Implies(And(r != r2, d_gen(r) != 0), d_gen(r) != d_gen(r2))),
+        ),
+    )
 
 
-def unreserved_requests_hold_nothing(config: Config, state: State) -> bool:
+def unreserved_requests_hold_nothing() -> Term:
     """Before decode reserves for a request (or once it refused it), the request holds no
-    generation and no pages; only the phases between reservation and release hold pages."""
-    for req in state.requests:
-        if req.d in ("none", "received", "admitted", "rejected") and (req.d_gen or req.d_pages):
-            return False
-        holding = ("reserved", "validated", "generated", "answered", "failed")
-        if req.d_pages and req.d not in holding:
-            return False
-    return True
+    generation and no pages; only the phases between reservation and release hold pages, and
+    those that hold a live grant hold a generation. A release fenced on the drain ack is an
+    abort decode sent for a grant it made."""
+    return And(
+        forall(
+            REQ,
+            lambda r: And(
+                Implies(
+                    d(r).is_in(*EARLY),
+                    And(d_gen(r) == 0, forall(PAGE, lambda q: Not(d_holds(r, q)))),
+                ),
+                forall(PAGE, lambda q: Implies(d_holds(r, q), d(r).is_in(*HOLDING))),
+                Implies(d(r).is_in(*RESERVED), d_gen(r) != 0),
+                Implies(d_awaiting_ack(r), And(d(r) == "failed", d_gen(r) != 0)),
+            ),
+        ),
+        each_message(["grant"], lambda m: d(m.req) != "none"),
+    )
 
 
-def prefill_holds_decodes_generation(config: Config, state: State) -> bool:
-    """The grant prefill holds for a request is the one decode issued for it."""
-    for req in state.requests:
-        if req.p_gen != 0 and req.p_gen != req.d_gen:
-            return False
-        if req.p_wrote > len(req.p_pages):
-            return False
-        if req.p_wrote and req.p_gen == 0:
-            return False
-    return True
+def prefill_holds_decodes_generation() -> Term:
+    """The grant prefill holds for a request is the one decode issued for it, and prefill writes
+    only pages of that grant, and only while it holds one."""
+    return forall(
+        REQ,
+        lambda r: And(
+            Implies(p_gen(r) != 0, p_gen(r) == d_gen(r)),
+            p_wrote(r) <= p_granted_count(r),
+            Implies(p_wrote(r) > 0, p_gen(r) != 0),
+            Implies(p(r).is_in("granted", "completed"), p_gen(r) != 0),
+            Implies(p(r).is_in(*P_IDLE), p_wrote(r) == 0),
+            forall(
+                PAGE,
+                lambda q: And(
+                    Implies(issued(r, q), And(p_gen(r) != 0, p_granted(r, q))),
+                    Implies(p(r).is_in(*P_IDLE), Not(issued(r, q))),
+                ),
+            ),
+        ),
+    )
 
 
-def messages_carry_their_generation(config: Config, state: State) -> bool:
-    """Every grant, completion, abort and abort ack in the network (or waiting to be sent again)
-    names its own request's generation; completions are only sent by a prefill that holds it."""
-    for m in (*state.network, *state.lost):
-        req = state.requests[m.request]
-        if m.kind == "grant" and (m.generation == 0 or m.generation != req.d_gen):
-            return False
-        if m.kind == "completion" and (m.generation == 0 or m.generation != req.p_gen):
-            return False
-        if m.kind in ("abort", "abort_ack", "failure") and m.generation not in (0, req.d_gen):
-            return False
-    return True
+def messages_carry_their_generation() -> Term:
+    """Every grant, completion, abort, failure notice and drain ack in the network (or waiting to
+    be sent again) names its own request's generation; completions are only sent by a prefill
+    that holds it; a drain ack prefill still owes names decode's grant. Without a drain fence,
+    nobody asks for or owes a drain ack."""
+    return And(
+        each_message(["grant"], lambda m: And(m.gen != 0, m.gen == d_gen(m.req))),
+        each_message(["completion"], lambda m: And(m.gen != 0, m.gen == p_gen(m.req))),
+        each_message(["abort", "failure"], lambda m: Or(m.gen == 0, m.gen == d_gen(m.req))),
+        each_message(
+            ["abort_ack"], lambda m: And(drain_fence(), m.gen != 0, m.gen == d_gen(m.req))
+        ),
+        each_pending_ack(lambda a: And(drain_fence(), a.gen != 0, a.gen == d_gen(a.req))),
+        forall(REQ, lambda r: Implies(d_awaiting_ack(r), drain_fence())),
+    )
 
 
-def writes_carry_their_grant(config: Config, state: State) -> bool:
-    """A write in flight carries its request's room, generation and data, for a granted page,
-    and its prefill has not completed (it completes only once its writes returned)."""
-    for w in state.writes:
-        r = w.data.request
-        req = state.requests[r]
-        if req.p_gen == 0 or w.generation != req.p_gen or w.page not in req.p_pages:
-            return False
-        if req.p == "completed":
-            return False
-        if w.room != config.requests[r].room or w.data != Tag(r, req.p_gen, w.data.tenant):
-            return False
-        if w.data.tenant != config.requests[r].tenant:
-            return False
-    return True
+def writes_carry_their_grant() -> Term:
+    """A write in flight carries its request's room, generation and data, for a page prefill has
+    already counted as written, and its prefill has not completed (it completes only once its
+    writes returned)."""
+    return each_write(
+        lambda w: And(
+            p_gen(w.req) != 0,
+            w.gen == p_gen(w.req),
+            w.data_gen == p_gen(w.req),
+            p_written(w.req, w.page),
+            p(w.req) != "completed",
+            w.right_room,
+            w.right_tenant,
+        )
+    )
 
 
-def owned_pages_hold_owner_data_or_nothing(config: Config, state: State) -> bool:
+def owned_pages_hold_owner_data_or_nothing() -> Term:
     """A page decode owns for (r, g) holds r's data for g, or nothing, in every rank's shard. On
-    the pull path a shard may also hold data from outside the scenario (request -1): a read whose
-    source lease expired fetched a reused block. Validation rejects such a page; it never holds
+    the pull path a shard may also hold data from outside the scenario: a read whose source
+    lease expired fetched a reused block. Validation rejects such a page; it never holds
     *another request's* data, which is what the argument needs."""
-    for page in state.pages:
-        if page.owner is None:
-            continue
-        r, g = page.owner
-        own = Tag(r, g, config.requests[r].tenant)
-        if any(shard is not None and shard != own and shard.request != -1 for shard in page.shards):
-            return False
-    return True
+    return forall(
+        PAGE,
+        lambda q: Implies(
+            owned(q),
+            forall(
+                RANK,
+                lambda k: Implies(
+                    shard_has(q, k),
+                    Or(
+                        And(shard_req(q, k) == owner(q), shard_gen(q, k) == owner_gen(q)),
+                        shard_outside(q, k),
+                    ),
+                ),
+            ),
+        ),
+    )
 
 
-def validated_pages_hold_own_data(config: Config, state: State) -> bool:
+def validated_pages_hold_own_data() -> Term:
     """Once decode validated a request's completion, every page it holds for the request holds
     the request's own data for its generation, in every rank's shard (so `decode_generate`
     reads exactly that)."""
-    for r, req in enumerate(state.requests):
-        if req.d != "validated":
-            continue
-        own = Tag(r, req.d_gen, config.requests[r].tenant)
-        if any(shard != own for p in req.d_pages for shard in state.pages[p].shards):
-            return False
-    return True
+    return forall(
+        REQ,
+        lambda r: forall(
+            PAGE,
+            lambda q: Implies(
+                And(d(r) == "validated", d_holds(r, q)),
+                forall(
+                    RANK,
+                    lambda k: And(
+                        shard_has(q, k),
+                        Not(shard_outside(q, k)),
+                        shard_req(q, k) == r,
+                        shard_gen(q, k) == d_gen(r),
+                    ),
+                ),
+            ),
+        ),
+    )
 
 
-def unsubmitted_requests_are_untouched(config: Config, state: State) -> bool:
-    """Nothing happens to a request before the router submits it."""
-    present = (*state.network, *state.lost)
-    for r, req in enumerate(state.requests):
-        if req.submitted:
-            continue
-        if (req.p, req.d) != ("none", "none") or req.answer is not None or req.not_as_is:
-            return False
-        if req.p_gen or req.d_gen or req.p_wrote or req.d_awaiting_ack:
-            return False
-        if any(m.request == r for m in present) or any(w.data.request == r for w in state.writes):
-            return False
-        if any(key[2] == r for key in state.pending_acks):
-            return False
-    return True
+def unsubmitted_requests_are_untouched() -> Term:
+    """Nothing happens to a request before the router submits it: no phase, answer, grant or
+    write, and nothing in flight for it."""
+    everything = ["grant", "completion", "failure", "abort", "abort_ack"]
+    return And(
+        forall(
+            REQ,
+            lambda r: Implies(
+                Not(submitted(r)),
+                And(
+                    p(r) == "none",
+                    d(r) == "none",
+                    Not(answered(r)),
+                    Not(not_as_is(r)),
+                    p_gen(r) == 0,
+                    d_gen(r) == 0,
+                    p_wrote(r) == 0,
+                    Not(d_awaiting_ack(r)),
+                ),
+            ),
+        ),
+        each_message(everything, lambda m: submitted(m.req)),
+        each_write(lambda w: submitted(w.req)),
+        each_pending_ack(lambda a: submitted(a.req)),
+    )
 
 
-def decode_validates_only_completed_prefill(config: Config, state: State) -> bool:
+def decode_validates_only_completed_prefill() -> Term:
     """Decode validates, reads and answers a request only after that request's own prefill
     completed (every rank reported); an answer with output comes from a read. A completion in
-    the network, or one decode holds in its rank set, was sent by a rank that reported: prefill
-    completed, or lists the rank as done, or stopped since (aborted or lost; with one rank a
-    request that reported is `completed`, which is final)."""
-    present = (*state.network, *state.lost)
-    for r, req in enumerate(state.requests):
-        validated = req.d in ("validated", "generated", "answered")
-        if (validated or req.read is not None or req.accepted_full is not None) and (
-            req.p != "completed"
-        ):
-            return False
-        if req.d in ("generated", "answered") and req.read is None:
-            return False
-        if req.answer is not None and req.answer.ok and req.read is None:
-            return False
-        stopped = req.p in ("aborted", "lost")
-        sent = {m.rank for m in present if m.kind == "completion" and m.request == r}
-        for rank in sent | set(req.d_ranks):
-            if req.p != "completed" and rank not in req.p_ranks_done and not stopped:
-                return False
-    return True
+    the network, or one decode holds in its rank set, was sent by a rank that reported: with one
+    rank, prefill completed (which is final); with several, prefill completed, or lists the rank
+    as done, or stopped since (aborted or lost)."""
+    stopped_or_done = ("completed", "aborted", "lost")
+    return And(
+        forall(
+            REQ,
+            lambda r: And(
+                Implies(Or(d(r).is_in(*LATER), read_done(r), accepted_set(r)), p(r) == "completed"),
+                Implies(d(r).is_in("generated", "answered"), read_done(r)),
+                Implies(answered_ok(r), And(p(r) == "completed", read_done(r))),
+                forall(
+                    RANK,
+                    lambda k: Implies(
+                        d_rank(r, k), Or(p(r).is_in(*stopped_or_done), p_rank_done(r, k))
+                    ),
+                ),
+            ),
+        ),
+        each_message(
+            ["completion"],
+            lambda m: Or(
+                p(m.req) == "completed",
+                And(prefill_ranks() > 1, Or(m.rank_done, p(m.req).is_in(*stopped_or_done))),
+            ),
+        ),
+    )
 
 
-def rejected_requests_are_never_completed(config: Config, state: State) -> bool:
+def rejected_requests_are_never_completed() -> Term:
     """A request not admitted as sent: prefill never writes or completes it, decode never
-    validates it, and the client never gets output for it."""
-    for r, req in enumerate(state.requests):
-        if not req.not_as_is:
-            continue
-        if req.p_wrote or req.p in ("granted", "completed"):
-            return False
-        if req.d in ("validated", "generated", "answered") or req.read is not None:
-            return False
-        if req.answer is not None and req.answer.ok:
-            return False
-        if any(m.kind == "completion" and m.request == r for m in (*state.network, *state.lost)):
-            return False
-        # Who refused it, and so stopped it: prefill, decode, or the router (before either).
-        if not (req.p == "rejected" or req.d == "rejected" or (req.p, req.d) == ("none", "none")):
-            return False
-    return True
+    validates it, and the client never gets output for it; and whoever refused it stopped it:
+    prefill, decode, or the router (before either)."""
+    return And(
+        forall(
+            REQ,
+            lambda r: Implies(
+                not_as_is(r),
+                And(
+                    p_wrote(r) == 0,
+                    Not(p(r).is_in("granted", "completed")),
+                    Not(d(r).is_in(*LATER)),
+                    Not(read_done(r)),
+                    Not(answered_ok(r)),
+                    Or(
+                        p(r) == "rejected",
+                        d(r) == "rejected",
+                        And(p(r) == "none", d(r) == "none"),
+                    ),
+                ),
+            ),
+        ),
+        each_message(["completion"], lambda m: Not(not_as_is(m.req))),
+    )
 
 
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "generations_are_unique",
         "no two requests hold the same generation; the counter is past every one",
-        generations_are_unique,
+        generations_are_unique(),
     ),
     Invariant(
         "unreserved_requests_hold_nothing",
         "only a reserved (not yet released) request holds a generation's pages",
-        unreserved_requests_hold_nothing,
+        unreserved_requests_hold_nothing(),
     ),
     Invariant(
         "prefill_holds_decodes_generation",
         "the grant prefill holds for a request is decode's grant for it",
-        prefill_holds_decodes_generation,
+        prefill_holds_decodes_generation(),
     ),
     Invariant(
         "messages_carry_their_generation",
         "grants, completions, aborts and acks name their own request's generation",
-        messages_carry_their_generation,
+        messages_carry_their_generation(),
     ),
     Invariant(
         "writes_carry_their_grant",
         "a write in flight carries its own request's room, generation and data",
-        writes_carry_their_grant,
+        writes_carry_their_grant(),
     ),
     Invariant(
         "owned_pages_hold_owner_data_or_nothing",
         "a page owned by (r, g) holds r's data for g, or nothing",
-        owned_pages_hold_owner_data_or_nothing,
+        owned_pages_hold_owner_data_or_nothing(),
     ),
     Invariant(
         "validated_pages_hold_own_data",
         "a validated request's pages all hold its own data for its generation",
-        validated_pages_hold_own_data,
+        validated_pages_hold_own_data(),
     ),
     Invariant(
         "unsubmitted_requests_are_untouched",
         "nothing happens to a request before the router submits it",
-        unsubmitted_requests_are_untouched,
+        unsubmitted_requests_are_untouched(),
     ),
     Invariant(
         "decode_validates_only_completed_prefill",
         "decode validates, reads and answers a request only after its own prefill completed",
-        decode_validates_only_completed_prefill,
+        decode_validates_only_completed_prefill(),
     ),
     Invariant(
         "rejected_requests_are_never_completed",
         "a request not admitted as sent is never written, completed, validated or answered",
-        rejected_requests_are_never_completed,
+        rejected_requests_are_never_completed(),
     ),
 )
 
 
-def fenced_writes_land_in_held_pages(config: Config, state: State) -> bool:
-    """One-sided writes land wherever they point, so a drain-fenced design must keep every write
-    of the current decode incarnation aimed at a page its own request still holds: a prefill that
-    may still write holds the same grant as decode, decode keeps the pages (reserved, or failed
-    and awaiting the drain ack) until the writes drained, and once the request is done (answered,
-    failed without a fence, completed, acknowledged) none of its writes is in flight; with several
-    prefill ranks, neither is any write of a rank that reported or acknowledged. Writes of an
-    earlier incarnation are refused by the revoked key, so they do not count."""
-    present = (*state.network, *state.lost)
-    pending = {r for _room, _gen, r in state.pending_acks}
-    for r, req in enumerate(state.requests):
-        current = req.p_epoch == state.decode_epoch
-        held = req.d == "reserved" or (req.d == "failed" and req.d_awaiting_ack)
-        writes = [w for w in state.writes if w.data.request == r]
-        mine = [m for m in present if m.request == r]
-        if current and any(w.page not in req.d_pages for w in writes):
-            return False
-        may_write = req.p in ("received", "admitted", "granted") and req.p_gen != 0
-        if current and may_write and (not held or set(req.p_pages) != set(req.d_pages)):
-            return False
-        for m in mine:
-            waiting = req.p in ("received", "admitted") and req.p_gen == 0
-            if m.kind == "grant" and m.epoch == state.decode_epoch and waiting:
-                if not held or set(m.pages) != set(req.d_pages):
-                    return False
-        done = (
-            req.d in ("validated", "generated", "answered")
-            or (req.d == "failed" and not req.d_awaiting_ack)
-            or req.p == "completed"
-            or any(m.kind == "failure" for m in mine)
-        )
-        for w in writes if current else ():
-            rank_done = (
-                (w.room, w.generation, w.rank) in state.acked_ranks
-                or w.rank in req.p_ranks_done
-                or w.rank in req.d_ranks
-                or w.rank in req.d_acks
-                or any(m.kind in ("completion", "abort_ack") and m.rank == w.rank for m in mine)
-            )
-            if done or rank_done:
-                return False
-        told = r in pending or any(m.kind in ("failure", "abort_ack") for m in mine)
-        if told and req.p in ("received", "admitted", "granted"):
-            return False
-    return True
+def failing_invariants(
+    config: Config, state: State, design: Design | None = None
+) -> list[Invariant]:
+    return [inv for inv in INVARIANTS if not inv.holds(config, state, design)]
 
 
-ONE_SIDED_INVARIANTS: tuple[Invariant, ...] = (
-    Invariant(
-        "fenced_writes_land_in_held_pages",
-        "with one-sided writes, a current write only ever targets a page its request still holds",
-        fenced_writes_land_in_held_pages,
-    ),
-)
-"""Extra invariants of designs with one-sided writes and a drain fence (`one_sided_fenced`);
-with the ones above they make that design's safety properties inductive too."""
+# The drain-fenced one-sided design's extra invariant is still a Python function (its Z3 twin is
+# hand-written in model_checker/z3_invariants.py): it compares the page sets of grants in flight,
+# which the vocabulary does not name yet. See docs/one-semantics.md.
+from spec.invariants_py import ONE_SIDED_INVARIANTS  # noqa: E402
 
-
-def failing_invariants(config: Config, state: State) -> list[Invariant]:
-    return [inv for inv in INVARIANTS if not inv.holds(config, state)]
+__all__ = ["INVARIANTS", "ONE_SIDED_INVARIANTS", "Invariant", "failing_invariants"]

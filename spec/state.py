@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from itertools import compress, count
 from operator import attrgetter, is_not
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from spec.config import Config
 
@@ -175,6 +175,8 @@ DecodePhase = Literal[
     "lost",  # state lost in a decode crash (terminal)
 ]
 MessageKind = Literal["grant", "completion", "failure", "abort", "abort_ack"]
+PREFILL_PHASES: tuple[str, ...] = get_args(PrefillPhase)
+DECODE_PHASES: tuple[str, ...] = get_args(DecodePhase)
 
 OTHER_TENANT = "other"
 

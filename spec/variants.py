@@ -25,8 +25,9 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Literal, get_args, get_type_hints
 
-from spec.actions import ACTIONS_BY_NAME, snake_case
+from spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
 from spec.config import Config, ConfigError
+from spec.logic import GuardFormula
 from spec.properties import ALL_PROPERTY_NAMES
 from spec.state import State, evolve
 
@@ -151,6 +152,34 @@ EnabledHook = Callable[[Config, State], Iterable[Any]]
 StepHook = Callable[[Config, State, Any], State]
 
 
+def is_fault_kind(kind: type) -> bool:
+    return kind in FAULT_ACTIONS
+
+
+class FormulaGuard:
+    """A variant's guard written as a formula (`spec.logic.guard`), bound to its action and the
+    variant's design: called like a Python guard, `(config, state) -> actions`, by compiling the
+    formula once; the Z3 encodings read `formula` instead of the rulebook's guard."""
+
+    def __init__(self, name: str, kind: type, formula: GuardFormula, design: Design) -> None:
+        self.name, self.kind, self.formula = name, kind, formula
+        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self._fn: Callable[..., bool] | None = None
+
+    def __call__(self, config: Config, state: State) -> list[Any]:
+        if self._fn is None:
+            from spec.vocabulary import compile_claim
+
+            self._fn = compile_claim(self.formula.formula, self.name, self.formula.params)
+        fn, drain = self._fn, self.drain
+        if not self.formula.params:
+            return [self.kind()] if fn(state, config, drain) else []
+        return [self.kind(r) for r in range(len(state.requests)) if fn(state, config, drain, r)]
+
+    def __repr__(self) -> str:
+        return f"FormulaGuard({self.name}: {self.formula!r})"
+
+
 @dataclass(frozen=True)
 class Variant:
     """A protocol: a design, plus optional action overrides, with its catalogue entry."""
@@ -210,7 +239,11 @@ class Variant:
 
     def _check_guards_and_fields(self) -> None:
         added = [snake_case(t.__name__) for t in self.extra_action_types]
+        bound: dict[str, Any] = {}
         for name, hook in self.guard_overrides.items():
+            if isinstance(hook, (GuardFormula, FormulaGuard)):
+                bound[name] = self._bind_formula_guard(name, hook)
+                continue
             if name not in ACTIONS_BY_NAME:
                 hint = (
                     " (an added action's guard is its extra_actions hook)" if name in added else ""
@@ -224,6 +257,10 @@ class Variant:
                     f"variant {self.name!r}: guard_overrides[{name!r}] must be a function "
                     f"(config, state) -> actions, got {hook!r}"
                 )
+        if bound:
+            # The formula guards, bound to their action and this design: callable like a Python
+            # guard (the explorer), readable as formulas (the Z3 encodings).
+            object.__setattr__(self, "guard_overrides", {**self.guard_overrides, **bound})
         for name, initial in self.state_fields.items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise VariantError(
@@ -339,6 +376,39 @@ class Variant:
             **other,
         )
 
+    def _bind_formula_guard(self, name: str, hook: GuardFormula | FormulaGuard) -> FormulaGuard:
+        formula = hook.formula if isinstance(hook, FormulaGuard) else hook
+        kind = ACTIONS_BY_NAME.get(name)
+        if kind is None:
+            raise VariantError(
+                f"variant {self.name!r}: guard_overrides names {name!r}, which is no action of "
+                f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)}"
+            )
+        fields = [f.name for f in dataclasses.fields(kind)]
+        want = ["request"] if formula.params else []
+        if fields != want or is_fault_kind(kind):
+            raise VariantError(
+                f"variant {self.name!r}: guard_overrides[{name!r}] is a formula, but a formula "
+                f"guard can replace only the guard of a protocol step of one request "
+                f"(guard(lambda r: ...)) or of none (guard(lambda: ...)); {kind.__name__} takes "
+                f"({', '.join(fields)}){' and is a fault' if is_fault_kind(kind) else ''}: "
+                "write a Python function (config, state) -> actions instead (only the explorer "
+                "checks those)"
+            )
+        return FormulaGuard(name, kind, formula, self.design)
+
+    def formula_guards(self) -> dict[str, FormulaGuard]:
+        """The guards this variant replaces with formulas (every engine reads those)."""
+        return {n: h for n, h in self.guard_overrides.items() if isinstance(h, FormulaGuard)}
+
+    def rules_key(self) -> tuple[Any, ...]:
+        """What the Z3 encodings of this variant depend on: its design and the formulas that
+        replace guards (caches keyed by the design alone would answer for another variant)."""
+        return (
+            self.design,
+            tuple(sorted((n, id(h.formula)) for n, h in self.formula_guards().items())),
+        )
+
     def scenario(self, base: Config) -> Config:
         """`base` with the variant's own config fields applied (the CLI's `--set` comes after)."""
         return replace(base, **self.config) if self.config else base
@@ -353,7 +423,11 @@ class Variant:
         the rulebook and the design options cannot see (it must refuse the variant, naming
         them, rather than check the rest and call it this variant)."""
         out = [f"step_overrides[{name!r}]" for name in sorted(self.step_overrides)]
-        out += [f"guard_overrides[{name!r}]" for name in sorted(self.guard_overrides)]
+        out += [
+            f"guard_overrides[{name!r}]"
+            for name, hook in sorted(self.guard_overrides.items())
+            if not isinstance(hook, FormulaGuard)
+        ]
         if self.extra_actions is not None:
             hook = getattr(self.extra_actions, "__name__", repr(self.extra_actions))
             out.append(f"extra_actions hook {hook}")

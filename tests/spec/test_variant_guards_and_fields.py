@@ -19,7 +19,7 @@ from spec.actions import DecodeReleasePages
 from spec.config import Config, parse_set
 from spec.machine import enabled, init, is_enabled
 from spec.state import State
-from spec.variants import REFERENCE, VariantError, get_variant
+from spec.variants import REFERENCE, Variant, VariantError, get_variant
 from tests.explored import SMALL
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -59,6 +59,49 @@ def test_a_replaced_guard_lists_its_kind_in_place_of_the_rulebook_s() -> None:
     release = next(a for a in theirs if isinstance(a, DecodeReleasePages))
     assert not is_enabled(never, config, state, release)
     assert is_enabled(REFERENCE, config, state, release)
+
+
+def test_a_formula_guard_and_the_same_python_guard_enable_the_same_actions() -> None:
+    formula = _load("variant_replace_guard").VARIANT
+    python = _python_guard_variant()
+    config = _small(formula.scenario(Config()))
+    from model_checker.explore import build_graph
+
+    states = build_graph(python, config)[0].states
+    assert len(states) == len(build_graph(formula, config)[0].states)
+    for state in states[:: max(1, len(states) // 400)]:
+        assert enabled(formula, config, state) == enabled(python, config, state)
+
+
+def test_a_formula_guard_is_read_by_the_z3_encoding_and_bmc_finds_the_same_run() -> None:
+    from model_checker.z3_engines import bmc
+
+    variant = _load("variant_replace_guard").VARIANT
+    assert variant.is_pure_design and "decode_release_pages" in variant.formula_guards()
+    config = _small(variant.scenario(Config()))
+    by_explorer = explore(variant, config).result_for("no_late_write_lands_in_reallocated_page")
+    by_bmc = bmc(variant, config, depth=by_explorer.depth).result_for(
+        "no_late_write_lands_in_reallocated_page"
+    )
+    assert by_bmc.verdict == "violated" and by_bmc.depth == by_explorer.depth
+
+
+def test_a_formula_guard_only_replaces_guards_of_one_request_protocol_steps() -> None:
+    from spec.logic import guard
+
+    with pytest.raises(VariantError, match="formula guard can replace only"):
+        replace(
+            REFERENCE,
+            name="fault_guard",
+            guard_overrides={"decode_restart": guard(lambda: d_gen_is_zero())},
+        )
+
+
+def d_gen_is_zero():  # type: ignore[no-untyped-def]
+    from spec.logic import REQ, forall
+    from spec.vocabulary import d_gen
+
+    return forall(REQ, lambda r: d_gen(r) == 0)
 
 
 def test_the_guard_example_breaks_the_fence_it_removes() -> None:
@@ -119,9 +162,24 @@ def test_the_state_field_example_is_checked_by_the_explorer() -> None:
     assert counts == {0, 1}
 
 
-@pytest.mark.parametrize("name", ["variant_replace_guard", "variant_state_field"])
+def _python_guard_variant() -> Variant:
+    def release_without_waiting(config: Config, state: State) -> list[DecodeReleasePages]:
+        return [
+            DecodeReleasePages(r)
+            for r, req in enumerate(state.requests)
+            if req.d in ("answered", "failed") and req.d_pages
+        ]
+
+    return get_variant("one_sided_fenced").derive(
+        "python_guard",
+        "the guard example, as a Python function",
+        guard_overrides={"decode_release_pages": release_without_waiting},
+    )
+
+
+@pytest.mark.parametrize("name", ["python_guard", "variant_state_field"])
 def test_z3_refuses_python_code_and_names_it(name: str) -> None:
-    variant = _load(name).VARIANT
+    variant = _python_guard_variant() if name == "python_guard" else _load(name).VARIANT
     with pytest.raises(CannotEncode) as caught:
         Encoding(variant, variant.scenario(Config()))
     for construct in variant.untranslated():

@@ -1,0 +1,380 @@
+"""The Z3 readings of `spec/logic.py` formulas: the same claim objects the explorer evaluates.
+
+`spec/invariants.py` writes each invariant once, over the symbols of `spec/vocabulary.py`. This
+module translates such a formula to Z3:
+
+* `FixedReading`: over the fixed-configuration encoding (`z3_encoding.Encoding`): the sorts are
+  the config's requests, pages and the one prefill rank it encodes, so quantifiers expand into
+  finite conjunctions, and each symbol is one of the encoding's variables (or a small term over
+  them, e.g. "page j is among the first p_wrote granted pages" is a count below j). Messages and
+  writes in flight are the encoding's per-request slots.
+
+A reading that has no meaning for a symbol raises `Untranslatable`, naming it, so an engine
+refuses a claim it cannot read instead of checking a different one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import z3
+
+from model_checker.z3_encoding import SLOT, D, Encoding, P, SymState
+from spec.logic import (
+    D_PHASE,
+    P_PHASE,
+    PAGE,
+    RANK,
+    REQ,
+    App,
+    Field,
+    InFlight,
+    Lit,
+    Op,
+    Quant,
+    Sort,
+    Term,
+    Var,
+    clauses,
+)
+
+
+class Untranslatable(Exception):
+    """A formula reads a symbol (or kind of message) this reading has no meaning for."""
+
+
+_CODES: dict[Sort, dict[str, int]] = {P_PHASE: P, D_PHASE: D}
+
+
+def _is_z3(x: Any) -> bool:
+    return isinstance(x, z3.ExprRef)
+
+
+def _bool(x: Any) -> Any:
+    return z3.BoolVal(x) if isinstance(x, bool) else x
+
+
+class Reading:
+    """How one Z3 model reads the vocabulary; `translate` does the rest."""
+
+    def apply(self, name: str, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def domain(self, sort: Sort) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def bound(self, sort: Sort) -> Any:
+        """A fresh Z3 constant to quantify over `sort`, if it is uninterpreted (else None: the
+        quantifier expands over `domain`)."""
+        return None
+
+    def in_flight(
+        self, what: str, kinds: tuple[str, ...]
+    ) -> list[tuple[list[Any], Any, dict[str, Any]]]:
+        """(variables to quantify, presence condition, fields) of each slot that may hold such
+        an item."""
+        raise NotImplementedError
+
+
+def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> Any:
+    """The Z3 term (or Python value, where everything it reads is fixed) of `t`."""
+    env = {} if env is None else env
+
+    def go(t: Term) -> Any:
+        if isinstance(t, Lit):
+            if isinstance(t.value, tuple):
+                return t.value
+            codes = _CODES.get(t.sort)
+            return codes[t.value] if codes is not None else t.value
+        if isinstance(t, Field):
+            return env[id(t.var)][t.name]
+        if isinstance(t, Var):
+            return env[id(t)]
+        if isinstance(t, App):
+            return reading.apply(t.symbol.name, tuple(go(a) for a in t.args))
+        if isinstance(t, Quant):
+            bound = reading.bound(t.var.sort)
+            if bound is not None:  # an uninterpreted sort: a real quantifier
+                env[id(t.var)] = bound
+                body = _bool(go(t.body))
+                return z3.ForAll([bound], body) if t.every else z3.Exists([bound], body)
+            parts = []
+            for x in reading.domain(t.var.sort):
+                env[id(t.var)] = x
+                parts.append(_bool(go(t.body)))
+            return z3.And(parts) if t.every else z3.Or(parts)
+        if isinstance(t, InFlight):
+            parts = []
+            for bound_vars, present, fields in reading.in_flight(t.what, t.kinds):
+                env[id(t.var)] = fields
+                part = z3.Implies(_bool(present), _bool(go(t.body)))
+                parts.append(z3.ForAll(bound_vars, part) if bound_vars else part)
+            return z3.And(parts)
+        if isinstance(t, Op):
+            return _op(t, [go(a) for a in t.args])
+        raise TypeError(f"cannot translate {t!r}")
+
+    return _bool(go(t))
+
+
+def _op(t: Op, a: list[Any]) -> Any:
+    op = t.op
+    if op == "and":
+        return z3.And([_bool(x) for x in a])
+    if op == "or":
+        return z3.Or([_bool(x) for x in a])
+    if op == "not":
+        return z3.Not(_bool(a[0]))
+    if op == "implies":
+        return z3.Implies(_bool(a[0]), _bool(a[1]))
+    if op == "ite":
+        return z3.If(_bool(a[0]), a[1], a[2])
+    if op == "in":
+        codes = _CODES[t.args[0].sort]
+        return z3.Or([a[0] == codes[n] for n in a[1]])
+    x, y = a
+    # Python values where both sides are fixed (e.g. two requests of the expansion), Z3 terms
+    # otherwise: the operators are the same.
+    return _ARITH[op](x, y)
+
+
+_ARITH: dict[str, Callable[[Any, Any], Any]] = {
+    "eq": lambda x, y: x == y,
+    "ne": lambda x, y: x != y,
+    "lt": lambda x, y: x < y,
+    "le": lambda x, y: x <= y,
+    "add": lambda x, y: x + y,
+    "sub": lambda x, y: x - y,
+}
+
+
+class FixedReading(Reading):
+    """The vocabulary over one time step `s` of the fixed-configuration encoding."""
+
+    def __init__(self, enc: Encoding, s: SymState) -> None:
+        self.enc, self.s = enc, s
+        self.drain = enc.design.release_fence in ("drain_ack", "ack_or_timeout")
+        self._domains: dict[Sort, Sequence[int]] = {
+            REQ: range(enc.n),
+            PAGE: range(enc.np),
+            RANK: range(1),  # the encoding refuses several prefill ranks
+        }
+
+    def domain(self, sort: Sort) -> Sequence[Any]:
+        if sort not in self._domains:
+            raise Untranslatable(f"no elements of sort {sort.name} in the fixed encoding")
+        return self._domains[sort]
+
+    def apply(self, name: str, args: tuple[Any, ...]) -> Any:
+        # A symbol applied to a symbolic request or page (e.g. d_gen(owner(q))): a case split
+        # over the finite domain.
+        for i, x in enumerate(args):
+            if _is_z3(x):
+                sort = self._arg_sorts(name)[i]
+                values = list(self.domain(sort))
+                out = self.apply(name, (*args[:i], values[-1], *args[i + 1 :]))
+                for v in reversed(values[:-1]):
+                    out = z3.If(x == v, self.apply(name, (*args[:i], v, *args[i + 1 :])), out)
+                return out
+        reader = _FIXED.get(name)
+        if reader is None:
+            raise Untranslatable(f"symbol {name!r} has no reading in the fixed encoding")
+        return reader(self, *args)
+
+    @staticmethod
+    def _arg_sorts(name: str) -> tuple[Sort, ...]:
+        from spec import vocabulary
+
+        symbol = getattr(vocabulary, name)
+        return tuple(symbol.args)
+
+    def in_flight(
+        self, what: str, kinds: tuple[str, ...]
+    ) -> list[tuple[list[Any], Any, dict[str, Any]]]:
+        s, enc = self.s, self.enc
+        out: list[tuple[list[Any], Any, dict[str, Any]]] = []
+        if what == "write":
+            for r in range(enc.n):
+                for j in range(enc.np):
+                    fields = {
+                        "req": r,
+                        "page": j,
+                        # The encoding keeps a write with its writer: it carries the writer's
+                        # grant, room, data and epoch by construction.
+                        "gen": s[f"r{r}.p_gen"],
+                        "data_gen": s[f"r{r}.p_gen"],
+                        "epoch": s[f"r{r}.p_epoch"],
+                        "right_room": True,
+                        "right_tenant": True,
+                    }
+                    out.append(([], s[f"r{r}.w{j}"], fields))
+            return out
+        if what == "pending_ack":
+            for r in range(enc.n):
+                out.append(([], s[f"r{r}.pa"], {"req": r, "gen": s[f"r{r}.pa_gen"]}))
+            return out
+        slots = [k for k in enc.slot_kinds if k in kinds]
+        if "failure" in kinds and "lease_failure" in enc.slot_kinds:
+            slots.append("lease_failure")
+        for kind in slots:
+            k = SLOT[kind]
+            for r in range(enc.n):
+                present = s[f"r{r}.{k}_net"] + s[f"r{r}.{k}_lost"] > 0
+                fields = {
+                    "req": r,
+                    "gen": s[f"r{r}.{k}_gen"],
+                    "epoch": s[f"r{r}.g_epoch"] if kind == "grant" else 0,
+                    "rank": 0,
+                    "rank_done": False,  # one rank: reporting completes the request
+                }
+                out.append(([], present, fields))
+        return out
+
+
+def _r(field: str) -> Callable[[FixedReading, int], Any]:
+    return lambda f, r: f.s[f"r{r}.{field}"]
+
+
+def _rj(field: str) -> Callable[[FixedReading, int, int], Any]:
+    return lambda f, r, j: f.s[f"r{r}.{field}{j}"]
+
+
+def _pg(field: str) -> Callable[[FixedReading, int], Any]:
+    return lambda f, j: f.s[f"pg{j}.{field}"]
+
+
+def _written(f: FixedReading, r: int, j: int) -> Any:
+    s = f.s
+    return z3.And(s[f"r{r}.p_pages{j}"], f.enc._rank(s, f"r{r}.p_pages", j) < s[f"r{r}.p_wrote"])
+
+
+_FIXED: dict[str, Callable[..., Any]] = {
+    "submitted": _r("submitted"),
+    "answered": _r("ans_set"),
+    "answered_ok": _r("ans_ok"),
+    "not_as_is": _r("not_as_is"),
+    "p": _r("p"),
+    "p_gen": _r("p_gen"),
+    "p_wrote": _r("p_wrote"),
+    "p_epoch": _r("p_epoch"),
+    "p_granted": _rj("p_pages"),
+    "p_granted_count": lambda f, r: f.enc._count(
+        [f.s[f"r{r}.p_pages{j}"] for j in range(f.enc.np)]
+    ),
+    "p_written": _written,
+    "issued": lambda f, r, j: z3.Or(f.s[f"r{r}.w{j}"], _written(f, r, j)),
+    "p_rank_done": lambda f, r, k: False,  # one rank: p_ranks_done stays empty
+    "d": _r("d"),
+    "d_gen": _r("d_gen"),
+    "d_holds": _rj("d_pages"),
+    "d_awaiting_ack": _r("d_awaiting"),
+    "d_rank": lambda f, r, k: False,  # one rank: d_ranks stays empty
+    "read_done": _r("read_set"),
+    "accepted_set": _r("acc_set"),
+    "owned": _pg("own"),
+    "owner": _pg("own_req"),
+    "owner_gen": _pg("own_gen"),
+    "shard_has": lambda f, j, k: f.s[f"pg{j}.has"],
+    "shard_req": lambda f, j, k: f.s[f"pg{j}.c_req"],
+    "shard_gen": lambda f, j, k: f.s[f"pg{j}.c_gen"],
+    "shard_outside": lambda f, j, k: (f.s[f"pg{j}.c_req"] == -1) if f.enc.pull else False,
+    "next_gen": lambda f: f.s["next_gen"],
+    "decode_epoch": lambda f: f.s["decode_epoch"],
+    "prefill_ranks": lambda f: 1,
+    "drain_fence": lambda f: f.drain,
+}
+
+
+# --- the any-size model --------------------------------------------------------------------------
+
+
+class AnySizeReading(Reading):
+    """The vocabulary over a state of the any-size model (`z3_prove`): requests and pages are
+    uninterpreted sorts, so quantifiers stay quantifiers. The model abstracts the spec (see
+    z3_prove's docstring): symbols it does not keep (counts, epochs, fences, writes in flight,
+    aborts and failure notices) are untranslatable, and a claim reading them is left to the
+    fixed-configuration engines (`any_size_clauses` says which). One prefill rank."""
+
+    def __init__(self, st: Any, tag: str = "") -> None:
+        from model_checker import z3_prove as m
+
+        self.m, self.s = m, st
+        self._fresh = itertools.count()
+        self._tag = tag
+
+    def _const(self, sort: Any) -> Any:
+        return z3.Const(f"v{self._tag}_{sort}_{next(self._fresh)}", sort)
+
+    def bound(self, sort: Sort) -> Any:
+        if sort == REQ:
+            return self._const(self.m.Req)
+        if sort == PAGE:
+            return self._const(self.m.Page)
+        return None
+
+    def domain(self, sort: Sort) -> Sequence[Any]:
+        if sort == RANK:
+            return range(1)
+        raise Untranslatable(f"no elements of sort {sort.name} in the any-size model")
+
+    def apply(self, name: str, args: tuple[Any, ...]) -> Any:
+        reader = _ANY_SIZE.get(name)
+        if reader is None:
+            raise Untranslatable(f"symbol {name!r} is not in the any-size model")
+        return reader(self.s, *args)
+
+    def in_flight(
+        self, what: str, kinds: tuple[str, ...]
+    ) -> list[tuple[list[Any], Any, dict[str, Any]]]:
+        slots = {"grant": ("grant_sent", "grant_gen"), "completion": ("comp_sent", "comp_gen")}
+        if what != "message" or any(k not in slots for k in kinds):
+            name = what if what != "message" else f"{'/'.join(kinds)} messages"
+            raise Untranslatable(f"{name} are not in the any-size model")
+        out: list[tuple[list[Any], Any, dict[str, Any]]] = []
+        for kind in kinds:
+            sent, gen = slots[kind]
+            x = self._const(self.m.Req)
+            fields = {"req": x, "gen": getattr(self.s, gen)(x), "rank": 0, "rank_done": False}
+            out.append(([x], getattr(self.s, sent)(x), fields))
+        return out
+
+
+_ANY_SIZE: dict[str, Callable[..., Any]] = {
+    "submitted": lambda s, r: s.submitted(r),
+    "answered": lambda s, r: s.ans_set(r),
+    "answered_ok": lambda s, r: s.ans_ok(r),
+    "not_as_is": lambda s, r: s.not_as_is(r),
+    "p": lambda s, r: s.p(r),
+    "p_gen": lambda s, r: s.p_gen(r),
+    "p_granted": lambda s, r, q: s.p_pages(r, q),
+    "issued": lambda s, r, q: s.wrote(r, q),
+    "p_rank_done": lambda s, r, k: False,
+    "d": lambda s, r: s.d(r),
+    "d_gen": lambda s, r: s.d_gen(r),
+    "d_holds": lambda s, r, q: s.granted(r, q),
+    "d_rank": lambda s, r, k: False,
+    "owned": lambda s, q: s.own(q),
+    "owner": lambda s, q: s.own_req(q),
+    "owner_gen": lambda s, q: s.own_gen(q),
+    "shard_has": lambda s, q, k: s.has(q),
+    "shard_req": lambda s, q, k: s.c_req(q),
+    "shard_gen": lambda s, q, k: s.c_gen(q),
+    "shard_outside": lambda s, q, k: False,  # push path only
+    "next_gen": lambda s: s.next_gen,
+    "prefill_ranks": lambda s: 1,
+}
+
+
+def any_size_clauses(formula: Term, st: Any) -> tuple[list[Any], list[str]]:
+    """The clauses of `formula` (`spec.logic.clauses`) the any-size model can read, translated
+    over its state `st`, and why each other clause is left out."""
+    kept: list[Any] = []
+    left: list[str] = []
+    for clause in clauses(formula):
+        try:
+            kept.append(translate(clause, AnySizeReading(st)))
+        except Untranslatable as exc:
+            left.append(str(exc))
+    return kept, left

@@ -1,0 +1,438 @@
+"""A small first-order language for writing the protocol's claims once, for every checker.
+
+The explorer evaluates a claim on concrete states; the Z3 engines need the same claim as a
+formula: over the fixed configuration's variables (bmc, kind, spacer), and over uninterpreted
+sorts of requests and pages (the any-size proof). Written as a Python function, a claim can only
+be *run*; written here, as a term of this language, it can be run and translated. Each reading
+("interpretation") lives next to the checker that needs it:
+
+* `compile_formula` below: a Python closure over a `spec.state.State` (the explorer, tests);
+* `model_checker/logic_z3.py`: the fixed-configuration encoding and the any-size model.
+
+The language is the one of mypyvy and Ivy, cut to what the handoff needs:
+
+* **Sorts**: requests (`REQ`) and decode's pages (`PAGE`), phases (`P_PHASE`, `D_PHASE`: a finite
+  set of names), integers and booleans.
+* **Symbols**: the state's functions and relations, each declared once in `spec/vocabulary.py`
+  with its sorts and what it means (`d_gen(r)`: the generation decode holds for request r).
+* **Formulas**: `And`, `Or`, `Not`, `Implies`, comparisons, `forall`/`exists` over a sort, and
+  two quantifiers over what is in flight: `each_message(kinds, ...)` (the network, and the
+  messages waiting to be sent again) and `each_write(...)` (page writes in flight), whose
+  fields (`m.req`, `m.gen`, `w.page`, ...) are terms.
+
+Quantifiers are written with Python lambdas, `forall(REQ, lambda r: d_gen(r) < next_gen())`:
+the lambda is called once, with a fresh variable, to build the term (higher-order abstract
+syntax). So a claim reads almost as the mathematics it states, and nothing here runs per state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spec.state import DECODE_PHASES, PREFILL_PHASES
+
+# --- sorts ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sort:
+    name: str
+    values: tuple[str, ...] = ()
+    """For a finite sort of names (a phase): its elements, in order."""
+
+
+REQ = Sort("Req")
+PAGE = Sort("Page")
+RANK = Sort("Rank")
+"""A prefill rank: with several, each writes one shard of every page (with one, the page)."""
+INT = Sort("Int")
+BOOL = Sort("Bool")
+P_PHASE = Sort("PrefillPhase", PREFILL_PHASES)
+D_PHASE = Sort("DecodePhase", DECODE_PHASES)
+
+
+# --- terms ---------------------------------------------------------------------------------------
+
+
+class Term:
+    """A term or formula. Comparisons and `+`/`-` build terms (as in Z3's Python API); the
+    connectives are the functions `And`, `Or`, `Not`, `Implies`, since Python's `and`, `or`
+    and `not` cannot be overloaded."""
+
+    sort: Sort
+
+    def _op(self, op: str, other: object, sort: Sort) -> Op:
+        if isinstance(other, str):  # a phase name, compared with a phase-valued term
+            if other not in self.sort.values:
+                raise ValueError(f"{other!r} is not a {self.sort.name}: one of {self.sort.values}")
+            return Op(op, (self, Lit(other, self.sort)), sort)
+        return Op(op, (self, lift(other)), sort)
+
+    def __eq__(self, other: object) -> Op:  # type: ignore[override]
+        return self._op("eq", other, BOOL)
+
+    def __ne__(self, other: object) -> Op:  # type: ignore[override]
+        return self._op("ne", other, BOOL)
+
+    def __lt__(self, other: object) -> Op:
+        return self._op("lt", other, BOOL)
+
+    def __le__(self, other: object) -> Op:
+        return self._op("le", other, BOOL)
+
+    def __gt__(self, other: object) -> Op:
+        return Op("lt", (lift(other), self), BOOL)
+
+    def __ge__(self, other: object) -> Op:
+        return Op("le", (lift(other), self), BOOL)
+
+    def __add__(self, other: object) -> Op:
+        return self._op("add", other, INT)
+
+    def __sub__(self, other: object) -> Op:
+        return self._op("sub", other, INT)
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "a logic term has no truth value in Python: use And/Or/Not/Implies, not and/or/not"
+        )
+
+    __hash__ = object.__hash__
+
+    def is_in(self, *names: str) -> Op:
+        """This phase-valued term is one of `names` (each checked against the sort)."""
+        for name in names:
+            if name not in self.sort.values:
+                raise ValueError(f"{name!r} is not a {self.sort.name}: one of {self.sort.values}")
+        return Op("in", (self, Lit(names, self.sort)), BOOL)
+
+
+class Lit(Term):
+    def __init__(self, value: Any, sort: Sort) -> None:
+        self.value, self.sort = value, sort
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Var(Term):
+    _ids = itertools.count()
+
+    def __init__(self, sort: Sort, hint: str) -> None:
+        self.sort = sort
+        self.name = f"{hint}{next(Var._ids)}"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Op(Term):
+    """An operator applied to terms: eq ne lt le add sub and or not implies ite in."""
+
+    def __init__(self, op: str, args: tuple[Term, ...], sort: Sort) -> None:
+        self.op, self.args, self.sort = op, args, sort
+
+    def __repr__(self) -> str:
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+
+@dataclass(frozen=True, eq=False)
+class Symbol:
+    """A function or relation of the state, declared once in `spec/vocabulary.py`."""
+
+    name: str
+    args: tuple[Sort, ...]
+    result: Sort
+    meaning: str
+
+    def __call__(self, *args: Term) -> App:
+        if len(args) != len(self.args):
+            raise TypeError(f"{self.name} takes {len(self.args)} arguments, got {len(args)}")
+        for want, got in zip(self.args, args, strict=True):
+            if got.sort != want:
+                raise TypeError(f"{self.name}: argument of sort {got.sort.name}, want {want.name}")
+        return App(self, args)
+
+
+class App(Term):
+    def __init__(self, symbol: Symbol, args: tuple[Term, ...]) -> None:
+        self.symbol, self.args, self.sort = symbol, args, symbol.result
+
+    def __repr__(self) -> str:
+        return f"{self.symbol.name}({', '.join(map(repr, self.args))})"
+
+
+class Quant(Term):
+    """`forall`/`exists` over a sort."""
+
+    def __init__(self, every: bool, var: Var, body: Term) -> None:
+        self.every, self.var, self.body, self.sort = every, var, body, BOOL
+
+
+# What a message or write in flight exposes to a claim (the fields of spec.state.Message/Write
+# that the claims need), with each field's sort.
+MESSAGE_FIELDS: dict[str, Sort] = {
+    "req": REQ,
+    "gen": INT,
+    "epoch": INT,
+    "rank": RANK,  # the prefill rank that sent it (completions, drain acks)
+    "rank_done": BOOL,  # that rank has already reported this request (several ranks only)
+}
+WRITE_FIELDS: dict[str, Sort] = {
+    "req": REQ,  # the request whose data the write carries (the ghost tag)
+    "page": PAGE,
+    "gen": INT,
+    "data_gen": INT,  # the generation of the data it carries
+    "epoch": INT,
+    "right_room": BOOL,  # it carries its own request's room
+    "right_tenant": BOOL,  # its data is labelled with its own request's tenant
+}
+
+
+PENDING_ACK_FIELDS: dict[str, Sort] = {"req": REQ, "gen": INT}
+
+
+class Field(Term):
+    def __init__(self, var: Var, name: str, sort: Sort) -> None:
+        self.var, self.name, self.sort = var, name, sort
+
+    def __repr__(self) -> str:
+        return f"{self.var}.{self.name}"
+
+
+class Bound(Var):
+    """A message or write in flight, bound by `each_message` / `each_write`."""
+
+    def __init__(self, hint: str, fields: dict[str, Sort], what: str) -> None:
+        super().__init__(BOOL, hint)
+        self._fields = fields
+        self.what_of = what
+
+    def __getattr__(self, name: str) -> Field:
+        fields = self.__dict__.get("_fields", {})
+        if name not in fields:
+            raise AttributeError(f"no field {name!r}: one of {sorted(fields)}")
+        return Field(self, name, fields[name])
+
+
+class InFlight(Term):
+    """`each_message` / `each_write`: the body holds of every item in flight (of these kinds)."""
+
+    def __init__(self, what: str, kinds: tuple[str, ...], var: Bound, body: Term) -> None:
+        self.what, self.kinds, self.var, self.body, self.sort = what, kinds, var, body, BOOL
+
+
+# --- building formulas ---------------------------------------------------------------------------
+
+
+def lift(x: object) -> Term:
+    if isinstance(x, Term):
+        return x
+    if isinstance(x, bool):
+        return Lit(x, BOOL)
+    if isinstance(x, int):
+        return Lit(x, INT)
+    raise TypeError(f"cannot use {x!r} ({type(x).__name__}) in a logic term")
+
+
+TRUE = Lit(True, BOOL)
+
+
+def And(*xs: Term) -> Term:
+    return xs[0] if len(xs) == 1 else Op("and", xs, BOOL) if xs else TRUE
+
+
+def Or(*xs: Term) -> Term:
+    return xs[0] if len(xs) == 1 else Op("or", xs, BOOL) if xs else Lit(False, BOOL)
+
+
+def Not(x: Term) -> Term:
+    return Op("not", (x,), BOOL)
+
+
+def Implies(a: Term, b: Term) -> Term:
+    return Op("implies", (a, b), BOOL)
+
+
+def If(c: Term, a: object, b: object) -> Term:
+    ta, tb = lift(a), lift(b)
+    return Op("ite", (c, ta, tb), ta.sort)
+
+
+def forall(sort: Sort, body: Callable[[Var], Term]) -> Term:
+    v = Var(sort, sort.name[0].lower())
+    return Quant(True, v, body(v))
+
+
+def exists(sort: Sort, body: Callable[[Var], Term]) -> Term:
+    v = Var(sort, sort.name[0].lower())
+    return Quant(False, v, body(v))
+
+
+def each_message(kinds: Sequence[str], body: Callable[[Bound], Term]) -> Term:
+    """The body holds of every message of these kinds in the network or waiting to be resent."""
+    m = Bound("m", MESSAGE_FIELDS, "message")
+    return InFlight("message", tuple(kinds), m, body(m))
+
+
+def each_write(body: Callable[[Bound], Term]) -> Term:
+    """The body holds of every page write in flight."""
+    w = Bound("w", WRITE_FIELDS, "write")
+    return InFlight("write", (), w, body(w))
+
+
+def each_pending_ack(body: Callable[[Bound], Term]) -> Term:
+    """The body holds of every drain ack prefill still owes decode (an abort it must answer once
+    its writes drained)."""
+    a = Bound("a", PENDING_ACK_FIELDS, "pending_ack")
+    return InFlight("pending_ack", (), a, body(a))
+
+
+class GuardFormula:
+    """A guard written as a formula of the action's arguments (see `guard`)."""
+
+    def __init__(self, params: tuple[Var, ...], formula: Term) -> None:
+        self.params, self.formula = params, formula
+
+    def __repr__(self) -> str:
+        return f"guard({', '.join(map(repr, self.params))}: {self.formula!r})"
+
+
+def guard(body: Callable[..., Term]) -> GuardFormula:
+    """A replacement guard for a variant's `guard_overrides`, as a formula: `guard(lambda r:
+    ...)` for an action on one request (`r`, a request), `guard(lambda: ...)` for an action with
+    no arguments. Unlike a Python function, every engine can read it: the explorer compiles it,
+    and the Z3 encodings translate it in place of the rulebook's guard."""
+    import inspect
+
+    arity = len(inspect.signature(body).parameters)
+    if arity > 1:
+        raise TypeError(
+            f"guard(...) takes a function of the action's request (one argument) or of nothing; "
+            f"this one takes {arity}"
+        )
+    params = tuple(Var(REQ, "r") for _ in range(arity))
+    return GuardFormula(params, body(*params))
+
+
+def clauses(t: Term) -> list[Term]:
+    """`t` cut into the conjuncts it states: `and` splits, and so do `forall`, `each_...` and the
+    consequent of `implies` when their body is a conjunction (`forall x. A and B` is
+    `forall x. A` and `forall x. B`; `(A or B) -> C` is `A -> C` and `B -> C`). A checker that cannot read every symbol of a claim can
+    still use, and say it uses, the clauses it can read."""
+    if isinstance(t, Op) and t.op == "and":
+        return [c for a in t.args for c in clauses(a)]
+    if isinstance(t, Op) and t.op == "implies":
+        a, b = t.args
+        # (A or B) -> C is (A -> C) and (B -> C).
+        cases = list(a.args) if isinstance(a, Op) and a.op == "or" else [a]
+        return [Implies(x, c) for x in cases for c in clauses(b)]
+    if isinstance(t, Quant) and t.every:
+        return [Quant(True, t.var, c) for c in clauses(t.body)]
+    if isinstance(t, InFlight):
+        kinds = [(k,) for k in t.kinds] if len(t.kinds) > 1 else [t.kinds]
+        return [InFlight(t.what, ks, t.var, c) for ks in kinds for c in clauses(t.body)]
+    return [t]
+
+
+def symbols_of(t: Term) -> set[str]:
+    """The names of the symbols a formula reads (and `message:KIND` / `write` for what is in
+    flight): an interpretation that lacks one cannot translate the formula."""
+    if isinstance(t, App):
+        return {t.symbol.name}.union(*(symbols_of(a) for a in t.args))
+    if isinstance(t, Op):
+        return set().union(*(symbols_of(a) for a in t.args))
+    if isinstance(t, Quant):
+        return symbols_of(t.body)
+    if isinstance(t, InFlight):
+        names = {f"message:{k}" for k in t.kinds} if t.what == "message" else {t.what}
+        return names | symbols_of(t.body)
+    return set()
+
+
+# --- the concrete interpretation: compiled to Python source --------------------------------------
+
+
+@dataclass(frozen=True)
+class PythonReading:
+    """How the concrete state spells each symbol, as Python source over names the compiled
+    function binds (`S`, the state; `C`, the config; `DRAIN`, a design flag): a format string
+    per symbol (`{0}`, `{1}` are its arguments), per field of what is in flight (`{0}` is the
+    item), per sort (its elements) and per kind of item in flight (an iterable; `{kinds}` is the
+    tuple of message kinds asked for)."""
+
+    symbols: dict[str, str]
+    fields: dict[str, dict[str, str]]
+    domains: dict[Sort, str]
+    in_flight: dict[str, str]
+    prelude: str = ""
+    """Statements run once per call, before the claim (e.g. the sizes of the domains)."""
+
+
+_PY_OPS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "add": "+", "sub": "-"}
+
+
+def python_source(t: Term, reading: PythonReading) -> str:
+    """`t` as one Python expression. Quantifiers become `all(...)`/`any(...)` over generators, so
+    the compiled claim costs about what the same claim written by hand in Python costs."""
+    names: dict[int, str] = {}
+
+    def go(t: Term) -> str:
+        if isinstance(t, Lit):
+            return repr(tuple(t.value) if isinstance(t.value, tuple) else t.value)
+        if isinstance(t, Field):
+            what = t.var.what_of if isinstance(t.var, Bound) else ""
+            return "(" + reading.fields[what][t.name].format(names[id(t.var)]) + ")"
+        if isinstance(t, Var):
+            return names.get(id(t), t.name)  # a bound variable, or a parameter of the function
+        if isinstance(t, App):
+            if t.symbol.name not in reading.symbols:
+                raise KeyError(f"no concrete reading of symbol {t.symbol.name!r}")
+            return "(" + reading.symbols[t.symbol.name].format(*(go(a) for a in t.args)) + ")"
+        if isinstance(t, Quant):
+            names[id(t.var)] = t.var.name
+            body = go(t.body)
+            fn = "all" if t.every else "any"
+            return f"{fn}({body} for {t.var.name} in {reading.domains[t.var.sort]})"
+        if isinstance(t, InFlight):
+            names[id(t.var)] = t.var.name
+            source = reading.in_flight[t.what].format(kinds=repr(t.kinds))
+            return f"all({go(t.body)} for {t.var.name} in {source})"
+        if isinstance(t, Op):
+            a = [go(x) for x in t.args]
+            if t.op == "and":
+                return "(" + " and ".join(a) + ")"
+            if t.op == "or":
+                return "(" + " or ".join(a) + ")"
+            if t.op == "not":
+                return f"(not {a[0]})"
+            if t.op == "implies":
+                return f"((not {a[0]}) or {a[1]})"
+            if t.op == "ite":
+                return f"({a[1]} if {a[0]} else {a[2]})"
+            if t.op == "in":
+                return f"({a[0]} in {a[1]})"
+            return f"({a[0]} {_PY_OPS[t.op]} {a[1]})"
+        raise TypeError(f"cannot compile {t!r}")
+
+    return go(t)
+
+
+def compile_python(
+    t: Term, reading: PythonReading, name: str = "claim", params: tuple[Var, ...] = ()
+) -> Callable[..., bool]:
+    """A Python function `(S, C, DRAIN, *params) -> bool` computing `t`, built once from its
+    source."""
+    extra = "".join(f", {v.name}" for v in params)
+    source = f"def {name}(S, C, DRAIN{extra}):\n"
+    for line in reading.prelude.splitlines():
+        source += f"    {line}\n"
+    source += f"    return bool({python_source(t, reading)})\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<claim {name}>", "exec"), namespace)
+    fn: Callable[..., bool] = namespace[name]
+    fn.__doc__ = source
+    return fn

@@ -1,0 +1,187 @@
+"""The vocabulary of the handoff's state: every symbol a claim may read, declared once.
+
+Each symbol has its sorts and its meaning, and here its concrete reading on a `State` (the
+explorer's). `model_checker/logic_z3.py` gives the same symbols their Z3 readings: over the
+fixed-configuration encoding's variables, and over the any-size model's uninterpreted functions.
+A claim written with these symbols (`spec/invariants.py`) is therefore one object that every
+checker evaluates; a symbol a reading lacks is named when it refuses a claim.
+
+Sorts: requests `r`, decode pages `q`, prefill ranks `k` (a page is one shard per rank: with one
+rank, the page itself). The names follow the state's fields (`spec/state.py`); where a symbol
+summarises a field (a set of pages as a relation, a count), its meaning says how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spec.logic import (
+    BOOL,
+    D_PHASE,
+    INT,
+    P_PHASE,
+    PAGE,
+    RANK,
+    REQ,
+    PythonReading,
+    Sort,
+    Symbol,
+    Term,
+    Var,
+    compile_python,
+)
+from spec.state import PageState, Tag
+
+
+def _sym(name: str, args: tuple[Sort, ...], result: Sort, meaning: str) -> Symbol:
+    return Symbol(name, args, result, meaning)
+
+
+# --- the symbols ---------------------------------------------------------------------------------
+
+submitted = _sym("submitted", (REQ,), BOOL, "the router has submitted request r")
+answered = _sym("answered", (REQ,), BOOL, "the client got an answer for r (output or error)")
+answered_ok = _sym("answered_ok", (REQ,), BOOL, "... and it is output, not an error")
+not_as_is = _sym("not_as_is", (REQ,), BOOL, "some side did not admit r's prompt as sent")
+
+p = _sym("p", (REQ,), P_PHASE, "prefill's phase for r")
+p_gen = _sym("p_gen", (REQ,), INT, "the generation of the grant prefill holds for r (0: none)")
+p_wrote = _sym("p_wrote", (REQ,), INT, "how many pages of its grant prefill has written")
+p_epoch = _sym("p_epoch", (REQ,), INT, "decode's boot epoch r was sent to prefill with")
+p_granted = _sym("p_granted", (REQ, PAGE), BOOL, "page q is in the grant prefill holds for r")
+p_granted_count = _sym("p_granted_count", (REQ,), INT, "how many pages prefill's grant has")
+p_written = _sym(
+    "p_written", (REQ, PAGE), BOOL, "page q is among the first p_wrote pages of prefill's grant"
+)
+issued = _sym(
+    "issued",
+    (REQ, PAGE),
+    BOOL,
+    "prefill has issued the write of page q under its grant for r: counted as written, or in "
+    "flight",
+)
+p_rank_done = _sym("p_rank_done", (REQ, RANK), BOOL, "rank k has sent r's completion")
+
+d = _sym("d", (REQ,), D_PHASE, "decode's phase for r")
+d_gen = _sym("d_gen", (REQ,), INT, "the generation decode granted r (0: none)")
+d_holds = _sym("d_holds", (REQ, PAGE), BOOL, "decode holds page q for r")
+d_awaiting_ack = _sym(
+    "d_awaiting_ack", (REQ,), BOOL, "decode sent an abort and keeps r's pages until the drain ack"
+)
+d_rank = _sym("d_rank", (REQ, RANK), BOOL, "decode holds rank k's validated completion for r")
+read_done = _sym("read_done", (REQ,), BOOL, "decode has read r's pages and generated")
+accepted_set = _sym("accepted_set", (REQ,), BOOL, "decode has accepted a completion for r")
+
+owned = _sym("owned", (PAGE,), BOOL, "decode has granted page q to some request")
+owner = _sym("owner", (PAGE,), REQ, "the request page q is granted to (when owned)")
+owner_gen = _sym("owner_gen", (PAGE,), INT, "the generation page q is granted under")
+shard_has = _sym("shard_has", (PAGE, RANK), BOOL, "rank k's shard of page q holds data")
+shard_req = _sym("shard_req", (PAGE, RANK), REQ, "whose data it holds (ghost)")
+shard_gen = _sym("shard_gen", (PAGE, RANK), INT, "... for which generation (ghost)")
+shard_outside = _sym(
+    "shard_outside",
+    (PAGE, RANK),
+    BOOL,
+    "the shard holds data from outside the scenario (pull path: a reused source block)",
+)
+
+next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
+decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
+prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
+drain_fence = _sym(
+    "drain_fence", (), BOOL, "the design fences release on prefill's drain ack (rigid)"
+)
+
+SYMBOLS: tuple[Symbol, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Symbol))
+
+
+# --- the concrete reading ------------------------------------------------------------------------
+# Each symbol as Python source over the state `S` and the config `C` (see `PythonReading`).
+
+_REQ = "S.requests[{0}]"
+_SHARD = "_shard(S.pages[{0}], {1})"
+
+
+def _shard(page: PageState, k: int) -> Tag | None:
+    shards = page.shards
+    return shards[k] if k < len(shards) else None
+
+
+CONCRETE = PythonReading(
+    symbols={
+        "submitted": _REQ + ".submitted",
+        "answered": _REQ + ".answer is not None",
+        "answered_ok": f"{_REQ}.answer is not None and {_REQ}.answer.ok",
+        "not_as_is": _REQ + ".not_as_is",
+        "p": _REQ + ".p",
+        "p_gen": _REQ + ".p_gen",
+        "p_wrote": _REQ + ".p_wrote",
+        "p_epoch": _REQ + ".p_epoch",
+        "p_granted": "{1} in " + _REQ + ".p_pages",
+        "p_granted_count": "len(" + _REQ + ".p_pages)",
+        "p_written": "{1} in " + _REQ + ".p_pages[: " + _REQ + ".p_wrote]",
+        "issued": "{1} in "
+        + _REQ
+        + ".p_pages[: "
+        + _REQ
+        + ".p_wrote] or any(w.data.request == {0} and w.page == {1} for w in S.writes)",
+        "p_rank_done": "{1} in " + _REQ + ".p_ranks_done",
+        "d": _REQ + ".d",
+        "d_gen": _REQ + ".d_gen",
+        "d_holds": "{1} in " + _REQ + ".d_pages",
+        "d_awaiting_ack": _REQ + ".d_awaiting_ack",
+        "d_rank": "{1} in " + _REQ + ".d_ranks",
+        "read_done": _REQ + ".read is not None",
+        "accepted_set": _REQ + ".accepted_full is not None",
+        "owned": "S.pages[{0}].owner is not None",
+        "owner": "S.pages[{0}].owner[0]",
+        "owner_gen": "S.pages[{0}].owner[1]",
+        "shard_has": _SHARD + " is not None",
+        "shard_req": "getattr(" + _SHARD + ", 'request', 0)",
+        "shard_gen": "getattr(" + _SHARD + ", 'generation', 0)",
+        "shard_outside": "getattr(" + _SHARD + ", 'request', 0) == -1",
+        "next_gen": "S.next_generation",
+        "decode_epoch": "S.decode_epoch",
+        "prefill_ranks": "C.prefill_ranks",
+        "drain_fence": "DRAIN",
+    },
+    fields={
+        "message": {
+            "req": "{0}.request",
+            "gen": "{0}.generation",
+            "epoch": "{0}.epoch",
+            "rank": "{0}.rank",
+            "rank_done": "{0}.rank in S.requests[{0}.request].p_ranks_done",
+        },
+        "write": {
+            "req": "{0}.data.request",
+            "page": "{0}.page",
+            "gen": "{0}.generation",
+            "data_gen": "{0}.data.generation",
+            "epoch": "{0}.epoch",
+            "right_room": "{0}.room == C.requests[{0}.data.request].room",
+            "right_tenant": "{0}.data.tenant == C.requests[{0}.data.request].tenant",
+        },
+        "pending_ack": {"req": "{0}[2]", "gen": "{0}[1]"},
+    },
+    domains={REQ: "_reqs", PAGE: "_pages", RANK: "_ranks"},
+    in_flight={
+        "message": "[m for m in S.network + S.lost if m.kind in {kinds}]",
+        "write": "S.writes",
+        "pending_ack": "S.pending_acks",
+    },
+    prelude=(
+        "_reqs = range(len(S.requests))\n"
+        "_pages = range(len(S.pages))\n"
+        "_ranks = range(C.prefill_ranks)"
+    ),
+)
+
+
+def compile_claim(
+    claim: Term, name: str = "claim", params: tuple[Var, ...] = ()
+) -> Callable[..., bool]:
+    """The claim as a Python function `(state, config, drain_fence, *params) -> bool`."""
+    fn = compile_python(claim, CONCRETE, name, params)
+    fn.__globals__["_shard"] = _shard
+    return fn
