@@ -53,6 +53,13 @@ class GrpcTarget(Target):
         self.trace_no = 0
         self.config: Config | None = None
         self.last_headers: list[dict[str, Any]] = []
+        self.probe_every = 4
+        """An adversarial round (`conformance.grpc_probe`) after every this many conforming
+        traces (0: none). A round takes about 0.3 s; each round ends A's handoff its own way
+        (`grpc_probe.FINALES`), so the first five rounds try them all."""
+        self.rounds = 0
+        self.probe_outcomes: dict[str, int] = {}
+        """`attack:reaction` -> how many probes got it (coverage)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -261,6 +268,23 @@ class GrpcTarget(Target):
                 )
         return out
 
+    def adversary_round(self, config: Config) -> tuple[str, str, str] | None:
+        """Play a faulty or malicious prefill against the live decode (`conformance.grpc_probe`),
+        after a trace has been judged; the round's own events are in no trace's log. Returns
+        (kind, property, message) when decode reacted otherwise than the spec requires."""
+        every = self.probe_every
+        if not every or self.cluster is None or (self.trace_no - 1) % every:
+            return None
+        from conformance.grpc_probe import GrpcProber
+
+        prober = GrpcProber(self, config, self.trace_no, self.rounds)
+        self.rounds += 1
+        try:
+            return prober.run()
+        finally:
+            for pair, n in prober.outcomes.items():
+                self.probe_outcomes[pair] = self.probe_outcomes.get(pair, 0) + n
+
     def dirty_free_pages(self) -> list[int]:
         """Decode pages that no request owns and that are not zero (freed pages must hold
         nothing readable: `freed_pages_hold_no_readable_data`)."""
@@ -388,6 +412,9 @@ def run_coarse_campaign(
             events = target.take_events()
             headers = log_headers(target, scenario)
             problem = _judge(target, submitted, headers, events)
+            adversary_round = getattr(target, "adversary_round", None)
+            if problem is None and adversary_round is not None:
+                problem = adversary_round(config)
             if problem is not None:
                 kind, prop, message = problem
                 out.mkdir(parents=True, exist_ok=True)
