@@ -53,6 +53,7 @@ from spec.actions import (
     DecodeReservePages,
     PrefillAdmitRequest,
     PrefillReceiveGrant,
+    PrefillSendCompletion,
     PrefillWritePage,
     RouterSubmitRequest,
     is_fault,
@@ -107,6 +108,22 @@ def _end_of(r: int) -> Callable[[Action], bool]:
         return isinstance(a, DecodeGenerate | DecodeAnswer | DecodeReleasePages) and a.request == r
 
     return end_steps
+
+
+def _concerns(r: int, room: int) -> Callable[[Action], bool]:
+    """Any protocol step of request r but a write or a completion (its writes are held)."""
+
+    def steps_of_r(a: Action) -> bool:
+        if isinstance(a, PrefillWritePage | DecodeReceiveWrite | PrefillSendCompletion):
+            return False
+        if getattr(a, "request", None) == r:
+            return True
+        message = getattr(a, "message", None)
+        if message is not None:
+            return bool(message.request == r)
+        return getattr(a, "room", None) == room
+
+    return steps_of_r
 
 
 def _drive(config: Config, s: State, allow: Callable[[Action], bool], limit: int = 40) -> State:
@@ -245,7 +262,43 @@ class GrpcProber:
             problem = self._probe(attack, want)
             if problem is not None:
                 return problem
+        problem = self._cancel(_B, s)
+        if problem is not None:
+            return problem
         return self._finish()
+
+    def _cancel(self, r: int, s: State) -> Problem | None:
+        """The client cancels r while decode holds r's grant and r's writes are held: the spec's
+        router tells decode, whose decode fails and releases r (a router that answers the client
+        but keeps the cancel from decode leaves r's pages held until some timeout)."""
+        from spec.actions import ClientCancelRequest
+
+        cfg = self.config
+        cancel = ClientCancelRequest(r)
+        if cancel not in enabled(REFERENCE, cfg, s):
+            return None
+        s = _drive(cfg, step(REFERENCE, cfg, s, cancel), _concerns(r, cfg.requests[r].room))
+        outcome = s.requests[r].d
+        self.outcomes[f"client_cancel:{outcome}"] = (
+            self.outcomes.get(f"client_cancel:{outcome}", 0) + 1
+        )
+        if outcome not in ("failed", "released"):
+            return None
+        self.answer_ok.discard(r)
+        with self.cluster.client() as client:
+            try:
+                client.cancel(self.rids[r], timeout=5)
+            except Exception as exc:  # the cancel is judged by decode's pages, not its answer
+                self.outcomes["client_cancel:refused"] = 1
+                del exc
+        if not self._wait(lambda: self._grant(r) is None, timeout=5):
+            return (
+                "not_quiescent",
+                "every_request_terminates",
+                f"the client cancelled {self.rids[r]} while decode held its grant; the spec's "
+                f"decode has {outcome} it, this decode still holds it 5 s later: {self._grant(r)}",
+            )
+        return None
 
     def _restart_prefill(self, s: State) -> State:
         """Crash and restart the real prefill while A's pages have landed and B's are held; the
