@@ -360,9 +360,13 @@ def run_coarse_campaign(
     canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`.
     Any coarse target works (ours, or an engine behind the harness service): it is driven and
     judged through the `Target` API only, its servers' log headers read from `last_headers`."""
-    from conformance.campaign import CampaignReport, Failure
+    from conformance.campaign import CampaignReport, Coverage, Failure
     from spec.trace import dump_trace
 
+    coverage = Coverage()
+    if isinstance(target, GrpcTarget):
+        target.probe_outcomes.clear()  # this campaign's probes only
+        target.rounds = 0
     start = time.perf_counter()
     failures: list[Failure] = []
     done = 0
@@ -411,7 +415,7 @@ def run_coarse_campaign(
             done += 1
             events = target.take_events()
             headers = log_headers(target, scenario)
-            problem = _judge(target, submitted, headers, events)
+            problem = _judge(target, submitted, headers, events, coverage)
             adversary_round = getattr(target, "adversary_round", None)
             if problem is None and adversary_round is not None:
                 problem = adversary_round(config)
@@ -455,7 +459,14 @@ def run_coarse_campaign(
         failures=failures,
         seconds=time.perf_counter() - start,
         step_count=step_count,
+        coverage=_with_probes(coverage, target),
     )
+
+
+def _with_probes(coverage: Any, target: Target) -> Any:
+    for pair, n in getattr(target, "probe_outcomes", {}).items():
+        coverage.probes[pair] = coverage.probes.get(pair, 0) + n
+    return coverage
 
 
 def log_headers(target: Target, config: Config) -> list[dict[str, Any]]:
@@ -496,8 +507,11 @@ def _judge(
     submitted: list[int],
     headers: list[dict[str, Any]],
     events: list[Event],
+    coverage: Any = None,
 ) -> tuple[str, str, str] | None:
     report = search_logs(headers, split_by_server(events))
+    if coverage is not None and report.ok:
+        coverage.add_log(events, report.spec_actions)
     answers = target.answers()
     for r, ans in answers.items():
         for writer, tenant in ans.foreign:
