@@ -23,7 +23,6 @@ def test_reference_conforms_over_a_hundred_traces_on_real_servers(tmp_path: Path
         assert probes[finale] == 5
 
 
-
 def test_incident_mode_diverges_on_real_servers(tmp_path: Path) -> None:
     report = campaign.run("grpc", "incident", traces=20, steps=20, seed=0, out_dir=tmp_path)
     assert report.verdict == "diverges"
