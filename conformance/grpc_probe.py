@@ -3,7 +3,9 @@ live decode server (`conformance.adversary`, for the coarse gRPC target).
 
 The in-process target answers each forged message on a copy of its decode core; a live server
 cannot be copied, so here the forged messages change the run for real. They are sent in an
-*adversarial round* after a trace has been judged (its events are not part of any trace's log):
+*adversarial round* after a trace has been judged, never inside one: a forged message leaves
+lines in decode's log that no behaviour of the trace's spec explains, so a round's events are in
+no trace's log, and the round keeps a spec state of its own that says what each reaction must be:
 
 1. Requests A (two pages) and B (one page) are submitted with the real prefill's writes held
    back (`Cluster.stall_prefill_writes`, a test hook): decode holds both grants and nothing else
@@ -14,14 +16,17 @@ cannot be copied, so here the forged messages change the run for real. They are 
    and generations, a page of the other request, corrupt page data, completions of no grant. Each
    must get the spec's reaction and leave decode's bookkeeping (pages, owners, requests, the
    pages written) exactly as it was.
-3. A's handoff then ends with one forged completion the spec *does* act on (an under- or
-   over-count, a digest over other data, or the honest one: by trace number): decode must fail or
-   validate it as the spec's own receive step does, and the spec state moves on with it.
+3. A's handoff then ends one of the ways of `FINALES` (by round number, so that a default
+   campaign tries each): a forged completion the spec *does* act on (an under- or over-count, a
+   digest over other data, the honest one), which decode must fail or validate as the spec's own
+   receive step does, or a crash of the real prefill, after which decode must let A and B go.
 4. Once decode has let A go, C is submitted (held too) and gets A's pages; a write of A's released
    generation and A's abort ack are replayed: both must change nothing (no late write lands in
    C's pages, no page is freed twice).
-5. The held writes are let go; B and C must be answered with exactly their prompts' echo and the
-   cluster must come back to quiescence.
+5. The client cancels B: the spec's decode fails and releases it, so the live decode must not
+   hold B's pages 5 s later.
+6. The held writes are let go; C (and B, when it was not failed) must be answered with exactly
+   their prompts' echo, and the cluster must come back to quiescence.
 
 The expected reactions are the spec's: a spec state is driven along (the same requests, their
 protocol steps up to the point each probe is sent, `_drive`) and `adversary.expected` takes the
@@ -386,9 +391,18 @@ class GrpcProber:
         return cond()
 
     def _target_problem(self, why: str) -> Problem:
-        from conformance.target import TargetError
-
-        raise TargetError(f"adversarial round of trace {self.trace_no}: {why}")
+        # The spec's decode reserves pages for each of these requests (they fit its limits and
+        # its pool, and nothing else runs): one that is never granted is a divergence.
+        answers = {
+            self.rids[r]: f"{res.status} {res.code} {res.error}".strip()
+            for r, res in sorted(self.results.items())
+        }
+        return (
+            "no_grant",
+            "every_request_terminates",
+            f"adversarial round of trace {self.trace_no}: {why} within 10 s "
+            f"(answers so far: {answers or 'none'})",
+        )
 
     # ------------------------------------------------------------------ messages
 
