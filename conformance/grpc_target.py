@@ -417,8 +417,10 @@ def run_coarse_campaign(
             headers = log_headers(target, scenario)
             problem = _judge(target, submitted, headers, events, coverage)
             adversary_round = getattr(target, "adversary_round", None)
+            in_round = False
             if problem is None and adversary_round is not None:
                 problem = adversary_round(config)
+                in_round = problem is not None
             if problem is not None:
                 kind, prop, message = problem
                 out.mkdir(parents=True, exist_ok=True)
@@ -445,6 +447,17 @@ def run_coarse_campaign(
                     + "\n"
                     + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
                 )
+                if in_round:
+                    # The round ran after this (conforming) trace: its own events, all three
+                    # servers' lines since the round began, are what to read.
+                    log_path = path.with_suffix(".round.jsonl")
+                    round_events = target.take_events()
+                    log_path.write_text(
+                        json.dumps({**headers[0], "server": "merged"}, sort_keys=True)
+                        + "\n"
+                        + "".join(json.dumps(e, sort_keys=True) + "\n" for e in round_events)
+                    )
+                    message += f" (the adversarial round's events: {log_path})"
                 failures.append(Failure(kind, prop, str(log_path), message))
                 target.shutdown()
                 break

@@ -5,11 +5,14 @@ caught by the round, not by a white-box test."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conformance import campaign
 from conformance.adversary import ATTACKS
 from conformance.campaign import campaign_config
 from conformance.grpc_probe import FINALES
@@ -89,3 +92,28 @@ def test_a_completion_with_a_forged_token_that_is_taken_is_caught(
     assert problem[0] == "adversarial"
     assert "completion_forged_token" in problem[2], problem
     target.shutdown()
+
+
+def test_a_campaign_reports_a_round_divergence_with_the_rounds_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = dc.DecodeCore._on_write
+
+    def trusting(self: dc.DecodeCore, ev: dc.WriteReceived) -> Any:
+        return real(self, dataclasses.replace(ev, data_digest=ev.claimed_digest))
+
+    monkeypatch.setattr(dc.DecodeCore, "_on_write", trusting)
+    report = campaign.run("grpc", "reference", traces=3, steps=20, seed=0, out_dir=tmp_path)
+    assert report.verdict == "diverges"
+    failure = report.failures[0]
+    assert failure.kind == "adversarial" and "write_corrupt_data" in failure.message
+    assert failure.trace_file.endswith(".round.jsonl")
+    lines = [json.loads(x) for x in Path(failure.trace_file).read_text().splitlines()[1:]]
+    # The corrupt page the decode took is in the saved events, under the round's request id.
+    assert any(
+        e["event"] == "decode_receive_write"
+        and e["args"]["outcome"] == "accepted"
+        and "adv" in e["args"]["request_id"]
+        and e["args"]["message_id"] > 1_000_000
+        for e in lines
+    )
