@@ -70,7 +70,6 @@ from spec.variants import REFERENCE
 
 Problem = tuple[str, str, str]
 
-# A's handoff ends with one of these (by trace number, so that a default campaign tries each).
 FINALES = (
     "completion_undercount",
     "prefill_restart",
@@ -78,9 +77,10 @@ FINALES = (
     "completion_overcount",
     "completion_early",
 )
-"""How A's handoff ends: a forged completion (`adversary.COMPLETION_ATTACKS`), or a crash of
-the real prefill while A's writes have landed and B's are held (`prefill_restart`: decode must
-fail both, as the spec's restart detection does)."""
+"""How A's handoff ends, by round number (so that a default campaign tries each): a forged
+completion (`adversary.COMPLETION_ATTACKS`), or a crash of the real prefill while A's writes have
+landed and B's are held (`prefill_restart`: the spec fails both, by decode's restart detection or
+by the router's relay of prefill's failure, whichever comes first, so decode must let both go)."""
 _A, _B, _C = 0, 1, 2
 
 
