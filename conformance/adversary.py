@@ -130,21 +130,7 @@ def expected(variant: Variant, config: Config, state: State, attack: Attack) -> 
     if kind in COMPLETION_ATTACKS:
         if req.d != "reserved":
             return None
-        pages = req.d_pages
-        honest = tuple((p, r, req.d_gen) for p in pages)
-        count, digest, gen, rm = len(pages), honest, req.d_gen, room
-        if kind == "completion_undercount":
-            count -= 1
-        elif kind == "completion_overcount":
-            count += 1
-        elif kind == "completion_bad_digest":
-            digest = tuple((p, -2, -2) for p in pages)
-        elif kind in ("completion_wrong_generation", "completion_forged_token"):
-            gen = _NEVER_GRANTED
-        elif kind == "completion_wrong_room":
-            rm = room + _OTHER_ROOM_OFFSET
-        msg = Message("completion", rm, gen, r, count=count, digest=digest)
-        after = _take(variant, config, state, msg, DecodeReceiveCompletion(msg))
+        after = after_completion(variant, config, state, attack)
         phase = after.requests[r].d
         prop = "accepted_completion_implies_full_coverage"
         if phase == "validated":
@@ -198,6 +184,34 @@ def expected(variant: Variant, config: Config, state: State, attack: Attack) -> 
             frozenset({"ignored"}), True, "page_has_single_owner", "the spec changes no page"
         )
     raise ValueError(f"unknown attack {kind!r}; attacks: {', '.join(ATTACKS)}")
+
+
+def forged_completion(config: Config, state: State, attack: Attack) -> Message:
+    """The spec's message for a completion attack against a request decode holds a grant for."""
+    r, kind = attack.request, attack.kind
+    req = state.requests[r]
+    room = config.requests[r].room
+    pages = req.d_pages
+    honest = tuple((p, r, req.d_gen) for p in pages)
+    count, digest, gen, rm = len(pages), honest, req.d_gen, room
+    if kind == "completion_undercount":
+        count -= 1
+    elif kind == "completion_overcount":
+        count += 1
+    elif kind == "completion_bad_digest":
+        digest = tuple((p, -2, -2) for p in pages)
+    elif kind in ("completion_wrong_generation", "completion_forged_token"):
+        gen = _NEVER_GRANTED
+    elif kind == "completion_wrong_room":
+        rm = room + _OTHER_ROOM_OFFSET
+    return Message("completion", rm, gen, r, count=count, digest=digest)
+
+
+def after_completion(variant: Variant, config: Config, state: State, attack: Attack) -> State:
+    """The spec state once decode has received the forged completion of `attack` (a probe that
+    changes the run, e.g. an under-count that fails the handoff, continues from here)."""
+    msg = forged_completion(config, state, attack)
+    return _take(variant, config, state, msg, DecodeReceiveCompletion(msg))
 
 
 _CONTRACT = {
@@ -270,7 +284,9 @@ __all__ = [
     "Attack",
     "Expected",
     "ProbeResult",
+    "after_completion",
     "attacks_for",
     "expected",
+    "forged_completion",
     "judge",
 ]

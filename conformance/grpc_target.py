@@ -53,6 +53,13 @@ class GrpcTarget(Target):
         self.trace_no = 0
         self.config: Config | None = None
         self.last_headers: list[dict[str, Any]] = []
+        self.probe_every = 4
+        """An adversarial round (`conformance.grpc_probe`) after every this many conforming
+        traces (0: none). A round takes about 0.3 s; each round ends A's handoff its own way
+        (`grpc_probe.FINALES`), so the first five rounds try them all."""
+        self.rounds = 0
+        self.probe_outcomes: dict[str, int] = {}
+        """`attack:reaction` -> how many probes got it (coverage)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -261,6 +268,23 @@ class GrpcTarget(Target):
                 )
         return out
 
+    def adversary_round(self, config: Config) -> tuple[str, str, str] | None:
+        """Play a faulty or malicious prefill against the live decode (`conformance.grpc_probe`),
+        after a trace has been judged; the round's own events are in no trace's log. Returns
+        (kind, property, message) when decode reacted otherwise than the spec requires."""
+        every = self.probe_every
+        if not every or self.cluster is None or (self.trace_no - 1) % every:
+            return None
+        from conformance.grpc_probe import GrpcProber
+
+        prober = GrpcProber(self, config, self.trace_no, self.rounds)
+        self.rounds += 1
+        try:
+            return prober.run()
+        finally:
+            for pair, n in prober.outcomes.items():
+                self.probe_outcomes[pair] = self.probe_outcomes.get(pair, 0) + n
+
     def dirty_free_pages(self) -> list[int]:
         """Decode pages that no request owns and that are not zero (freed pages must hold
         nothing readable: `freed_pages_hold_no_readable_data`)."""
@@ -336,9 +360,13 @@ def run_coarse_campaign(
     canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`.
     Any coarse target works (ours, or an engine behind the harness service): it is driven and
     judged through the `Target` API only, its servers' log headers read from `last_headers`."""
-    from conformance.campaign import CampaignReport, Failure
+    from conformance.campaign import CampaignReport, Coverage, Failure
     from spec.trace import dump_trace
 
+    coverage = Coverage()
+    if isinstance(target, GrpcTarget):
+        target.probe_outcomes.clear()  # this campaign's probes only
+        target.rounds = 0
     start = time.perf_counter()
     failures: list[Failure] = []
     done = 0
@@ -387,7 +415,12 @@ def run_coarse_campaign(
             done += 1
             events = target.take_events()
             headers = log_headers(target, scenario)
-            problem = _judge(target, submitted, headers, events)
+            problem = _judge(target, submitted, headers, events, coverage)
+            adversary_round = getattr(target, "adversary_round", None)
+            in_round = False
+            if problem is None and adversary_round is not None:
+                problem = adversary_round(config)
+                in_round = problem is not None
             if problem is not None:
                 kind, prop, message = problem
                 out.mkdir(parents=True, exist_ok=True)
@@ -414,6 +447,17 @@ def run_coarse_campaign(
                     + "\n"
                     + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
                 )
+                if in_round:
+                    # The round ran after this (conforming) trace: its own events, all three
+                    # servers' lines since the round began, are what to read.
+                    log_path = path.with_suffix(".round.jsonl")
+                    round_events = target.take_events()
+                    log_path.write_text(
+                        json.dumps({**headers[0], "server": "merged"}, sort_keys=True)
+                        + "\n"
+                        + "".join(json.dumps(e, sort_keys=True) + "\n" for e in round_events)
+                    )
+                    message += f" (the adversarial round's events: {log_path})"
                 failures.append(Failure(kind, prop, str(log_path), message))
                 target.shutdown()
                 break
@@ -428,7 +472,14 @@ def run_coarse_campaign(
         failures=failures,
         seconds=time.perf_counter() - start,
         step_count=step_count,
+        coverage=_with_probes(coverage, target),
     )
+
+
+def _with_probes(coverage: Any, target: Target) -> Any:
+    for pair, n in getattr(target, "probe_outcomes", {}).items():
+        coverage.probes[pair] = coverage.probes.get(pair, 0) + n
+    return coverage
 
 
 def log_headers(target: Target, config: Config) -> list[dict[str, Any]]:
@@ -469,8 +520,11 @@ def _judge(
     submitted: list[int],
     headers: list[dict[str, Any]],
     events: list[Event],
+    coverage: Any = None,
 ) -> tuple[str, str, str] | None:
     report = search_logs(headers, split_by_server(events))
+    if coverage is not None and report.ok:
+        coverage.add_log(events, report.spec_actions)
     answers = target.answers()
     for r, ans in answers.items():
         for writer, tenant in ans.foreign:

@@ -1111,6 +1111,9 @@ def search_logs(
     budget = MAX_EXPANSIONS_PER_EVENT * max(1, total)
     best: tuple[int, Event | None, list[str], Frontier] = (-1, None, [], {})
     best_rank: tuple[bool, int, bool] = (False, -1, False)
+    # The deepest point where no log's next event had its causes in place:
+    # (depth, positions, frontier, facts known, pages sent per stream).
+    stuck: tuple[int, tuple[int, ...], Frontier, set[Any], Sent] = (-1, start, {}, set(), {})
     while stack:
         pos, frontier, todo, added = stack[-1]
         depth = sum(pos)
@@ -1147,15 +1150,115 @@ def search_logs(
             continue
         facts = apply_facts(ev)
         stack.append((npos, new, ready(npos), facts))
+        ndepth = depth + 1
+        if ndepth > stuck[0] and ndepth < total:
+            heads = [j for j, q in enumerate(queues) if npos[j] < len(q)]
+            if not any(is_ready(j, npos) for j in heads):
+                stuck = (ndepth, npos, new, set(known), {k: list(x) for k, x in sent.items()})
     depth, failed_ev, violated, frontier = best
     ev = failed_ev or {}
+    unplaced = None
+    if not best_rank[0] and stuck[0] >= depth:
+        # No event whose causes were in place failed: the logs order some events against their
+        # causes (each log's own order forbids every interleaving). Name the first such event and
+        # its causal predecessors, not whichever event the fallback happened to try.
+        depth, stuck_pos, frontier, stuck_known, stuck_sent = stuck
+        unplaced = _unplaced(queues, stuck_pos, stuck_known, stuck_sent)
+        if unplaced is not None:
+            ev = unplaced[0]
+            violated = []
     v.frontier = frontier or v.frontier
     v.count = max(0, depth)
     rep = v._report_failure(ev, violated)
     rep.events = total
+    if unplaced is not None:
+        rep.message = f"event {depth + 1} cannot be placed: {unplaced[1]}"
     if budget <= 0:
         rep.message += " (search budget exhausted)"
     return rep
+
+
+def _describe(ev: Event) -> str:
+    a = ev.get("args", {})
+    keys = ("request_id", "generation", "page", "verdict", "outcome", "status")
+    what = ", ".join(f"{k} {a[k]}" for k in keys if k in a)
+    return f"{ev.get('server')} #{ev.get('seq')} {ev.get('event')} ({what})"
+
+
+def _unplaced(
+    queues: Sequence[Sequence[Event]],
+    pos: tuple[int, ...],
+    known: set[Any],
+    sent: dict[tuple[Any, Any], list[Any]],
+) -> tuple[Event, str] | None:
+    """At a point where no log's next event has its causes in place: the first such event (in
+    the merge's order) whose missing causes are logged somewhere later, and a sentence naming its
+    causal predecessors: those placed, and for each missing one, the event that logs it and what
+    that event waits behind in its own log (or that it was never logged)."""
+    heads = [i for i, q in enumerate(queues) if pos[i] < len(q)]
+
+    def producers(fact: tuple[Any, ...]) -> list[tuple[int, int]]:
+        out = []
+        for j, q in enumerate(queues):
+            for k in range(pos[j], len(q)):
+                if fact in _facts(q[k])[1]:
+                    out.append((j, k))
+                    break
+        return out
+
+    placed_sent: dict[tuple[Any, Any], list[Any]] = {k: list(x) for k, x in sent.items()}
+    candidates = []
+    for i in heads:
+        ev = queues[i][pos[i]]
+        reqs = _facts(ev, placed_sent)[0]
+        missing = [g for g in reqs if not any(f in known for f in g)]
+        if not missing:
+            continue
+        later = [producers(f) for g in missing for f in g]
+        candidates.append((i, ev, reqs, missing, later))
+    if not candidates:
+        return None
+    head_of = {j: queues[j][pos[j]] for j in heads}
+    # Log j must place its next event before log i's head can be: i waits for j. A head on a
+    # cycle of such waits is where the logs' orders contradict causality; a head that only
+    # waits for one (the router's answer waiting for decode's) is downstream of it.
+    waits_for = {c[0]: {j for prods in c[4] for j, _ in prods} for c in candidates}
+
+    def on_cycle(i: int) -> bool:
+        seen, todo = set(), list(waits_for.get(i, ()))
+        while todo:
+            j = todo.pop()
+            if j == i:
+                return True
+            if j not in seen:
+                seen.add(j)
+                todo += waits_for.get(j, ())
+        return False
+
+    i, ev, reqs, missing, later = next((c for c in candidates if on_cycle(c[0])), candidates[0])
+    parts = []
+    satisfied = [g for g in reqs if g not in missing]
+    if satisfied:
+        before = []
+        for j, q in enumerate(queues):
+            for k in range(pos[j]):
+                if any(f in _facts(q[k])[1] for g in satisfied for f in g):
+                    before.append(_describe(q[k]))
+        parts.append("its causes placed so far: " + "; ".join(before[-6:]))
+    waits = []
+    for g in missing:
+        found = [p for f in g for p in producers(f)]
+        need = " or ".join(" ".join(str(x) for x in f) for f in g)
+        if not found:
+            waits.append(f"{need}: never logged")
+            continue
+        j, k = found[0]
+        where = _describe(queues[j][k])
+        if k > pos[j]:
+            where += f", which {queues[j][k].get('server')} logged after {_describe(head_of[j])}"
+        waits.append(f"{need}: logged by {where}")
+    parts.insert(0, "it waits for " + "; ".join(waits))
+    return ev, f"{_describe(ev)}: " + "; ".join(parts)
 
 
 def config_from_logs(

@@ -13,6 +13,14 @@ def test_reference_conforms_over_a_hundred_traces_on_real_servers(tmp_path: Path
     report = campaign.run("grpc", "reference", traces=100, steps=20, seed=0, out_dir=tmp_path)
     assert report.verdict == "conforms", report.failures
     assert report.traces == 100
+    # Coverage: the spec actions that explained the logs, and the adversarial rounds' probes
+    # (one round every 4 traces: 25, each ending A's handoff its own way).
+    assert report.coverage is not None
+    assert report.coverage.fired["decode_receive_write"] > 0
+    probes = report.coverage.probes
+    assert probes["write_corrupt_data:refused"] == 2 * 25  # against A and against B
+    for finale in ("completion_undercount:failed", "completion_early:validated"):
+        assert probes[finale] == 5
 
 
 def test_incident_mode_diverges_on_real_servers(tmp_path: Path) -> None:

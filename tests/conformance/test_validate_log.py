@@ -155,6 +155,37 @@ def test_an_answer_before_validation_is_rejected(live_logs: Path, tmp_path: Path
     assert report.first_unexplained == line
 
 
+def test_a_completion_logged_before_its_writes_is_named_with_its_causes(
+    live_logs: Path, tmp_path: Path
+) -> None:
+    # Decode logs a completion before the writes it covers: no interleaving of the logs keeps
+    # each log's order and every cause before its effect. The report must name that completion
+    # (or prefill's, which waits for those writes) and the writes, not an unrelated event.
+    logs = _copy(live_logs, tmp_path / "x")
+    decode = logs["decode"]
+    rid = _ok_requests(decode)[0]
+    first_write = next(
+        i
+        for i, e in enumerate(decode)
+        if e.get("event") == "decode_receive_write" and e["args"]["request_id"] == rid
+    )
+    completion = next(
+        i
+        for i, e in enumerate(decode)
+        if e.get("event") == "decode_receive_completion" and e["args"]["request_id"] == rid
+    )
+    line = decode.pop(completion)
+    decode.insert(first_write, line)
+    report = validate_logs(_save(tmp_path / "x", logs))
+    assert not report.ok
+    assert "cannot be placed" in report.message, report.message
+    blamed = report.first_unexplained or {}
+    assert blamed.get("event") in ("prefill_send_completion", "decode_receive_completion")
+    assert blamed["args"]["request_id"] == rid
+    assert "decode_receive_write" in report.message, report.message
+    assert f"decode #{line['seq']} decode_receive_completion" in report.message, report.message
+
+
 def test_validate_log_cli_exit_codes(
     live_logs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
