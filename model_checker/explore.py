@@ -36,7 +36,7 @@ from model_checker import progress
 from model_checker.result import CheckResult, PropertyResult, Verdict
 from spec.actions import Action, action_name, is_fault
 from spec.config import Config
-from spec.invariants import INVARIANTS
+from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS, Invariant
 from spec.machine import enabled, init, step
 from spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
 from spec.state import PREFILL_TERMINAL, Faults, Ghost, PageState, ReqState, State, all_done
@@ -129,6 +129,12 @@ class _Shared:
             object.__setattr__(t, "faults", self.faults.setdefault(t.faults, t.faults))
 
 
+def invariants_of(variant: Variant) -> tuple[Invariant, ...]:
+    """The invariants the proof of this design uses (the one-sided designs have one more)."""
+    extra = ONE_SIDED_INVARIANTS if variant.design.write_path == "one_sided" else ()
+    return INVARIANTS + extra
+
+
 def build_graph(
     variant: Variant,
     config: Config,
@@ -173,7 +179,8 @@ def _search(
 
     drain = variant.design.release_fence in ("drain_ack", "ack_or_timeout")
     invariant_failures: dict[str, int] = {}
-    unbroken = [(inv.name, inv.compiled()) for inv in INVARIANTS] if check_invariants else []
+    checked = invariants_of(variant) if check_invariants else ()
+    unbroken = [(inv.name, inv.compiled()) for inv in checked]
 
     def inspect(i: int, s: State) -> None:
         nonlocal pending_witnesses, improvable, unbroken
@@ -418,7 +425,7 @@ def explore(
     extra_invariants: dict[str, Any] = {}
     if graph.invariant_failures is not None:
         extra_invariants["invariants"] = {
-            "checked": [inv.name for inv in INVARIANTS],
+            "checked": [inv.name for inv in invariants_of(variant)],
             "failing": {
                 name: {
                     "depth": graph.depth_of[i],

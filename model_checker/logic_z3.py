@@ -89,7 +89,8 @@ def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> A
             codes = _CODES.get(t.sort)
             return codes[t.value] if codes is not None else t.value
         if isinstance(t, Field):
-            return env[id(t.var)][t.name]
+            value = env[id(t.var)][t.name]
+            return value(go(t.arg)) if t.arg is not None else value
         if isinstance(t, Var):
             return env[id(t)]
         if isinstance(t, App):
@@ -208,6 +209,8 @@ class FixedReading(Reading):
                         "epoch": s[f"r{r}.p_epoch"],
                         "right_room": True,
                         "right_tenant": True,
+                        "rank": 0,
+                        "rank_acked": False,  # one rank: no per-rank acks are kept
                     }
                     out.append(([], s[f"r{r}.w{j}"], fields))
             return out
@@ -228,9 +231,16 @@ class FixedReading(Reading):
                     "epoch": s[f"r{r}.g_epoch"] if kind == "grant" else 0,
                     "rank": 0,
                     "rank_done": False,  # one rank: reporting completes the request
+                    "has_page": _grant_page(s, kind, r),
                 }
                 out.append(([], present, fields))
         return out
+
+
+def _grant_page(s: SymState, kind: str, r: int) -> Callable[[Any], Any]:
+    if kind != "grant":
+        return lambda j: False
+    return lambda j: s[f"r{r}.g_pages{j}"]
 
 
 def _r(field: str) -> Callable[[FixedReading, int], Any]:
@@ -271,6 +281,7 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "d_holds": _rj("d_pages"),
     "d_awaiting_ack": _r("d_awaiting"),
     "d_rank": lambda f, r, k: False,  # one rank: d_ranks stays empty
+    "d_ack": lambda f, r, k: False,  # one rank: d_acks stays empty
     "read_done": _r("read_set"),
     "accepted_set": _r("acc_set"),
     "owned": _pg("own"),

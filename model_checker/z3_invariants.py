@@ -26,7 +26,7 @@ from model_checker.z3_encoding import (
     P,
     SymState,
 )
-from spec.invariants import INVARIANTS
+from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 from spec.logic import Term
 
 InvariantFormula = Callable[[SymState], Any]
@@ -38,14 +38,13 @@ def _in(x: Any, names: tuple[str, ...], table: dict[str, int]) -> Any:
 
 def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
     """The invariants kind and the fixed-configuration prove use: the formulas of
-    `spec/invariants.py` themselves, read over the encoding (`logic_z3.FixedReading`), plus
-    `well_formed` (facts about the encoding) and, for drain-fenced one-sided designs, the
-    hand-written twin of the one invariant not yet in the vocabulary."""
-    legacy = legacy_fixed_invariants(enc)
+    `spec/invariants.py` themselves, read over the encoding (`logic_z3.FixedReading`), with the
+    one-sided designs' extra one, plus `well_formed` (facts about the encoding itself)."""
     out: dict[str, InvariantFormula] = {}
-    if "fenced_writes_land_in_held_pages" in legacy:
-        out["fenced_writes_land_in_held_pages"] = legacy["fenced_writes_land_in_held_pages"]
-    out["well_formed"] = legacy["well_formed"]
+    if enc.design.write_path == "one_sided":
+        for inv in ONE_SIDED_INVARIANTS:
+            out[inv.name] = _derived(enc, inv.formula)
+    out["well_formed"] = legacy_fixed_invariants(enc)["well_formed"]
     for inv in INVARIANTS:
         out[inv.name] = _derived(enc, inv.formula)
     return out

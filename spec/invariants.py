@@ -64,10 +64,12 @@ from spec.vocabulary import (
     answered_ok,
     compile_claim,
     d,
+    d_ack,
     d_awaiting_ack,
     d_gen,
     d_holds,
     d_rank,
+    decode_epoch,
     drain_fence,
     issued,
     next_gen,
@@ -76,6 +78,7 @@ from spec.vocabulary import (
     owner,
     owner_gen,
     p,
+    p_epoch,
     p_gen,
     p_granted,
     p_granted_count,
@@ -403,9 +406,88 @@ def failing_invariants(
     return [inv for inv in INVARIANTS if not inv.holds(config, state, design)]
 
 
-# The drain-fenced one-sided design's extra invariant is still a Python function (its Z3 twin is
-# hand-written in model_checker/z3_invariants.py): it compares the page sets of grants in flight,
-# which the vocabulary does not name yet. See docs/one-semantics.md.
-from spec.invariants_py import ONE_SIDED_INVARIANTS  # noqa: E402
+def fenced_writes_land_in_held_pages() -> Term:
+    """One-sided writes land wherever they point, so a drain-fenced design must keep every write
+    of the current decode incarnation aimed at a page its own request still holds: a prefill that
+    may still write holds the same grant as decode, decode keeps the pages (reserved, or failed
+    and awaiting the drain ack) until the writes drained, and once the request is done (answered,
+    failed without a fence, completed, told to stop) none of its writes is in flight; with
+    several prefill ranks, neither is any write of a rank that reported or acknowledged. Writes of
+    an earlier incarnation are refused by the revoked key, so they do not count."""
+    live = ("received", "admitted", "granted")
 
-__all__ = ["INVARIANTS", "ONE_SIDED_INVARIANTS", "Invariant", "failing_invariants"]
+    def current(r: Term) -> Term:
+        return p_epoch(r) == decode_epoch()
+
+    def held(r: Term) -> Term:
+        return Or(d(r) == "reserved", And(d(r) == "failed", d_awaiting_ack(r)))
+
+    def done(r: Term) -> Term:
+        return Or(
+            d(r).is_in(*LATER),
+            And(d(r) == "failed", Not(d_awaiting_ack(r))),
+            p(r) == "completed",
+        )
+
+    def same_pages(r: Term, has: Callable[[Term], Term]) -> Term:
+        return forall(PAGE, lambda q: Implies(has(q), d_holds(r, q)))
+
+    return And(
+        each_write(
+            lambda w: Implies(
+                current(w.req),
+                And(
+                    d_holds(w.req, w.page),
+                    Not(done(w.req)),
+                    Not(w.rank_acked),
+                    Not(p_rank_done(w.req, w.rank)),
+                    Not(d_rank(w.req, w.rank)),
+                    Not(d_ack(w.req, w.rank)),
+                ),
+            )
+        ),
+        forall(
+            REQ,
+            lambda r: Implies(
+                And(current(r), p(r).is_in(*live), p_gen(r) != 0),
+                And(held(r), forall(PAGE, lambda q: p_granted(r, q) == d_holds(r, q))),
+            ),
+        ),
+        each_message(
+            ["grant"],
+            lambda m: Implies(
+                And(
+                    m.epoch == decode_epoch(),
+                    p(m.req).is_in("received", "admitted"),
+                    p_gen(m.req) == 0,
+                ),
+                And(held(m.req), forall(PAGE, lambda q: m.has_page(q) == d_holds(m.req, q))),
+            ),
+        ),
+        # A failure notice, a completion or a drain ack in flight: the writes they speak for
+        # are over (of the same rank, for completions and acks).
+        each_message(
+            ["failure"],
+            lambda m: each_write(lambda w: Not(And(w.req == m.req, current(w.req)))),
+        ),
+        each_message(
+            ["completion", "abort_ack"],
+            lambda m: each_write(
+                lambda w: Not(And(w.req == m.req, current(w.req), w.rank == m.rank))
+            ),
+        ),
+        # Told to stop (an ack owed, a failure or a drain ack sent): prefill has stopped.
+        each_pending_ack(lambda a: Not(p(a.req).is_in(*live))),
+        each_message(["failure", "abort_ack"], lambda m: Not(p(m.req).is_in(*live))),
+    )
+
+
+ONE_SIDED_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        "fenced_writes_land_in_held_pages",
+        "with one-sided writes, a current write only ever targets a page its request still holds",
+        fenced_writes_land_in_held_pages(),
+    ),
+)
+"""Extra invariants of designs with one-sided writes and a drain fence (`one_sided_fenced`);
+with the ones above they make that design's safety properties inductive too."""

@@ -181,6 +181,8 @@ MESSAGE_FIELDS: dict[str, Sort] = {
     "rank": RANK,  # the prefill rank that sent it (completions, drain acks)
     "rank_done": BOOL,  # that rank has already reported this request (several ranks only)
 }
+MESSAGE_PAGE_FIELDS: dict[str, Sort] = {"has_page": PAGE}
+"""Fields that take a page: `m.has_page(q)`, page q is among the pages a grant names."""
 WRITE_FIELDS: dict[str, Sort] = {
     "req": REQ,  # the request whose data the write carries (the ghost tag)
     "page": PAGE,
@@ -189,6 +191,8 @@ WRITE_FIELDS: dict[str, Sort] = {
     "epoch": INT,
     "right_room": BOOL,  # it carries its own request's room
     "right_tenant": BOOL,  # its data is labelled with its own request's tenant
+    "rank": RANK,  # the prefill rank writing its shard
+    "rank_acked": BOOL,  # that rank has acknowledged an abort of this grant (several ranks)
 }
 
 
@@ -196,11 +200,11 @@ PENDING_ACK_FIELDS: dict[str, Sort] = {"req": REQ, "gen": INT}
 
 
 class Field(Term):
-    def __init__(self, var: Var, name: str, sort: Sort) -> None:
-        self.var, self.name, self.sort = var, name, sort
+    def __init__(self, var: Var, name: str, sort: Sort, arg: Term | None = None) -> None:
+        self.var, self.name, self.sort, self.arg = var, name, sort, arg
 
     def __repr__(self) -> str:
-        return f"{self.var}.{self.name}"
+        return f"{self.var}.{self.name}" + (f"({self.arg!r})" if self.arg is not None else "")
 
 
 class Bound(Var):
@@ -211,8 +215,10 @@ class Bound(Var):
         self._fields = fields
         self.what_of = what
 
-    def __getattr__(self, name: str) -> Field:
+    def __getattr__(self, name: str) -> Any:
         fields = self.__dict__.get("_fields", {})
+        if self.__dict__.get("what_of") == "message" and name in MESSAGE_PAGE_FIELDS:
+            return lambda q: Field(self, name, BOOL, q)
         if name not in fields:
             raise AttributeError(f"no field {name!r}: one of {sorted(fields)}")
         return Field(self, name, fields[name])
@@ -385,7 +391,8 @@ def python_source(t: Term, reading: PythonReading) -> str:
             return repr(tuple(t.value) if isinstance(t.value, tuple) else t.value)
         if isinstance(t, Field):
             what = t.var.what_of if isinstance(t.var, Bound) else ""
-            return "(" + reading.fields[what][t.name].format(names[id(t.var)]) + ")"
+            arg = [go(t.arg)] if t.arg is not None else []
+            return "(" + reading.fields[what][t.name].format(names[id(t.var)], *arg) + ")"
         if isinstance(t, Var):
             return names.get(id(t), t.name)  # a bound variable, or a parameter of the function
         if isinstance(t, App):

@@ -69,6 +69,7 @@ d_awaiting_ack = _sym(
     "d_awaiting_ack", (REQ,), BOOL, "decode sent an abort and keeps r's pages until the drain ack"
 )
 d_rank = _sym("d_rank", (REQ, RANK), BOOL, "decode holds rank k's validated completion for r")
+d_ack = _sym("d_ack", (REQ, RANK), BOOL, "decode holds rank k's drain ack for r (fenced release)")
 read_done = _sym("read_done", (REQ,), BOOL, "decode has read r's pages and generated")
 accepted_set = _sym("accepted_set", (REQ,), BOOL, "decode has accepted a completion for r")
 
@@ -131,6 +132,7 @@ CONCRETE = PythonReading(
         "d_holds": "{1} in " + _REQ + ".d_pages",
         "d_awaiting_ack": _REQ + ".d_awaiting_ack",
         "d_rank": "{1} in " + _REQ + ".d_ranks",
+        "d_ack": "{1} in " + _REQ + ".d_acks",
         "read_done": _REQ + ".read is not None",
         "accepted_set": _REQ + ".accepted_full is not None",
         "owned": "S.pages[{0}].owner is not None",
@@ -152,6 +154,7 @@ CONCRETE = PythonReading(
             "epoch": "{0}.epoch",
             "rank": "{0}.rank",
             "rank_done": "{0}.rank in S.requests[{0}.request].p_ranks_done",
+            "has_page": "{1} in {0}.pages",
         },
         "write": {
             "req": "{0}.data.request",
@@ -161,6 +164,8 @@ CONCRETE = PythonReading(
             "epoch": "{0}.epoch",
             "right_room": "{0}.room == C.requests[{0}.data.request].room",
             "right_tenant": "{0}.data.tenant == C.requests[{0}.data.request].tenant",
+            "rank": "{0}.rank",
+            "rank_acked": "({0}.room, {0}.generation, {0}.rank) in S.acked_ranks",
         },
         "pending_ack": {"req": "{0}[2]", "gen": "{0}[1]"},
     },
