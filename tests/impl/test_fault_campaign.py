@@ -78,3 +78,23 @@ def test_an_error_answer_without_its_cause_is_still_read_as_before(tmp_path: Pat
     assert report.first_unexplained is not None
     assert report.first_unexplained["event"] == "decode_admit_request"
     assert report.first_unexplained["args"]["request_id"] == "t42r2"
+
+
+def test_keep_going_counts_every_failing_trace_and_kept_logs_are_judged_again(
+    tmp_path: Path,
+) -> None:
+    # The incident mode fails most traces: keep_going runs them all, saves each failing one's
+    # log, and the logs kept for every trace give the same verdicts when judged again.
+    from conformance.fault_campaign import revalidate
+
+    kept = tmp_path / "logs" / "seed0.jsonl.gz"
+    faults = parse_faults("cancel,oversize")
+    report = run_fault_campaign("incident", 4, 0, faults, tmp_path, keep_going=True, save_logs=kept)
+    assert report.traces == 4
+    assert report.divergences >= 2, report.failures
+    assert len(report.failures) >= report.divergences
+    assert all(Path(f["log"]).exists() for f in report.failures)
+    traces, unexplained = revalidate(kept)
+    assert traces == 4
+    diverged = {int(f["trace"]) for f in report.failures if f["kind"] == "unexplained_event"}
+    assert {u["trace"] for u in unexplained} == diverged
