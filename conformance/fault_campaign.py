@@ -18,11 +18,15 @@ oversize   (always) a prompt over prefill's limit
 A trace is judged as `run_coarse_campaign` judges one: its merged event log must be explained by
 the reference spec (`validate-log`), no answer may carry another tenant's canary, every request
 is answered, and every decode page is free once the cluster is quiescent. The campaign stops at
-the first failing trace and saves its program and merged log.
+the first failing trace and saves its program and merged log; with ``keep_going`` it counts every
+failing trace (each kind of failure apart) and saves each one's log. ``save_logs`` keeps every
+trace's logs (gzipped JSON Lines, one trace a line) so that a long campaign can be judged again
+later by another validator (`revalidate`) without running the servers again.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import time
@@ -31,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.grpc_target import GrpcTarget, _judge, log_headers
+from conformance.grpc_target import GrpcTarget, log_headers, split_by_server
+from conformance.target import Target
+from conformance.validate import Event, search_logs
 from spec.actions import Action, ClientCancelRequest, PrefillRestart, RouterSubmitRequest
 from spec.config import Config
 
@@ -64,6 +70,8 @@ class FaultReport:
     seconds: float = 0.0
     injected: Counter[str] = field(default_factory=Counter)
     failure: dict[str, str] | None = None
+    failures: list[dict[str, str]] = field(default_factory=list)
+    """Every failing trace (only the first unless the campaign keeps going)."""
 
     @property
     def conforms(self) -> bool:
@@ -84,6 +92,54 @@ class FaultReport:
             "injected": dict(sorted(self.injected.items())),
             "failure": self.failure,
         }
+
+
+Problem = tuple[str, str, str]
+
+
+def trace_problems(
+    target: Target, submitted: list[int], headers: list[dict[str, Any]], events: list[Event]
+) -> list[Problem]:
+    """Every way a trace fails, as (kind, property, message): unexplained events, another
+    tenant's canary in an answer, an unanswered request, pages held at quiescence, data. Each
+    kind is judged on its own (a divergent trace is still checked for leaks and answers)."""
+    out: list[Problem] = []
+    report = search_logs(headers, split_by_server(events))
+    if not report.ok:
+        prop = report.violated[0] if report.violated else "conformance"
+        out.append(("unexplained_event", prop, report.message))
+    answers = target.answers()
+    for r, ans in answers.items():
+        for writer, tenant in ans.foreign:
+            out.append(
+                (
+                    "isolation",
+                    "no_cross_tenant_read",
+                    f"answer to {target.request_id(r)} carries the canary of tenant {tenant} "
+                    f"(requests {writer})",
+                )
+            )
+    for r in submitted:
+        if r not in answers:
+            out.append(
+                ("no_answer", "every_request_terminates", f"{target.request_id(r)} unanswered")
+            )
+    if not target.quiescent():
+        out.append(("not_quiescent", "every_request_terminates", target.describe()))
+    problems = getattr(target, "answer_problems", None)
+    for problem in problems() if problems is not None else []:
+        out.append(("data", "decode_reads_only_validated_pages", problem))
+    dirty = getattr(target, "dirty_free_pages", None)
+    pages = dirty() if dirty is not None else []
+    if pages:
+        out.append(
+            (
+                "data",
+                "freed_pages_hold_no_readable_data",
+                f"decode pages {pages} are free and not zeroed after the run settled",
+            )
+        )
+    return out
 
 
 class _FaultTarget(GrpcTarget):
@@ -123,6 +179,8 @@ def run_fault_campaign(
     config: Config | None = None,
     steps: int = 20,
     device: str = "cpu",
+    keep_going: bool = False,
+    save_logs: Path | None = None,
 ) -> FaultReport:
     from conformance.campaign import campaign_config
     from impl.servers.faults import FaultPlan
@@ -144,6 +202,10 @@ def run_fault_campaign(
         drop=0.3 if "drop" in faults else 0.0,
     )
     start = time.perf_counter()
+    saved = None
+    if save_logs is not None:
+        save_logs.parent.mkdir(parents=True, exist_ok=True)
+        saved = gzip.open(save_logs, "wt")
     try:
         for i in range(traces):
             rng = random.Random(seed * 1_000_003 + i)
@@ -207,14 +269,26 @@ def run_fault_campaign(
             report.traces += 1
             events = target.take_events()
             headers = log_headers(target, cfg)
-            problem = _judge(target, submitted, headers, events)
-            if problem is None:
+            problems = trace_problems(target, submitted, headers, events)
+            program_text = " ".join(type(a).__name__ for a in program)
+            if saved is not None:
+                record = {
+                    "seed": seed,
+                    "trace": i,
+                    "program": program_text,
+                    "headers": headers,
+                    "events": events,
+                    "problems": [list(p) for p in problems],
+                }
+                saved.write(json.dumps(record, sort_keys=True) + "\n")
+            if not problems:
                 continue
-            kind, prop, message = problem
-            report.divergences += kind == "unexplained_event"
-            report.cross_tenant_reads += kind == "isolation"
-            report.unanswered += kind == "no_answer"
-            report.pages_lost += kind == "not_quiescent"
+            kinds = {kind for kind, _, _ in problems}
+            report.divergences += "unexplained_event" in kinds
+            report.cross_tenant_reads += "isolation" in kinds
+            report.unanswered += "no_answer" in kinds
+            report.pages_lost += "not_quiescent" in kinds
+            kind, prop, message = problems[0]
             out.mkdir(parents=True, exist_ok=True)
             log_path = out / f"faults-{mode}-seed{seed}-trace{i}.log.jsonl"
             log_path.write_text(
@@ -222,17 +296,49 @@ def run_fault_campaign(
                 + "\n"
                 + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
             )
-            report.failure = {
+            failure = {
                 "trace": str(i),
                 "kind": kind,
                 "property": prop,
                 "message": message,
-                "program": " ".join(type(a).__name__ for a in program),
+                "program": program_text,
                 "log": str(log_path),
             }
-            break
+            report.failures.append(failure)
+            if report.failure is None:
+                report.failure = failure
+            if not keep_going:
+                break
     finally:
+        if saved is not None:
+            saved.close()
         report.injected.update(plan.counts)
         target.shutdown()
         report.seconds = time.perf_counter() - start
     return report
+
+
+def revalidate(path: Path) -> tuple[int, list[dict[str, Any]]]:
+    """Judge the event logs a campaign kept (``save_logs``) again with this validator:
+    (traces read, the traces whose logs it cannot explain, each with its seed, trace, program
+    and the validator's message). The other checks (answers, canaries, quiescence) were made
+    on the live servers and are kept in each record's ``problems``."""
+    traces = 0
+    unexplained: list[dict[str, Any]] = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            traces += 1
+            report = search_logs(rec["headers"], split_by_server(rec["events"]))
+            if not report.ok:
+                unexplained.append(
+                    {
+                        "seed": rec["seed"],
+                        "trace": rec["trace"],
+                        "program": rec["program"],
+                        "message": report.message,
+                    }
+                )
+    return traces, unexplained

@@ -216,10 +216,14 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "decode_answer",
         "decode",
-        "decode_answer | stutter",
-        "request_id; status ok = decode_answer, error = stutter (the failing step answered)",
+        "decode_answer | stutter | decode_waiting_timeout",
+        "request_id; status ok = decode_answer, error = stutter (the failing step answered); "
+        "cause grant_failed = decode_waiting_timeout",
         "an ok answer after the client cancelled goes to a router that already answered "
-        "CANCELLED: decode_answer, the client's answer stays the cancel",
+        "CANCELLED: decode_answer, the client's answer stays the cancel. An error answer with "
+        "cause grant_failed is decode giving up on the one request whose grant it could not "
+        "deliver (its abort and fence follow): the spec's decode_waiting_timeout, never a "
+        "restart's detection, which fails every request handed over for the lost prefill",
     ),
     Row("decode_release_pages", "decode", "decode_release_pages", "request_id, pages"),
     Row(

@@ -223,7 +223,9 @@ REGISTRY: tuple[Counterpart, ...] = (
     _row(
         "decode_waiting_timeout",
         _call("fire_timeout", _request),
-        ("decode_waiting_timeout",),
+        ("decode_waiting_timeout", "decode_answer"),
+        note="decode_answer: decode giving up on a request whose grant it could not deliver "
+        "(cause grant_failed)",
     ),
     _row(
         "prefill_abort_request",

@@ -492,6 +492,14 @@ class Matchers:
             )
             for m in _lost(s, "failure", r)
         ]
+        if ev["args"].get("cause") == "grant_failed" and s.requests[r].d == "reserved":
+            # Decode could not deliver this request's grant (the call broke: prefill crashed
+            # under it) and gave up on this one request, aborting its generation and fencing
+            # its pages: the spec's decode giving up on a reserved request, which it may do at
+            # any moment (decode_waiting_timeout). Not the restart's detection, which fails
+            # every request handed over for the lost prefill, including hand-overs that reach
+            # the real decode after this and are admitted (seed 305 trace 41).
+            out.append(Match((DecodeWaitingTimeout(r),), lambda a, b: _answered(b, r, False)))
         if s.decode_sees_prefill_epoch != s.prefill_epoch:
             # Decode saw the crashed prefill's write stream or grant call break before its
             # health check saw the new epoch: the restart's detection, by another path.

@@ -831,8 +831,13 @@ class DecodeCore:
         req = self._requests.get(ev.request_id)
         if req is None or req.generation != ev.generation or req.state is not RequestState.WAITING:
             return []
+        # Decode gives up on this one request (it cannot reach the prefill the grant is for):
+        # the log says why, so that a validator can tell it from a restart's detection.
         cmds = self._answer(
-            req, Status.UNAVAILABLE, f"could not deliver the grant to prefill: {ev.reason}"
+            req,
+            Status.UNAVAILABLE,
+            f"could not deliver the grant to prefill: {ev.reason}",
+            cause="grant_failed",
         )
         # The grant may have reached prefill before the call broke: fence as for an abort.
         return cmds + self._begin_release(req, ev.now)
@@ -960,7 +965,9 @@ class DecodeCore:
                     cmds.append(SendAbort(req.request_id, req.room, req.generation, req.token))
         return cmds
 
-    def _answer(self, req: _Request, status: Status, message: str = "") -> list[DecodeCommand]:
+    def _answer(
+        self, req: _Request, status: Status, message: str = "", cause: str = ""
+    ) -> list[DecodeCommand]:
         if req.answered:
             return []
         req.answered = True
@@ -972,6 +979,8 @@ class DecodeCore:
         }
         if status is not Status.OK:
             args["code"] = status.value
+        if cause:
+            args["cause"] = cause
         return [Log("decode_answer", args), AnswerRequest(req.request_id, status, message)]
 
     def _release(self, req: _Request, reason: str) -> list[DecodeCommand]:

@@ -105,6 +105,30 @@ def test_generations_never_repeat_and_a_stale_generation_write_is_refused() -> N
     assert reply.status is Status.FAILED_PRECONDITION and str(grant.generation - 1) in reply.message
 
 
+def test_an_undeliverable_grant_fails_that_request_alone_and_says_why_in_the_log() -> None:
+    # The log's cause is what lets the validator read this as decode giving up on one request
+    # (decode_waiting_timeout), not as a prefill restart's detection (which fails them all).
+    core = dc.DecodeCore(dc.DecodeConfig(8, 4, 32))
+    grants = []
+    for rid in ("a", "b"):
+        cmds = core.handle(dc.SubmitRequest(RequestId(rid), Tenant("t"), Room(1), 4, 2, b"k", 0.0))
+        grants.append(next(c for c in cmds if isinstance(c, dc.SendGrant)))
+    cmds = core.handle(dc.GrantFailed(RequestId("a"), grants[0].generation, "CANCELLED", 1.0))
+    answers = [c.args for c in cmds if isinstance(c, dc.Log) and c.kind == "decode_answer"]
+    assert answers == [
+        {
+            "request_id": "a",
+            "tenant": "t",
+            "generation": grants[0].generation,
+            "status": "error",
+            "code": Status.UNAVAILABLE.value,
+            "cause": "grant_failed",
+        }
+    ]
+    assert any(isinstance(c, dc.SendAbort) for c in cmds)  # fenced until prefill drains
+    assert core.active_requests() == {"a": "releasing", "b": "waiting"}
+
+
 def test_negative_lengths_are_refused_by_the_cores_naming_the_value() -> None:
     core = dc.DecodeCore(dc.DecodeConfig(8, 4, 32))
     cmds = core.handle(dc.SubmitRequest(RequestId("r"), Tenant("t"), Room(1), -5, 2, b"k", 0.0))
