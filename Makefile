@@ -34,7 +34,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 typecheck: venv
-	$(BIN)/mypy spec model_checker impl conformance kvhandoff_cli
+	$(BIN)/mypy kvhandoff tools
 
 test: venv lint typecheck
 	$(BIN)/python -m pytest -q

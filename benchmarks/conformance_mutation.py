@@ -64,6 +64,15 @@ def copy_tree(dest: Path, tree: Path | None = None) -> None:
         shutil.copytree(
             (tree or TREE) / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
+    # The namespace package is links to the folders above: copied as links, they reach the copies
+    # (a mutant applied to dest/impl is what kvhandoff.impl runs).
+    if ((tree or TREE) / "kvhandoff").is_dir():
+        shutil.copytree(
+            (tree or TREE) / "kvhandoff",
+            dest / "kvhandoff",
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
 
 
 def run_one(mutant: Mutant | None, target: str, timeout: float, extra: list[str]) -> Outcome:
@@ -78,9 +87,9 @@ def run_one(mutant: Mutant | None, target: str, timeout: float, extra: list[str]
             sys.executable,
             "-c",
             # Fail loudly if the copy is not what runs (an installed tree would shadow it).
-            "import sys, impl; "
+            "import sys; import kvhandoff.impl as impl; "
             f"assert impl.__file__.startswith({str(root)!r}), impl.__file__; "
-            "from kvhandoff_cli.main import main; sys.exit(main())",
+            "from kvhandoff.cli.main import main; sys.exit(main())",
             "conform",
             "--json",
             "--target",

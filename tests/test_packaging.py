@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -93,7 +95,8 @@ def test_torch_import_is_quiet() -> None:
 @pytest.mark.slow
 def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) -> None:
     """Build the wheel, install it next to grpcio/protobuf at their floors, run the replay stage
-    (real gRPC servers) from a folder outside the source tree.
+    (real gRPC servers) with `python -m kvhandoff` from a folder outside the source tree that has
+    its own `spec` and `impl` packages.
 
     torch, z3 and the other heavy dependencies come from this venv through a path file, so the
     test downloads only the few megabytes of grpcio and protobuf, not torch.
@@ -103,6 +106,9 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
         name: ".".join(str(x) for x in floors[name])
         for name in ("grpcio", "grpcio-health-checking", "protobuf")
     }
+    # setuptools builds in the tree's build/ and packs everything under build/lib: a leftover
+    # from the layout before the namespace (top-level spec/, impl/) would go into the wheel.
+    shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
@@ -119,8 +125,12 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
         text=True,
         check=True,
     ).stdout.strip()
+    # One top-level package, nothing generic (`spec`, `impl`) that a user's tree would clash with.
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist()}
+    assert tops == {"kvhandoff", wheel.name.split("-py")[0] + ".dist-info"}, tops
     # Plain path lines (not site.addsitedir) so this venv's editable-install hook is not loaded:
-    # `kvhandoff_cli` must come from the wheel.
+    # `kvhandoff` must come from the wheel.
     (Path(site) / "zz_host_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)]
@@ -128,16 +138,20 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
         check=True,
         timeout=600,
     )
+    # An engine repository with packages of its own named like our source folders: the wheel's
+    # modules must not be shadowed by them.
     work = tmp_path / "elsewhere"
-    work.mkdir()
+    for name in ("spec", "impl", "conformance"):
+        (work / name).mkdir(parents=True)
+        (work / name / "__init__.py").write_text("raise ImportError('the user package')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     probe = subprocess.run(
         [
             str(py),
             "-c",
-            "import importlib.metadata as m, kvhandoff_cli, impl;"
+            "import importlib.metadata as m, kvhandoff.cli, kvhandoff.impl;"
             "print(m.version('grpcio'), m.version('protobuf'));"
-            "print(kvhandoff_cli.__file__); print(impl.__file__)",
+            "print(kvhandoff.cli.__file__); print(kvhandoff.impl.__file__)",
         ],
         cwd=work,
         env=env,
@@ -156,8 +170,17 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
         check=True,
     )
     assert version.stdout.startswith("kvhandoff ")
+    dash_m = subprocess.run(
+        [str(py), "-m", "kvhandoff", "--version"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert dash_m.stdout == version.stdout
     demo = subprocess.run(
-        [str(venv / "bin" / "kvhandoff"), "demo", "--stages", "replay", "--out", "report"],
+        [str(py), "-m", "kvhandoff", "demo", "--stages", "replay", "--out", "report"],
         cwd=work,
         env=env,
         capture_output=True,

@@ -66,8 +66,12 @@ def generate_proto(proto_root: Path, proto_file: str, package: str, out_dir: Pat
 
 
 def _builder(package: str) -> str:
-    # impl.proto.gen -> impl/proto/build.py: the module that regenerates this package.
-    return "/".join(package.split(".")[:-1]) + "/build.py"
+    # impl.proto.gen -> impl/proto/build.py: the file that regenerates this package, named by its
+    # folder in the source tree (kvhandoff.impl.proto.gen lives in impl/proto/gen).
+    parts = package.split(".")[:-1]
+    if parts[0] == "kvhandoff":
+        parts = parts[1:]
+    return "/".join(parts) + "/build.py"
 
 
 if __name__ == "__main__":

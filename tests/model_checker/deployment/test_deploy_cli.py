@@ -141,7 +141,12 @@ def test_the_bridge_builds_a_spec_config_when_the_spec_provides_one(
     fake = types.ModuleType("spec")
     fake.Config = Config  # type: ignore[attr-defined]
     fake.RequestSpec = RequestSpec  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "spec", fake)
+    # The bridge imports the namespace's spec: the package attribute wins over sys.modules once
+    # kvhandoff.spec has been imported, so both are replaced.
+    import kvhandoff
+
+    monkeypatch.setitem(sys.modules, "kvhandoff.spec", fake)
+    monkeypatch.setattr(kvhandoff, "spec", fake, raising=False)
     d = decide(incident())
     config = build_spec_config(to_protocol_config(d.deployment, d.findings))
     assert isinstance(config, Config)
@@ -151,7 +156,7 @@ def test_the_bridge_builds_a_spec_config_when_the_spec_provides_one(
 
 def test_the_bridge_agrees_with_the_specs_deployment_properties() -> None:
     """Runs once the protocol model (spec/, written separately) provides its deployment checks."""
-    spec = pytest.importorskip("spec")
+    spec = pytest.importorskip("kvhandoff.spec")
     if not hasattr(spec, "parse_set") or not hasattr(spec, "DEPLOYMENT"):
         pytest.skip("this checkout's spec/ does not provide parse_set and DEPLOYMENT yet")
     for pool, holds in ((681_280, False), (1_048_576, True)):
