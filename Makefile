@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml impl/transport/loopback_bind.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,dev,mooncake]'
-	$(BIN)/python -m impl.transport.loopback build
+	$(BIN)/python -m kvhandoff.impl.transport.loopback build
 	touch $(STAMP)
 
 # libibverbs1 (and the libnl libraries it pulls in); apt-get update only when the lists are stale.
@@ -50,8 +50,8 @@ test-render: venv
 # Regenerate the committed gRPC code under impl/proto/gen and conformance/proto/gen (the harness
 # service); tests check both are up to date.
 proto: venv
-	$(BIN)/python -m impl.proto.build
-	$(BIN)/python -m conformance.proto.build
+	$(BIN)/python -m kvhandoff.impl.proto.build
+	$(BIN)/python -m kvhandoff.conformance.proto.build
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache

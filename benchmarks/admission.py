@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from impl.cluster import start_cluster
-from impl.tokenizer import encode
+from kvhandoff.impl.cluster import start_cluster
+from kvhandoff.impl.tokenizer import encode
 
 
 def run(queue_len: int, clients: int, requests: int, seed: int) -> dict[str, float]:

@@ -45,9 +45,9 @@ VARIANTS = ("reference", "incident")
 
 CHILD = """
 import json, resource, sys, time
-from model_checker.engines import ENGINES, EngineOptions
-from spec.config import default_config, parse_set
-from spec.variants import get_variant
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions
+from kvhandoff.spec.config import default_config, parse_set
+from kvhandoff.spec.variants import get_variant
 engine, variant, depth, spacer_timeout, *sets = sys.argv[1:]
 config = parse_set(default_config(), sets)
 timeout = float(spacer_timeout) if engine == "spacer" else None

@@ -26,10 +26,10 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from conformance import campaign  # noqa: E402
-from conformance.inproc import InProcTarget  # noqa: E402
-from conformance.lockstep import run_program  # noqa: E402
-from conformance.validate import Ids, Validator, validate_logs  # noqa: E402
+from kvhandoff.conformance import campaign  # noqa: E402
+from kvhandoff.conformance.inproc import InProcTarget  # noqa: E402
+from kvhandoff.conformance.lockstep import run_program  # noqa: E402
+from kvhandoff.conformance.validate import Ids, Validator, validate_logs  # noqa: E402
 
 
 def inprocess(traces: int) -> dict[str, float]:
@@ -70,7 +70,7 @@ def incremental_validation(programs: int) -> dict[str, float]:
 
 
 def live_log_validation() -> dict[str, float]:
-    from impl.cluster import start_cluster
+    from kvhandoff.impl.cluster import start_cluster
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -42,8 +42,8 @@ LADDER: list[tuple[str, str, list[str]]] = [
 
 CHILD = r"""
 import json, resource, sys, time
-from model_checker.explore import explore
-from spec import Config, get_variant, parse_set
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.spec import Config, get_variant, parse_set
 variant, sets = sys.argv[1], sys.argv[2:]
 config = parse_set(Config(), sets)
 wall, cpu = time.perf_counter(), time.process_time()

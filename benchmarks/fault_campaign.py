@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.fault_campaign import parse_faults, revalidate, run_fault_campaign
+from kvhandoff.conformance.fault_campaign import parse_faults, revalidate, run_fault_campaign
 
 DEFAULT = "all"
 KEYS = ("traces", "divergences", "cross_tenant_reads", "unanswered", "pages_lost")

@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from model_checker import z3_prove
-from model_checker.explore import build_graph
-from model_checker.z3_encoding import Encoding
-from model_checker.z3_engines import kinduction
-from model_checker.z3_invariants import legacy_fixed_invariants
-from spec import invariants_py
-from spec.config import Config
-from spec.variants import REFERENCE
+from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker.explore import build_graph
+from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_engines import kinduction
+from kvhandoff.model_checker.z3_invariants import legacy_fixed_invariants
+from kvhandoff.spec import invariants_py
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.variants import REFERENCE
 
 
 def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:

@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from impl.client import Client  # noqa: E402
-from impl.pool import PagePool, PoolShape, resolve_device, tensor_from_bytes  # noqa: E402
+from kvhandoff.impl.client import Client  # noqa: E402
+from kvhandoff.impl.pool import PagePool, PoolShape, resolve_device, tensor_from_bytes  # noqa: E402
 
 
 def _free_port() -> int:
@@ -58,7 +58,7 @@ def _serve(
     cmd = [
         sys.executable,
         "-m",
-        "kvhandoff_cli.main",
+        "kvhandoff.cli.main",
         "serve",
         role,
         "--json",

@@ -44,11 +44,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.actions import DecodeReceiveAbortAck, DecodeReceiveCompletion, DecodeReceiveWrite
-from spec.config import Config
-from spec.machine import step
-from spec.state import Message, State, Tag, Write
-from spec.variants import Variant
+from kvhandoff.spec.actions import (
+    DecodeReceiveAbortAck,
+    DecodeReceiveCompletion,
+    DecodeReceiveWrite,
+)
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.machine import step
+from kvhandoff.spec.state import Message, State, Tag, Write
+from kvhandoff.spec.variants import Variant
 
 COMPLETION_ATTACKS = (
     "completion_undercount",
@@ -251,7 +255,7 @@ def _take(
     action: DecodeReceiveCompletion | DecodeReceiveWrite | DecodeReceiveAbortAck,
 ) -> State:
     """The spec's receive step for a forged message or write, put in flight first."""
-    from spec.state import evolve
+    from kvhandoff.spec.state import evolve
 
     if isinstance(item, Write):
         ready = evolve(state, writes=tuple(sorted((*state.writes, item))))

@@ -24,12 +24,18 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis import target as hypothesis_target
 
-from conformance.lockstep import Divergence, Session, run_program
-from conformance.target import Target, TargetError, require_one_prefill_rank
-from model_checker import progress as progress_display
-from spec.actions import FAULT_ACTIONS, Action, DecodeWaitingTimeout, action_name, is_fault
-from spec.config import Config, default_config
-from spec.trace import dump_trace
+from kvhandoff.conformance.lockstep import Divergence, Session, run_program
+from kvhandoff.conformance.target import Target, TargetError, require_one_prefill_rank
+from kvhandoff.model_checker import progress as progress_display
+from kvhandoff.spec.actions import (
+    FAULT_ACTIONS,
+    Action,
+    DecodeWaitingTimeout,
+    action_name,
+    is_fault,
+)
+from kvhandoff.spec.config import Config, default_config
+from kvhandoff.spec.trace import dump_trace
 
 
 class UnknownTarget(ValueError):
@@ -40,15 +46,15 @@ def make_target(name: str) -> Target:
     """`inproc`, `grpc` (real servers on loopback), or `HOST:PORT` (a harness service: a
     `conformance.remote_target.RemoteTarget`; a malformed address is an `UnknownTarget`)."""
     if name == "inproc":
-        from conformance.inproc import InProcTarget
+        from kvhandoff.conformance.inproc import InProcTarget
 
         return InProcTarget()
     if name == "grpc":
-        from conformance.grpc_target import GrpcTarget
+        from kvhandoff.conformance.grpc_target import GrpcTarget
 
         return GrpcTarget()
     if ":" in name:
-        from conformance.remote_target import AddressError, RemoteTarget
+        from kvhandoff.conformance.remote_target import AddressError, RemoteTarget
 
         try:
             # Nothing is sent yet: the first operation (or `connect()`) reaches the engine.
@@ -146,8 +152,8 @@ class Coverage:
             self.fired[name] = self.fired.get(name, 0) + 1
 
     def add(self, session: Session, options_seen: set[str]) -> None:
-        from spec.machine import step
-        from spec.state import initial_state
+        from kvhandoff.spec.machine import step
+        from kvhandoff.spec.state import initial_state
 
         self.enabled |= options_seen
         for ev in session.events:
@@ -295,7 +301,7 @@ def run(
         finally:
             owned.shutdown()
     if not target.fine_grained:
-        from conformance.grpc_target import run_coarse_campaign
+        from kvhandoff.conformance.grpc_target import run_coarse_campaign
 
         coarse: CampaignReport = run_coarse_campaign(
             target, target_name, mode, traces, steps, seed, cfg, out

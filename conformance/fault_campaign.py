@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.grpc_target import GrpcTarget, log_headers, split_by_server
-from conformance.target import Target
-from conformance.validate import Event, search_logs
-from spec.actions import Action, ClientCancelRequest, PrefillRestart, RouterSubmitRequest
-from spec.config import Config
+from kvhandoff.conformance.grpc_target import GrpcTarget, log_headers, split_by_server
+from kvhandoff.conformance.target import Target
+from kvhandoff.conformance.validate import Event, search_logs
+from kvhandoff.spec.actions import Action, ClientCancelRequest, PrefillRestart, RouterSubmitRequest
+from kvhandoff.spec.config import Config
 
 FAULTS = ("crash", "restart", "cancel", "timeout", "late", "dup", "drop", "oversize")
 DEFAULT_FAULTS = FAULTS
@@ -182,8 +182,8 @@ def run_fault_campaign(
     keep_going: bool = False,
     save_logs: Path | None = None,
 ) -> FaultReport:
-    from conformance.campaign import campaign_config
-    from impl.servers.faults import FaultPlan
+    from kvhandoff.conformance.campaign import campaign_config
+    from kvhandoff.impl.servers.faults import FaultPlan
 
     cfg = config or campaign_config()
     report = FaultReport(mode, sorted(faults))

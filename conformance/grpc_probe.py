@@ -46,9 +46,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance import adversary
-from conformance.adversary import Attack, ProbeResult
-from spec.actions import (
+from kvhandoff.conformance import adversary
+from kvhandoff.conformance.adversary import Attack, ProbeResult
+from kvhandoff.spec.actions import (
     Action,
     DecodeAdmitRequest,
     DecodeAnswer,
@@ -63,10 +63,10 @@ from spec.actions import (
     RouterSubmitRequest,
     is_fault,
 )
-from spec.config import Config, RequestSpec
-from spec.machine import enabled, init, step
-from spec.state import State
-from spec.variants import REFERENCE
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.machine import enabled, init, step
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import REFERENCE
 
 Problem = tuple[str, str, str]
 
@@ -188,7 +188,7 @@ class GrpcProber:
     # ------------------------------------------------------------------ the round
 
     def run(self) -> Problem | None:
-        from impl.proto import rpc
+        from kvhandoff.impl.proto import rpc
 
         c = self.cluster
         self._channel = self._decode_channel()
@@ -276,7 +276,7 @@ class GrpcProber:
         """The client cancels r while decode holds r's grant and r's writes are held: the spec's
         router tells decode, whose decode fails and releases r (a router that answers the client
         but keeps the cancel from decode leaves r's pages held until some timeout)."""
-        from spec.actions import ClientCancelRequest
+        from kvhandoff.spec.actions import ClientCancelRequest
 
         cfg = self.config
         cancel = ClientCancelRequest(r)
@@ -308,7 +308,7 @@ class GrpcProber:
     def _restart_prefill(self, s: State) -> State:
         """Crash and restart the real prefill while A's pages have landed and B's are held; the
         spec's decode detects the restart and fails every request granted to the old prefill."""
-        from spec.actions import DecodeDetectPrefillRestart, PrefillRestart
+        from kvhandoff.spec.actions import DecodeDetectPrefillRestart, PrefillRestart
 
         cfg = self.config
         self.target.restart_prefill()
@@ -433,8 +433,8 @@ class GrpcProber:
         """One page write on its own stream; True when decode accepted it."""
         import grpc
 
-        from impl.pool import DTYPE_NAME
-        from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+        from kvhandoff.impl.pool import DTYPE_NAME
+        from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 
         shape = self.cluster.decode_server.settings.shape
         self._mid += 1
@@ -461,7 +461,7 @@ class GrpcProber:
         return int(summary.pages_accepted) > 0
 
     def _write_honest(self, r: int) -> int:
-        from impl.pool import page_digest
+        from kvhandoff.impl.pool import page_digest
 
         g, rid = self.grants[r], self.rids[r]
         accepted = 0
@@ -473,8 +473,8 @@ class GrpcProber:
         return accepted
 
     def _completion_digest(self, r: int) -> bytes:
-        from impl.core.common import completion_digest
-        from impl.pool import page_digest
+        from kvhandoff.impl.core.common import completion_digest
+        from kvhandoff.impl.pool import page_digest
 
         g, rid = self.grants[r], self.rids[r]
         digests = [page_digest(self._page(rid, g.generation, i)) for i in range(len(g.pages))]
@@ -485,8 +485,8 @@ class GrpcProber:
         refused), None for a completion or ack (read from decode's log)."""
         import grpc
 
-        from impl.pool import page_digest
-        from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+        from kvhandoff.impl.pool import page_digest
+        from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
 
         r, kind = attack.request, attack.kind
         g, rid = self.grants[r], self.rids[r]
@@ -578,7 +578,7 @@ class GrpcProber:
         return ("adversarial", want.prop, f"over gRPC, {rid}: {problem}")
 
     def _bookkeeping(self) -> tuple[object, ...]:
-        from conformance.inproc import _bookkeeping
+        from kvhandoff.conformance.inproc import _bookkeeping
 
         server = self.cluster.decode_server
         result: tuple[object, ...] = self.cluster.runtime.call(lambda: _bookkeeping(server.core))
@@ -603,7 +603,7 @@ def _any_none(d: dict[int, Any], keys: tuple[int, ...]) -> bool:
 
 
 def _canary(config: Config, r: int) -> int:
-    from conformance.grpc_target import canary_token
+    from kvhandoff.conformance.grpc_target import canary_token
 
     return canary_token(config, config.requests[r].tenant)
 

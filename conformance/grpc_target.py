@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
-from conformance.validate import merge_logs, read_log, search_logs
-from spec.actions import (
+from kvhandoff.conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
+from kvhandoff.conformance.validate import merge_logs, read_log, search_logs
+from kvhandoff.spec.actions import (
     Action,
     ClientCancelRequest,
     PrefillRestart,
     RouterSubmitRequest,
 )
-from spec.config import Config
+from kvhandoff.spec.config import Config
 
 
 def canary_token(config: Config, tenant: str) -> int:
@@ -64,7 +64,7 @@ class GrpcTarget(Target):
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, config: Config, mode: str) -> None:
-        from impl.cluster import start_cluster
+        from kvhandoff.impl.cluster import start_cluster
 
         require_one_prefill_rank(config)
         key = (
@@ -275,7 +275,7 @@ class GrpcTarget(Target):
         every = self.probe_every
         if not every or self.cluster is None or (self.trace_no - 1) % every:
             return None
-        from conformance.grpc_probe import GrpcProber
+        from kvhandoff.conformance.grpc_probe import GrpcProber
 
         prober = GrpcProber(self, config, self.trace_no, self.rounds)
         self.rounds += 1
@@ -330,7 +330,7 @@ def boundary_scenario(rng: random.Random, config: Config) -> tuple[Config, dict[
     length), and the requests' shortfall in tokens (`Target.shortfall`)."""
     from dataclasses import replace
 
-    from conformance.campaign import boundary_tokens
+    from kvhandoff.conformance.campaign import boundary_tokens
 
     ps = config.page_size
     lengths = boundary_tokens(config)
@@ -360,8 +360,8 @@ def run_coarse_campaign(
     canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`.
     Any coarse target works (ours, or an engine behind the harness service): it is driven and
     judged through the `Target` API only, its servers' log headers read from `last_headers`."""
-    from conformance.campaign import CampaignReport, Coverage, Failure
-    from spec.trace import dump_trace
+    from kvhandoff.conformance.campaign import CampaignReport, Coverage, Failure
+    from kvhandoff.spec.trace import dump_trace
 
     coverage = Coverage()
     if isinstance(target, GrpcTarget):

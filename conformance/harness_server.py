@@ -34,10 +34,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 
-from conformance.proto.rpc import add_harness, pb
-from conformance.remote_target import CHANNEL_OPTIONS, parse_address
-from conformance.target import STEP_KINDS, Target, UnsupportedScenario, require_one_prefill_rank
-from spec.config import Config, ConfigError
+from kvhandoff.conformance.proto.rpc import add_harness, pb
+from kvhandoff.conformance.remote_target import CHANNEL_OPTIONS, parse_address
+from kvhandoff.conformance.target import (
+    STEP_KINDS,
+    Target,
+    UnsupportedScenario,
+    require_one_prefill_rank,
+)
+from kvhandoff.spec.config import Config, ConfigError
 
 BACKENDS = ("inproc", "grpc")
 MESSAGE_KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
@@ -58,11 +63,11 @@ class _Refusal(Exception):
 
 def make_backend(name: str) -> Target:
     if name == "inproc":
-        from conformance.inproc import InProcTarget
+        from kvhandoff.conformance.inproc import InProcTarget
 
         return InProcTarget()
     if name == "grpc":
-        from conformance.grpc_target import GrpcTarget
+        from kvhandoff.conformance.grpc_target import GrpcTarget
 
         return GrpcTarget()
     raise ValueError(f"unknown backend {name!r}; backends: {', '.join(BACKENDS)}")
@@ -143,7 +148,7 @@ class HarnessServicer:
 
     def Info(self, request: Any, context: Any) -> Any:
         # Without the lock: a client may ask who we are while another call (a long Settle) runs.
-        from impl.modes import MODES
+        from kvhandoff.impl.modes import MODES
 
         return pb.InfoResponse(
             name=self.backend,
@@ -153,7 +158,7 @@ class HarnessServicer:
         )
 
     def Reset(self, request: Any, context: Any) -> Any:
-        from impl.modes import MODES
+        from kvhandoff.impl.modes import MODES
 
         def body() -> Any:
             try:
@@ -385,7 +390,7 @@ def serve(
     factory: Callable[[], Target] | None = None,
 ) -> HarnessServer:
     """Start serving on `listen` (port 0: any free port); returns at once (threads serve)."""
-    from conformance.remote_target import AddressError
+    from kvhandoff.conformance.remote_target import AddressError
 
     try:
         host, _ = parse_address(listen, allow_port_zero=True)

@@ -18,12 +18,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.adversary import Attack, ProbeResult
-from conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
-from impl.core import decode as dc
-from impl.core import prefill as pc
-from impl.core import router as rc
-from impl.core.common import (
+from kvhandoff.conformance.adversary import Attack, ProbeResult
+from kvhandoff.conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
+from kvhandoff.impl.core import decode as dc
+from kvhandoff.impl.core import prefill as pc
+from kvhandoff.impl.core import router as rc
+from kvhandoff.impl.core.common import (
     Generation,
     Log,
     PageId,
@@ -34,8 +34,8 @@ from impl.core.common import (
     Tenant,
     completion_digest,
 )
-from impl.modes import get_mode
-from spec.config import Config
+from kvhandoff.impl.modes import get_mode
+from kvhandoff.spec.config import Config
 
 ROUTER_KINDS = ("router_result",)
 

@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance import adversary
-from conformance.registry import counterpart
-from conformance.target import Target, require_one_prefill_rank
-from conformance.validate import Ids, ValidationReport, Validator
-from spec.actions import (
+from kvhandoff.conformance import adversary
+from kvhandoff.conformance.registry import counterpart
+from kvhandoff.conformance.target import Target, require_one_prefill_rank
+from kvhandoff.conformance.validate import Ids, ValidationReport, Validator
+from kvhandoff.spec.actions import (
     Action,
     DecodeReceiveCancel,
     PrefillReceiveCancel,
     action_name,
 )
-from spec.config import Config
-from spec.machine import enabled
-from spec.state import State
-from spec.variants import REFERENCE, Variant
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.machine import enabled
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import REFERENCE, Variant
 
 
 class Divergence(AssertionError):
@@ -107,7 +107,7 @@ class Session:
 
     def explained_actions(self) -> tuple[Action, ...]:
         """The spec actions that explain the target's events so far (one explanation)."""
-        from conformance.validate import flatten_history
+        from kvhandoff.conformance.validate import flatten_history
 
         return flatten_history(next(iter(self.validator.frontier.values()), ()))
 

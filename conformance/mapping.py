@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conformance.registry import unlogged
+from kvhandoff.conformance.registry import unlogged
 
 
 @dataclass(frozen=True)

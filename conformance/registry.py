@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spec.actions import ALL_ACTIONS, action_name, snake_case
+from kvhandoff.spec.actions import ALL_ACTIONS, action_name, snake_case
 
 if TYPE_CHECKING:
-    from conformance.target import Target
+    from kvhandoff.conformance.target import Target
 
 Perform = Callable[["Target", Any], bool]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import grpc
 
-from conformance.target import Event, Target, TargetAnswer, TargetError
-from spec.config import Config
+from kvhandoff.conformance.target import Event, Target, TargetAnswer, TargetError
+from kvhandoff.spec.config import Config
 
 # Events of a coarse engine can be many per trace; gRPC's default 4 MiB is too tight for them.
 MAX_MESSAGE_BYTES = 64 << 20
@@ -142,7 +142,7 @@ class RemoteTarget(Target):
 
     def _rpc(self, rpc: str, request: Any, timeout: float | None = None) -> Any:
         if self._stub is None:
-            from conformance.proto.rpc import harness_stub
+            from kvhandoff.conformance.proto.rpc import harness_stub
 
             self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             self._stub = harness_stub(self._channel)
@@ -155,7 +155,7 @@ class RemoteTarget(Target):
         """Ask the engine who it is (Info); raises `HarnessUnreachable` naming the address when
         nothing answers. Cached: the answer is the engine's `InfoResponse`."""
         if self._info is None:
-            from conformance.proto.rpc import pb
+            from kvhandoff.conformance.proto.rpc import pb
 
             self._info = self._rpc("Info", pb.InfoRequest(), timeout=self.connect_timeout_s)
         return self._info
@@ -182,12 +182,12 @@ class RemoteTarget(Target):
         return list(self.connect().modes)
 
     def _session_ref(self) -> Any:
-        from conformance.proto.rpc import pb
+        from kvhandoff.conformance.proto.rpc import pb
 
         return pb.SessionRef(session=self._session)
 
     def _request_ref(self, r: int) -> Any:
-        from conformance.proto.rpc import pb
+        from kvhandoff.conformance.proto.rpc import pb
 
         return pb.RequestRef(session=self._session, request=r)
 
@@ -207,7 +207,7 @@ class RemoteTarget(Target):
     # ------------------------------------------------------------------ the Target API
 
     def start(self, config: Config, mode: str) -> None:
-        from conformance.proto.rpc import pb
+        from kvhandoff.conformance.proto.rpc import pb
 
         self.connect()
         reply = self._rpc(
@@ -236,7 +236,7 @@ class RemoteTarget(Target):
     # supports submit, cancel, crashes and settle only), so its report lists no noise.
 
     def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
-        from conformance.proto.rpc import pb
+        from kvhandoff.conformance.proto.rpc import pb
 
         if not self.fine_grained:
             return False
@@ -246,7 +246,7 @@ class RemoteTarget(Target):
         return self._optional(f"deliver {kind}", "Deliver", req)
 
     def _message_fault(self, rpc: str, kind: str, r: int) -> bool:
-        from conformance.proto.rpc import pb
+        from kvhandoff.conformance.proto.rpc import pb
 
         if not self.fine_grained:
             return False

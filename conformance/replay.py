@@ -1,6 +1,6 @@
 """Replay any trace file against a target, deterministically, with the reference spec as oracle.
 
-    from conformance.replay import incident_counterexample, replay_trace
+    from kvhandoff.conformance.replay import incident_counterexample, replay_trace
     report = replay_trace(incident_counterexample(), "inproc", mode="incident")
     report.leaks        # [("r1", "r0")]: r1's answer carries r0's canary (another tenant)
     report.verdict      # "diverges"; report.first_divergence says where and why
@@ -27,17 +27,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conformance import adversary
-from conformance.grpc_target import log_headers, split_by_server
-from conformance.lockstep import drive
-from conformance.target import Target, require_one_prefill_rank
-from conformance.validate import Ids, Validator, search_logs
-from spec.actions import RouterSubmitRequest, action_name, action_to_json
-from spec.config import Config
-from spec.properties import check_always
-from spec.trace import Trace, TraceError, load_trace
-from spec.trace import replay as spec_replay
-from spec.variants import REFERENCE, UnknownVariantError, Variant, get_variant
+from kvhandoff.conformance import adversary
+from kvhandoff.conformance.grpc_target import log_headers, split_by_server
+from kvhandoff.conformance.lockstep import drive
+from kvhandoff.conformance.target import Target, require_one_prefill_rank
+from kvhandoff.conformance.validate import Ids, Validator, search_logs
+from kvhandoff.spec.actions import RouterSubmitRequest, action_name, action_to_json
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.properties import check_always
+from kvhandoff.spec.trace import Trace, TraceError, load_trace
+from kvhandoff.spec.trace import replay as spec_replay
+from kvhandoff.spec.variants import REFERENCE, UnknownVariantError, Variant, get_variant
 
 
 @dataclass
@@ -146,8 +146,8 @@ def replay_trace(
     `mode` header, else its `variant` when that is a mode name, else reference). `variant`: the
     trace's own variant when the caller has loaded it (a variant file); default: the catalogue
     variant the header names, if any."""
-    from conformance.campaign import make_target
-    from impl.modes import MODES
+    from kvhandoff.conformance.campaign import make_target
+    from kvhandoff.impl.modes import MODES
 
     if isinstance(trace, Path):
         trace = load_trace(trace.read_text())
@@ -338,8 +338,8 @@ def replay_trace(
 def incident_counterexample(prop: str = "no_cross_tenant_read", max_faults: int = 0) -> Trace:
     """The model checker's shortest counterexample for `prop` on the incident variant (default:
     the fault-free cross-tenant read, which leaks on real servers too)."""
-    from model_checker.engines import ENGINES, EngineOptions
-    from spec.config import default_config
+    from kvhandoff.model_checker.engines import ENGINES, EngineOptions
+    from kvhandoff.spec.config import default_config
 
     config = replace(default_config(), max_faults=max_faults)
     variant = get_variant("incident")

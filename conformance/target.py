@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from conformance.registry import deliver_kinds
-from spec.config import Config
+from kvhandoff.conformance.registry import deliver_kinds
+from kvhandoff.spec.config import Config
 
 Event = dict[str, Any]
 

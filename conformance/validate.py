@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from spec.actions import (
+from kvhandoff.spec.actions import (
     Action,
     ClientCancelRequest,
     DecodeAdmitRequest,
@@ -52,11 +52,11 @@ from spec.actions import (
     RouterSubmitRequest,
     action_to_json,
 )
-from spec.config import Config, RequestSpec
-from spec.machine import enabled, is_enabled, step
-from spec.properties import check_always, check_always_after
-from spec.state import PREFILL_TERMINAL, Message, State, initial_state
-from spec.variants import REFERENCE, Variant
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.machine import enabled, is_enabled, step
+from kvhandoff.spec.properties import check_always, check_always_after
+from kvhandoff.spec.state import PREFILL_TERMINAL, Message, State, initial_state
+from kvhandoff.spec.variants import REFERENCE, Variant
 
 Event = dict[str, Any]
 Candidate = tuple[Action, ...]

@@ -11,9 +11,9 @@ cannot translate a Python override says so (exit 3) instead of skipping it.
 from dataclasses import replace
 from typing import Any
 
-from spec.config import Config
-from spec.state import State
-from spec.variants import REFERENCE
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import REFERENCE
 
 
 def placeholder_reject(config: Config, state: State, action: Any) -> State:

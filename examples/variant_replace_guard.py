@@ -16,9 +16,9 @@ put it in place of the rulebook's guard in their encoding. The same guard as a P
 (the Z3 engines refuse it, exit 3, naming it).
 """
 
-from spec.logic import PAGE, And, exists, guard
-from spec.variants import get_variant
-from spec.vocabulary import d, d_holds
+from kvhandoff.spec.logic import PAGE, And, exists, guard
+from kvhandoff.spec.variants import get_variant
+from kvhandoff.spec.vocabulary import d, d_holds
 
 # The rulebook's guard is `d in (answered, failed) and some page held and not d_awaiting_ack`:
 # the last clause is the fence this change drops.

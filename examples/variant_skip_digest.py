@@ -8,7 +8,7 @@ prompt it cannot hold (a deployment where prefill's pool is smaller than decode'
 whole grant, and decode generates from pages nobody wrote for the request.
 """
 
-from spec.variants import REFERENCE
+from kvhandoff.spec.variants import REFERENCE
 
 VARIANT = REFERENCE.derive(
     "skip_digest",

@@ -14,9 +14,9 @@ says it cannot translate the added action and state field (exit 3).
 
 from dataclasses import dataclass, replace
 
-from spec.config import Config
-from spec.state import Answer, Message, State
-from spec.variants import REFERENCE
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import Answer, Message, State
+from kvhandoff.spec.variants import REFERENCE
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from typing import Any
 
 import grpc
 
-from impl.errors import RequestFailed, TransportError
-from impl.proto import rpc
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import channel_options
-from impl.tls import TlsFiles
-from impl.tokenizer import decode
+from kvhandoff.impl.errors import RequestFailed, TransportError
+from kvhandoff.impl.proto import rpc
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.servers.base import channel_options
+from kvhandoff.impl.tls import TlsFiles
+from kvhandoff.impl.tokenizer import decode
 
 
 @dataclass(frozen=True)

@@ -23,19 +23,19 @@ from typing import Any
 
 import grpc
 
-from impl.client import Client
-from impl.core.common import RequestId
-from impl.core.decode import GrantView
-from impl.errors import ConfigError, TransportError
-from impl.eventlog import EventLog, new_log_key
-from impl.modes import Mode, get_mode
-from impl.pool import PoolShape
-from impl.servers.base import CommonSettings, Runtime
-from impl.servers.decode import DecodeServer, DecodeSettings
-from impl.servers.faults import FaultPlan
-from impl.servers.prefill import PrefillServer, PrefillSettings
-from impl.servers.router import RouterServer, RouterSettings
-from impl.tls import Pki, TlsFiles
+from kvhandoff.impl.client import Client
+from kvhandoff.impl.core.common import RequestId
+from kvhandoff.impl.core.decode import GrantView
+from kvhandoff.impl.errors import ConfigError, TransportError
+from kvhandoff.impl.eventlog import EventLog, new_log_key
+from kvhandoff.impl.modes import Mode, get_mode
+from kvhandoff.impl.pool import PoolShape
+from kvhandoff.impl.servers.base import CommonSettings, Runtime
+from kvhandoff.impl.servers.decode import DecodeServer, DecodeSettings
+from kvhandoff.impl.servers.faults import FaultPlan
+from kvhandoff.impl.servers.prefill import PrefillServer, PrefillSettings
+from kvhandoff.impl.servers.router import RouterServer, RouterSettings
+from kvhandoff.impl.tls import Pki, TlsFiles
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from impl.pool import PoolShape
-from impl.tokenizer import VOCAB_SIZE
+from kvhandoff.impl.pool import PoolShape
+from kvhandoff.impl.tokenizer import VOCAB_SIZE
 
 # Bias per position of distance: large enough that softmax puts all of its mass (in float32) on
 # the selected position, whatever the content scores are.

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from impl.errors import ConfigError
+from kvhandoff.impl.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from impl.errors import ConfigError, DeviceError
+from kvhandoff.impl.errors import ConfigError, DeviceError
 
 DTYPE = torch.float32
 DTYPE_NAME = "float32"

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from impl.errors import ConfigError
+from kvhandoff.impl.errors import ConfigError
 
 ROLES = ("router", "prefill", "decode", "client")
 _URI_PREFIX = "kvhandoff:"

@@ -1,7 +1,7 @@
-"""`python -m kvhandoff_cli`: the `kvhandoff` command."""
+"""`python -m kvhandoff`: the `kvhandoff` command."""
 
 import sys
 
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
 
 sys.exit(main())

@@ -7,14 +7,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
-from model_checker.engines import ENGINES, Combined, EngineOptions, EngineRun, combine, run_engine
-from model_checker.render import group_counterexamples, steps, trace_lines
-from model_checker.result import CheckResult, config_summary
-from model_checker.variant_loader import VariantLoadError, load_variant, trace_variant_header
-from spec.config import Config, ConfigError, default_config, parse_set
-from spec.trace import with_header
-from spec.variants import VARIANTS, Variant
+from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
+from kvhandoff.model_checker.engines import (
+    ENGINES,
+    Combined,
+    EngineOptions,
+    EngineRun,
+    combine,
+    run_engine,
+)
+from kvhandoff.model_checker.render import group_counterexamples, steps, trace_lines
+from kvhandoff.model_checker.result import CheckResult, config_summary
+from kvhandoff.model_checker.variant_loader import (
+    VariantLoadError,
+    load_variant,
+    trace_variant_header,
+)
+from kvhandoff.spec.config import Config, ConfigError, default_config, parse_set
+from kvhandoff.spec.trace import with_header
+from kvhandoff.spec.variants import VARIANTS, Variant
 
 
 def register(sub: Any) -> None:
@@ -370,7 +381,7 @@ def run_check(args: argparse.Namespace) -> int:
     is_file = args.variant.endswith(".py")
     where = f"variant file {args.variant}" if is_file else f"variant {variant.name}"
     if args.dot:
-        from model_checker.explore import build_graph, to_dot
+        from kvhandoff.model_checker.explore import build_graph, to_dot
 
         graph, _, _ = build_graph(variant, config, args.max_states, keep_edges=True)
         Path(args.dot).write_text(to_dot(graph, variant, config))
@@ -383,7 +394,7 @@ def run_check(args: argparse.Namespace) -> int:
                 Path(args.trace_out).write_text(text)
                 break
     if args.junit:
-        from kvhandoff_cli import output
+        from kvhandoff.cli import output
 
         cannot_junit = [
             {"engine": r.engine, "reason": r.cannot_encode or ""} for r in runs if r.result is None
@@ -406,7 +417,7 @@ def run_check(args: argparse.Namespace) -> int:
         cannot = [{"engine": r.engine, "reason": r.cannot_encode} for r in runs if r.result is None]
         if cannot:
             out["cannot_encode"] = cannot
-        from kvhandoff_cli import output
+        from kvhandoff.cli import output
 
         output.print_json("check-all", out, indent=2)
         return code
@@ -449,7 +460,7 @@ def run_check(args: argparse.Namespace) -> int:
 def _report_one(run: EngineRun, variant: Variant, config: Config, where: str, as_json: bool) -> int:
     code = EXIT_INCONCLUSIVE if run.result is None else run.result.exit_code
     if as_json:
-        from kvhandoff_cli import output
+        from kvhandoff.cli import output
 
         output.print_json("check", _single_json(run, variant, config), indent=2)
         return code

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_INCONCLUSIVE, UsageError
-from model_checker.deployment import (
+from kvhandoff.cli.main import EXIT_INCONCLUSIVE, UsageError
+from kvhandoff.model_checker.deployment import (
     CheckerOptions,
     ConfigInputError,
     InconclusiveError,
@@ -21,10 +21,14 @@ from model_checker.deployment import (
     from_commands,
     from_toml,
 )
-from model_checker.deployment.bridge import check_command, protocol_variant, to_protocol_config
-from model_checker.deployment.decision import DEFAULT_TIMEOUT_MS, Decision
-from model_checker.deployment.model import SGLANG_VERSIONS
-from model_checker.deployment.report import exit_code, render_json, render_text
+from kvhandoff.model_checker.deployment.bridge import (
+    check_command,
+    protocol_variant,
+    to_protocol_config,
+)
+from kvhandoff.model_checker.deployment.decision import DEFAULT_TIMEOUT_MS, Decision
+from kvhandoff.model_checker.deployment.model import SGLANG_VERSIONS
+from kvhandoff.model_checker.deployment.report import exit_code, render_json, render_text
 
 EPILOG = """\
 examples:
@@ -189,14 +193,14 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(decision)
 
 
-PROTOCOL_CHECK_MODULE = "kvhandoff_cli.cmd_check"
+PROTOCOL_CHECK_MODULE = "kvhandoff.cli.cmd_check"
 
 
 def run_protocol_check(decision: Decision) -> int | None:
     """Run `kvhandoff check` on the scaled deployment, in-process. Its verdict is printed, not
     returned as ours: the deployment's verdict is check-config's exit code. Returns the protocol
     check's exit code, or None when this checkout has no `kvhandoff check` yet."""
-    from kvhandoff_cli.main import main
+    from kvhandoff.cli.main import main
 
     pairs = to_protocol_config(decision.deployment, decision.findings)
     variant = "reference" if decision.safe else protocol_variant(decision.findings)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli import output
-from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
+from kvhandoff.cli import output
+from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 
 def register(sub: Any) -> None:
@@ -100,7 +100,7 @@ def register(sub: Any) -> None:
 
 
 def _check_mode(mode: str) -> None:
-    from impl.modes import MODES
+    from kvhandoff.impl.modes import MODES
 
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
@@ -110,8 +110,8 @@ def _make_target(name: str, mode: str | None) -> Any:
     """The target named by --target; a remote one is reached now (Info) so that an address
     where nothing answers fails before the run, and its modes checked. Raises UsageError, or
     TargetError (see `_target_errors`)."""
-    from conformance import campaign
-    from conformance.remote_target import RemoteTarget
+    from kvhandoff.conformance import campaign
+    from kvhandoff.conformance.remote_target import RemoteTarget
 
     try:
         target = campaign.make_target(name)
@@ -132,8 +132,8 @@ def _target_errors(command: str, body: Any, junit: Callable[[str], None] | None 
     """Run `body()`; a target that failed (rather than diverged) gives no verdict: exit 3, or 2
     when the engine refused a value we sent (a mode or scenario it does not accept). `junit`
     gets the error of a failed target, so CI still finds a report."""
-    from conformance.remote_target import HarnessRefused
-    from conformance.target import TargetError, UnsupportedScenario
+    from kvhandoff.conformance.remote_target import HarnessRefused
+    from kvhandoff.conformance.target import TargetError, UnsupportedScenario
 
     try:
         code: int = body()
@@ -149,7 +149,7 @@ def _target_errors(command: str, body: Any, junit: Callable[[str], None] | None 
 
 def _release(command: str, target: Any) -> None:
     """Release the target after the run; a failure here is a warning, not the run's verdict."""
-    from conformance.target import TargetError
+    from kvhandoff.conformance.target import TargetError
 
     try:
         target.shutdown()
@@ -181,8 +181,8 @@ def run_conform(args: argparse.Namespace) -> int:
     if args.transport != "grpc":
         if args.target != "grpc":
             raise UsageError(f"--transport {args.transport} needs --target grpc")
-        from impl.errors import ConfigError
-        from impl.transport import loopback
+        from kvhandoff.impl.errors import ConfigError
+        from kvhandoff.impl.transport import loopback
 
         try:
             loopback.reexec_with_preload()
@@ -207,7 +207,7 @@ def run_conform(args: argparse.Namespace) -> int:
 
 
 def _conform(args: argparse.Namespace, target: Any) -> int:
-    from conformance import campaign
+    from kvhandoff.conformance import campaign
 
     report = campaign.run(
         args.target,
@@ -240,9 +240,9 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
 
 
 def _fault_campaign(args: argparse.Namespace) -> int:
-    from conformance.fault_campaign import parse_faults, run_fault_campaign
-    from impl.errors import ConfigError
-    from impl.modes import get_mode
+    from kvhandoff.conformance.fault_campaign import parse_faults, run_fault_campaign
+    from kvhandoff.impl.errors import ConfigError
+    from kvhandoff.impl.modes import get_mode
 
     if args.target != "grpc":
         raise UsageError(
@@ -276,8 +276,8 @@ def _fault_campaign(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from model_checker.variant_loader import VariantLoadError, variant_of_trace
-    from spec.trace import TraceError, load_header, load_trace
+    from kvhandoff.model_checker.variant_loader import VariantLoadError, variant_of_trace
+    from kvhandoff.spec.trace import TraceError, load_header, load_trace
 
     try:
         text = Path(args.trace).read_text()
@@ -313,7 +313,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace, trace: Any, target: Any, variant: Any = None) -> int:
-    from conformance.replay import replay_trace
+    from kvhandoff.conformance.replay import replay_trace
 
     report = replay_trace(trace, target, args.mode, variant)
     if args.json:
@@ -324,7 +324,7 @@ def _replay(args: argparse.Namespace, trace: Any, target: Any, variant: Any = No
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from conformance.validate import LogError, validate_logs
+    from kvhandoff.conformance.validate import LogError, validate_logs
 
     try:
         report = validate_logs([Path(p) for p in args.logs])

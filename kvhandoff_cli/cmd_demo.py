@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_OK, EXIT_VIOLATED, UsageError
+from kvhandoff.cli.main import EXIT_OK, EXIT_VIOLATED, UsageError
 
 
 def register(sub: Any) -> None:
-    from kvhandoff_cli.demo import STAGES
+    from kvhandoff.cli.demo import STAGES
 
     p = sub.add_parser(
         "demo",
@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    from kvhandoff_cli.demo import STAGES, run_demo, summary_json
+    from kvhandoff.cli.demo import STAGES, run_demo, summary_json
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in STAGES]
@@ -58,7 +58,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     stream = sys.stderr if args.json else sys.stdout
     run = run_demo(out, stages, stream)
     if args.json:
-        from kvhandoff_cli import output
+        from kvhandoff.cli import output
 
         output.print_json("demo", summary_json(run), indent=2)
     return EXIT_OK if run.ok else EXIT_VIOLATED

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_OK, UsageError
-from model_checker.explain import FORMATS, Story, build_story, render, same_requests_under
-from model_checker.variant_loader import VariantLoadError, load_variant, variant_of_trace
-from spec.trace import Trace, TraceError, load_header, load_trace
+from kvhandoff.cli.main import EXIT_OK, UsageError
+from kvhandoff.model_checker.explain import FORMATS, Story, build_story, render, same_requests_under
+from kvhandoff.model_checker.variant_loader import VariantLoadError, load_variant, variant_of_trace
+from kvhandoff.spec.trace import Trace, TraceError, load_header, load_trace
 
 
 def register(sub: Any) -> None:
@@ -120,7 +120,7 @@ def run_explain(args: argparse.Namespace) -> int:
 def _html(story: Story) -> str:
     """The explorer page; beside a broken variant, the reference on the same requests (when the
     reference can end them all; otherwise the page shows the trace alone)."""
-    from model_checker.html_explorer import to_html
+    from kvhandoff.model_checker.html_explorer import to_html
 
     against = None
     if story.variant.name != "reference":

@@ -12,7 +12,7 @@ import ipaddress
 import json
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_OK, UsageError
+from kvhandoff.cli.main import EXIT_OK, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:50061"
 
@@ -59,8 +59,8 @@ def _is_loopback(host: str) -> bool:
 def run_harness_serve(args: argparse.Namespace) -> int:
     import sys
 
-    from conformance.harness_server import ListenError, serve
-    from kvhandoff_cli.cmd_serve import _wait_for_signal
+    from kvhandoff.cli.cmd_serve import _wait_for_signal
+    from kvhandoff.conformance.harness_server import ListenError, serve
 
     try:
         server = serve(args.listen, args.backend)

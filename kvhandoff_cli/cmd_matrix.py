@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
-from model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
-from model_checker.variant_loader import VariantLoadError, load_variant
-from spec.config import Config, ConfigError, default_config, parse_set
-from spec.properties import TERMINATION
-from spec.variants import VARIANTS, Variant
+from kvhandoff.cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
+from kvhandoff.model_checker.variant_loader import VariantLoadError, load_variant
+from kvhandoff.spec.config import Config, ConfigError, default_config, parse_set
+from kvhandoff.spec.properties import TERMINATION
+from kvhandoff.spec.variants import VARIANTS, Variant
 
 LIVENESS_ONLY = frozenset({TERMINATION.name})
 
@@ -131,7 +131,7 @@ def run_cell(variant: Variant, engine: str, config: Config, options: EngineOptio
 
 
 def _run(variant: Variant, engine: str, config: Config, options: EngineOptions) -> EngineRun:
-    from model_checker import progress
+    from kvhandoff.model_checker import progress
 
     progress.report("matrix", cell=f"{variant.name} / {engine}")
     return run_engine(engine, variant, config, options)
@@ -249,7 +249,7 @@ def run_matrix(args: argparse.Namespace) -> int:
             ],
             "engines_disagree": bool(disagreements),
         }
-        from kvhandoff_cli import output
+        from kvhandoff.cli import output
 
         output.print_json("matrix", out, indent=2)
     else:

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
+from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 DEFAULT_ENGINES = "explore,prove"
 
@@ -45,10 +45,10 @@ def register(sub: Any) -> None:
 
 
 def run_review(args: argparse.Namespace) -> int:
-    from kvhandoff_cli.cmd_check import _load_variant, load_config
-    from model_checker.engines import ENGINES, EngineCannotEncode, EngineOptions
-    from model_checker.result import CheckResult
-    from spec.variants import VARIANTS
+    from kvhandoff.cli.cmd_check import _load_variant, load_config
+    from kvhandoff.model_checker.engines import ENGINES, EngineCannotEncode, EngineOptions
+    from kvhandoff.model_checker.result import CheckResult
+    from kvhandoff.spec.variants import VARIANTS
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
@@ -80,9 +80,9 @@ def review_page(
     change: Any, config: Any, baseline: Any, results: dict[str, Any], cannot: dict[str, str]
 ) -> tuple[str, int]:
     """The Markdown page and the exit code."""
-    from model_checker.explain import build_story, config_lines, to_markdown
-    from spec.properties import ALWAYS, TERMINATION
-    from spec.trace import Trace
+    from kvhandoff.model_checker.explain import build_story, config_lines, to_markdown
+    from kvhandoff.spec.properties import ALWAYS, TERMINATION
+    from kvhandoff.spec.trace import Trace
 
     explore = results["explore"]
     claims = {p.name: p.claim for p in (*ALWAYS, TERMINATION)}

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvhandoff_cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
+from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 # gRPC codes meaning the router never answered; `generate` exits 3 for them, 1 for a refusal.
 NO_ANSWER_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
@@ -21,7 +21,7 @@ ROLES = ("prefill", "decode", "router", "all")
 
 
 def register(subparsers: Any) -> None:
-    from impl.modes import MODES
+    from kvhandoff.impl.modes import MODES
 
     serve = subparsers.add_parser(
         "serve",
@@ -164,7 +164,7 @@ def _security(args: argparse.Namespace) -> tuple[Path | None, Any]:
         )
     tls = _tls(args)
     if tls is not None:
-        from impl.tls import identity_of_pem
+        from kvhandoff.impl.tls import identity_of_pem
 
         identity = identity_of_pem(tls.cert.read_bytes())
         if identity is None or identity.role != args.role:
@@ -176,7 +176,7 @@ def _security(args: argparse.Namespace) -> tuple[Path | None, Any]:
 
 
 def _tls(args: argparse.Namespace) -> Any:
-    from impl.tls import TlsFiles
+    from kvhandoff.impl.tls import TlsFiles
 
     given = [args.tls_cert, args.tls_key, args.tls_ca]
     if not any(given):
@@ -205,9 +205,9 @@ def _log_key(args: argparse.Namespace) -> bytes | None:
 
 
 def _cluster_config(args: argparse.Namespace) -> Any:
-    from impl.cluster import ClusterConfig
-    from impl.errors import ConfigError
-    from impl.modes import get_mode
+    from kvhandoff.impl.cluster import ClusterConfig
+    from kvhandoff.impl.errors import ConfigError
+    from kvhandoff.impl.modes import get_mode
 
     try:
         get_mode(args.mode)
@@ -258,8 +258,8 @@ def _wait_for_signal() -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from impl.cluster import Cluster
-    from impl.errors import KvhandoffError
+    from kvhandoff.impl.cluster import Cluster
+    from kvhandoff.impl.errors import KvhandoffError
 
     pki_dir = _security(args)[0] if args.role == "all" else None
     throwaway: tempfile.TemporaryDirectory[str] | None = None
@@ -315,8 +315,8 @@ def run_serve(args: argparse.Namespace) -> int:
 def _reexec_with_loopback_bind() -> None:
     """Mooncake's listeners bind every interface unless a bind wrapper is preloaded (see
     impl/transport/loopback.py); preloading needs a fresh process image."""
-    from impl.errors import ConfigError
-    from impl.transport import loopback
+    from kvhandoff.impl.errors import ConfigError
+    from kvhandoff.impl.transport import loopback
 
     try:
         loopback.reexec_with_preload()
@@ -325,12 +325,12 @@ def _reexec_with_loopback_bind() -> None:
 
 
 def _serve_one(args: argparse.Namespace, config: Any) -> int:
-    from impl.modes import get_mode
-    from impl.pool import PoolShape
-    from impl.servers.base import BaseServer, CommonSettings, Runtime
-    from impl.servers.decode import DecodeServer, DecodeSettings
-    from impl.servers.prefill import PrefillServer, PrefillSettings
-    from impl.servers.router import RouterServer, RouterSettings
+    from kvhandoff.impl.modes import get_mode
+    from kvhandoff.impl.pool import PoolShape
+    from kvhandoff.impl.servers.base import BaseServer, CommonSettings, Runtime
+    from kvhandoff.impl.servers.decode import DecodeServer, DecodeSettings
+    from kvhandoff.impl.servers.prefill import PrefillServer, PrefillSettings
+    from kvhandoff.impl.servers.router import RouterServer, RouterSettings
 
     need = {"prefill": ["decode"], "decode": ["prefill"], "router": ["prefill", "decode"]}[
         args.role
@@ -344,7 +344,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
     if args.insecure:
         print(INSECURE_NOTICE, file=sys.stderr, flush=True)
     if pki_dir is not None:
-        from impl.tls import Pki
+        from kvhandoff.impl.tls import Pki
 
         tls = Pki.open(pki_dir).issue(args.role)
     common = CommonSettings(
@@ -422,7 +422,7 @@ def _utf8(data: bytes, what: str) -> str:
 
 
 def _read_prompt(args: argparse.Namespace) -> list[int]:
-    from impl.tokenizer import VOCAB_SIZE, encode
+    from kvhandoff.impl.tokenizer import VOCAB_SIZE, encode
 
     if args.prompt is not None:
         # A non-UTF-8 argument reaches Python as lone surrogates (PEP 383): get the bytes back.
@@ -449,7 +449,7 @@ def _read_prompt(args: argparse.Namespace) -> list[int]:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from impl.client import Client
+    from kvhandoff.impl.client import Client
 
     tokens = _read_prompt(args)
     if args.max_tokens < 1:
@@ -458,8 +458,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.pki_dir is not None:
         if tls is not None:
             raise UsageError("--pki-dir and --tls-cert/--tls-key/--tls-ca exclude each other")
-        from impl.errors import ConfigError
-        from impl.tls import Pki
+        from kvhandoff.impl.errors import ConfigError
+        from kvhandoff.impl.tls import Pki
 
         if not (args.pki_dir / "ca.crt").is_file():
             raise UsageError(f"--pki-dir {str(args.pki_dir)!r} holds no CA (ca.crt)")
@@ -472,7 +472,7 @@ def run_generate(args: argparse.Namespace) -> int:
             args.tenant, tokens, args.max_tokens, args.request_id, args.timeout
         )
     if args.json:
-        from kvhandoff_cli import output
+        from kvhandoff.cli import output
 
         output.print_json("generate", result.as_json())
     elif result.status == "ok":

@@ -34,21 +34,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from model_checker.engines import ENGINES, EngineOptions
-from model_checker.explain import (
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions
+from kvhandoff.model_checker.explain import (
     Story,
     build_story,
     same_requests_under,
     to_markdown,
     to_mermaid,
 )
-from model_checker.explore import explore
-from model_checker.result import CheckResult
-from spec.actions import RouterSubmitRequest, action_name
-from spec.config import Config, default_config
-from spec.properties import ALWAYS, TERMINATION
-from spec.trace import dump_trace, load_trace
-from spec.variants import REFERENCE, VARIANTS, get_variant
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.result import CheckResult
+from kvhandoff.spec.actions import RouterSubmitRequest, action_name
+from kvhandoff.spec.config import Config, default_config
+from kvhandoff.spec.properties import ALWAYS, TERMINATION
+from kvhandoff.spec.trace import dump_trace, load_trace
+from kvhandoff.spec.variants import REFERENCE, VARIANTS, get_variant
 
 STAGES = ("prove", "counterexample", "replay", "conformance", "matrix")
 NOT_AVAILABLE = "not available in this build"
@@ -198,8 +198,8 @@ def replay_on_real_servers(
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*NumPy.*")  # torch without numpy: harmless
-        from impl.cluster import start_cluster
-        from impl.tokenizer import encode
+        from kvhandoff.impl.cluster import start_cluster
+        from kvhandoff.impl.tokenizer import encode
 
     tenants = sorted({r.tenant for r in scenario})
     canary = {t: CANARIES[i % len(CANARIES)] for i, t in enumerate(tenants)}
@@ -264,7 +264,7 @@ def run_conformance_campaign(out_dir: Path) -> dict[str, Any] | None:
     Runs only when a `conform` subcommand is registered in `kvhandoff_cli.main.COMMAND_MODULES`
     (the CLI contract: `conform --target inproc --traces N --steps N --seed S --junit F --json`).
     """
-    from kvhandoff_cli import main as cli
+    from kvhandoff.cli import main as cli
 
     parser = cli.build_parser(cli.COMMAND_MODULES)
     commands: set[str] = set()
@@ -360,7 +360,7 @@ def kill_matrix(
     }
     todo = [name for name in wanted if name not in done]
     workers = workers or min(len(todo), max(1, os.cpu_count() or 1))
-    from model_checker import progress as shown_progress
+    from kvhandoff.model_checker import progress as shown_progress
 
     def finished(row: MatrixRow) -> None:
         done[row.variant] = row
@@ -407,7 +407,7 @@ class Progress:
         self.index = 0
 
     def stage(self, title: str) -> None:
-        from model_checker import progress as shown_progress
+        from kvhandoff.model_checker import progress as shown_progress
 
         self.index += 1
         self.say(f"[{self.index}/{self.total}] {title} ...")
@@ -777,7 +777,7 @@ def write_report(run: DemoRun) -> Path:
                 (out / "traces" / name).write_text(cx.default_result.trace_text(prop))
         chart = to_mermaid(cx.story)
         (out / "charts" / "incident.mmd").write_text(chart)
-        from model_checker.html_explorer import to_html
+        from kvhandoff.model_checker.html_explorer import to_html
 
         (out / "explorer.html").write_text(
             to_html(cx.story, cx.fix, "reference on the same requests"), encoding="utf-8"

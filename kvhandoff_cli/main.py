@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from model_checker.variant_loader import VariantCodeError
+from kvhandoff.model_checker.variant_loader import VariantCodeError
 
 EXIT_OK = 0
 EXIT_VIOLATED = 1
@@ -34,15 +34,15 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose
 # Each module defines `register(subparsers)`, which adds its subcommands and sets `func` on them.
 # `func(args) -> int` returns the exit code.
 COMMAND_MODULES = [
-    "kvhandoff_cli.cmd_check",
-    "kvhandoff_cli.cmd_matrix",
-    "kvhandoff_cli.cmd_check_config",
-    "kvhandoff_cli.cmd_serve",
-    "kvhandoff_cli.cmd_explain",
-    "kvhandoff_cli.cmd_demo",
-    "kvhandoff_cli.cmd_conform",
-    "kvhandoff_cli.cmd_harness",
-    "kvhandoff_cli.cmd_review",
+    "kvhandoff.cli.cmd_check",
+    "kvhandoff.cli.cmd_matrix",
+    "kvhandoff.cli.cmd_check_config",
+    "kvhandoff.cli.cmd_serve",
+    "kvhandoff.cli.cmd_explain",
+    "kvhandoff.cli.cmd_demo",
+    "kvhandoff.cli.cmd_conform",
+    "kvhandoff.cli.cmd_harness",
+    "kvhandoff.cli.cmd_review",
 ]
 
 
@@ -83,8 +83,8 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
     if func is None:
         parser.print_help()
         return EXIT_USAGE
-    from kvhandoff_cli.output import error_json
-    from kvhandoff_cli.progress import EXIT_INTERRUPTED, interrupted_lines, shown
+    from kvhandoff.cli.output import error_json
+    from kvhandoff.cli.progress import EXIT_INTERRUPTED, interrupted_lines, shown
 
     try:
         with shown(args.command):
@@ -116,9 +116,9 @@ def main(argv: Sequence[str] | None = None, modules: Sequence[str] = COMMAND_MOD
 
 
 if __name__ == "__main__":
-    # Under `python -m kvhandoff_cli.main` this file runs as `__main__`, a second copy of the
+    # Under `python -m kvhandoff.cli.main` this file runs as `__main__`, a second copy of the
     # module: the commands raise `kvhandoff_cli.main.UsageError`, which this copy's `except` would
     # not catch. Run the copy the commands import.
-    from kvhandoff_cli.main import main as _main
+    from kvhandoff.cli.main import main as _main
 
     sys.exit(_main())

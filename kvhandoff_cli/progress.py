@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from model_checker import progress
+from kvhandoff.model_checker import progress
 
 EXIT_INTERRUPTED = 130
 

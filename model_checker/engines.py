@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from model_checker.explore import explore
-from model_checker.result import EXIT_CODES, CheckResult, PropertyResult
-from spec.config import Config
-from spec.variants import Variant
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.result import EXIT_CODES, CheckResult, PropertyResult
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.variants import Variant
 
 
 class EngineCannotEncode(Exception):
@@ -117,7 +117,7 @@ def bmc_completeness(variant: Variant, config: Config, result: CheckResult) -> C
         if theirs.verdict == "violated" and (theirs.depth or 0) <= (r.depth or 0):
             # The explorer's counterexample is a replayed spec trace within BMC's bound: the
             # Z3 relation misses a spec step. A bug in kvhandoff, never a verdict.
-            from model_checker.z3_encoding import EncodingError
+            from kvhandoff.model_checker.z3_encoding import EncodingError
 
             raise EncodingError(
                 f"BMC finds no violation of {r.property} up to depth {r.depth}, but the explorer "
@@ -143,8 +143,8 @@ def bmc_completeness(variant: Variant, config: Config, result: CheckResult) -> C
 
 
 def _z3(run: Callable[[], CheckResult]) -> CheckResult:
-    from model_checker.z3_encoding import CannotEncode
-    from model_checker.z3_thread_guard import z3_on_this_thread
+    from kvhandoff.model_checker.z3_encoding import CannotEncode
+    from kvhandoff.model_checker.z3_thread_guard import z3_on_this_thread
 
     try:
         with z3_on_this_thread():
@@ -154,7 +154,7 @@ def _z3(run: Callable[[], CheckResult]) -> CheckResult:
 
 
 def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    from model_checker.z3_engines import bmc_cached
+    from kvhandoff.model_checker.z3_engines import bmc_cached
 
     result = _z3(
         lambda: bmc_cached(
@@ -165,19 +165,19 @@ def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResul
 
 
 def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    from model_checker.z3_engines import kinduction
+    from kvhandoff.model_checker.z3_engines import kinduction
 
     return _z3(lambda: kinduction(variant, config, depth=options.depth, timeout=options.timeout))
 
 
 def _prove(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    from model_checker.prove import prove
+    from kvhandoff.model_checker.prove import prove
 
     return _z3(lambda: prove(variant, config, timeout=options.timeout, depth=options.depth))
 
 
 def _spacer(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    from model_checker.z3_engines import spacer
+    from kvhandoff.model_checker.z3_engines import spacer
 
     return _z3(lambda: spacer(variant, config, timeout=options.timeout))
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from spec.actions import (
+from kvhandoff.spec.actions import (
     Action,
     DecodeAnswer,
     DecodeGenerate,
@@ -31,11 +31,11 @@ from spec.actions import (
     action_name,
     is_fault,
 )
-from spec.config import Config
-from spec.properties import ALWAYS, TERMINATION, Property
-from spec.state import Message, PageState, ReqState, State, Tag, Write
-from spec.trace import Trace, replay
-from spec.variants import Variant
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.properties import ALWAYS, TERMINATION, Property
+from kvhandoff.spec.state import Message, PageState, ReqState, State, Tag, Write
+from kvhandoff.spec.trace import Trace, replay
+from kvhandoff.spec.variants import Variant
 
 # --- The replayed trace -------------------------------------------------------------------------
 
@@ -76,7 +76,7 @@ class Story:
 
 
 def _initial(config: Config) -> State:
-    from spec.machine import init
+    from kvhandoff.spec.machine import init
 
     return init(config)
 
@@ -115,8 +115,8 @@ def same_requests_under(variant: Variant, trace: Trace) -> Trace:
     """
     from dataclasses import replace
 
-    from model_checker.explore import build_graph
-    from spec.state import request_done
+    from kvhandoff.model_checker.explore import build_graph
+    from kvhandoff.spec.state import request_done
 
     submitted = [a.request for a in trace.actions if isinstance(a, RouterSubmitRequest)]
     config = replace(trace.config, max_faults=0)

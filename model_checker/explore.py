@@ -32,16 +32,24 @@ from typing import Any
 
 import networkx as nx
 
-from model_checker import progress
-from model_checker.result import CheckResult, PropertyResult, Verdict
-from spec.actions import Action, action_name, is_fault
-from spec.config import Config
-from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS, Invariant
-from spec.machine import enabled, init, step
-from spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
-from spec.state import PREFILL_TERMINAL, Faults, Ghost, PageState, ReqState, State, all_done
-from spec.trace import replay
-from spec.variants import Variant
+from kvhandoff.model_checker import progress
+from kvhandoff.model_checker.result import CheckResult, PropertyResult, Verdict
+from kvhandoff.spec.actions import Action, action_name, is_fault
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS, Invariant
+from kvhandoff.spec.machine import enabled, init, step
+from kvhandoff.spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
+from kvhandoff.spec.state import (
+    PREFILL_TERMINAL,
+    Faults,
+    Ghost,
+    PageState,
+    ReqState,
+    State,
+    all_done,
+)
+from kvhandoff.spec.trace import replay
+from kvhandoff.spec.variants import Variant
 
 
 @dataclass

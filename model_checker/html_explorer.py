@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from model_checker.explain import (
+from kvhandoff.model_checker.explain import (
     Story,
     action_text,
     message_text,
@@ -31,8 +31,8 @@ from model_checker.explain import (
     verdict_line,
     write_text,
 )
-from spec.actions import action_name, is_fault
-from spec.state import State, Tag
+from kvhandoff.spec.actions import action_name, is_fault
+from kvhandoff.spec.state import State, Tag
 
 # Colour-blind-safe palette (Okabe-Ito), one per tenant in the order the config names them.
 PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#CC79A7", "#0072B2", "#D55E00", "#F0E442")

@@ -21,8 +21,8 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_encoding import SLOT, D, Encoding, P, SymState
-from spec.logic import (
+from kvhandoff.model_checker.z3_encoding import SLOT, D, Encoding, P, SymState
+from kvhandoff.spec.logic import (
     D_PHASE,
     P_PHASE,
     PAGE,
@@ -186,7 +186,7 @@ class FixedReading(Reading):
 
     @staticmethod
     def _arg_sorts(name: str) -> tuple[Sort, ...]:
-        from spec import vocabulary
+        from kvhandoff.spec import vocabulary
 
         symbol = getattr(vocabulary, name)
         return tuple(symbol.args)
@@ -309,7 +309,7 @@ class AnySizeReading(Reading):
     fixed-configuration engines (`any_size_clauses` says which). One prefill rank."""
 
     def __init__(self, st: Any, tag: str = "") -> None:
-        from model_checker import z3_prove as m
+        from kvhandoff.model_checker import z3_prove as m
 
         self.m, self.s = m, st
         self._fresh = itertools.count()

@@ -28,20 +28,20 @@ from typing import Any
 
 import z3
 
-from model_checker.result import CheckResult, PropertyResult
-from model_checker.z3_encoding import Encoding
-from model_checker.z3_engines import (
+from kvhandoff.model_checker.result import CheckResult, PropertyResult
+from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_engines import (
     DEFAULT_BMC_DEPTH,
     NOT_CHECKED,
     _safe_concretize,
     bmc_cached,
 )
-from model_checker.z3_invariants import fixed_invariants
-from model_checker.z3_prove import Obligation, prove_any_size, supports
-from model_checker.z3_witnesses import any_size_movement_cached, fixed_movement_cached
-from spec.config import Config
-from spec.properties import ALWAYS
-from spec.variants import Variant
+from kvhandoff.model_checker.z3_invariants import fixed_invariants
+from kvhandoff.model_checker.z3_prove import Obligation, prove_any_size, supports
+from kvhandoff.model_checker.z3_witnesses import any_size_movement_cached, fixed_movement_cached
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.properties import ALWAYS
+from kvhandoff.spec.variants import Variant
 
 
 def prove_fixed(

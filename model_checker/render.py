@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from spec.actions import Action, action_name
-from spec.config import Config
-from spec.state import Message, Write
+from kvhandoff.spec.actions import Action, action_name
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import Message, Write
 
 
 def _short(value: Any, ranks: int = 1) -> str:

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from spec.actions import Action, action_to_json
-from spec.config import Config
-from spec.trace import dump_trace
+from kvhandoff.spec.actions import Action, action_to_json
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.trace import dump_trace
 
 Verdict = Literal["holds", "violated", "bounded", "unknown"]
 OverallVerdict = Literal["safe", "violated", "bounded", "unknown"]

@@ -26,9 +26,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from spec.config import Config
-from spec.state import State
-from spec.variants import VARIANTS, Variant, VariantError, get_variant
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import VARIANTS, Variant, VariantError, get_variant
 
 
 class VariantLoadError(ValueError):

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import z3
 
 if TYPE_CHECKING:
-    from model_checker.z3_encoding import Encoding
+    from kvhandoff.model_checker.z3_encoding import Encoding
 
 Bounds = dict[str, tuple[int, int]]
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_encoding import Encoding, SymState
-from spec.actions import Action
-from spec.config import Config
-from spec.machine import enabled, step
-from spec.state import State
-from spec.variants import Variant
+from kvhandoff.model_checker.z3_encoding import Encoding, SymState
+from kvhandoff.spec.actions import Action
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.machine import enabled, step
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import Variant
 
 
 def constants(enc: Encoding, values: dict[str, Any]) -> SymState:

@@ -40,8 +40,8 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_bounds import step_bounds
-from spec.actions import (
+from kvhandoff.model_checker.z3_bounds import step_bounds
+from kvhandoff.spec.actions import (
     Action,
     ClientCancelRequest,
     DecodeAdmitRequest,
@@ -78,8 +78,8 @@ from spec.actions import (
     RouterSubmitRequest,
     snake_case,
 )
-from spec.config import Config
-from spec.state import (
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import (
     OTHER_TENANT,
     Answer,
     Faults,
@@ -91,7 +91,7 @@ from spec.state import (
     Tag,
     Write,
 )
-from spec.variants import Variant
+from kvhandoff.spec.variants import Variant
 
 
 class EncodingError(AssertionError):
@@ -1139,7 +1139,7 @@ class Encoding:
         guard, e = self._rules[inst.name](s, *inst.args)
         replaced = self.formula_guards.get(inst.name)
         if replaced is not None:
-            from model_checker.logic_z3 import FixedReading, translate
+            from kvhandoff.model_checker.logic_z3 import FixedReading, translate
 
             params = replaced.formula.params
             env = {id(p): a for p, a in zip(params, inst.args, strict=True)}

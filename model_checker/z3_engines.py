@@ -19,16 +19,16 @@ from typing import Any
 
 import z3
 
-from model_checker.result import CheckResult, PropertyResult
-from model_checker.z3_encoding import Encoding, EncodingError, SymState
-from model_checker.z3_invariants import fixed_invariants
-from model_checker.z3_witnesses import with_movement
-from spec.actions import Action
-from spec.config import Config
-from spec.properties import ALWAYS, TERMINATION
-from spec.state import State
-from spec.trace import TraceError, replay
-from spec.variants import Variant
+from kvhandoff.model_checker.result import CheckResult, PropertyResult
+from kvhandoff.model_checker.z3_encoding import Encoding, EncodingError, SymState
+from kvhandoff.model_checker.z3_invariants import fixed_invariants
+from kvhandoff.model_checker.z3_witnesses import with_movement
+from kvhandoff.spec.actions import Action
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.properties import ALWAYS, TERMINATION
+from kvhandoff.spec.state import State
+from kvhandoff.spec.trace import TraceError, replay
+from kvhandoff.spec.variants import Variant
 
 NOT_CHECKED = {
     TERMINATION.name: "a liveness (graph) property: only the explicit explorer checks it",

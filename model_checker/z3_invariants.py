@@ -14,8 +14,8 @@ from typing import Any
 
 import z3
 
-from model_checker.logic_z3 import FixedReading, translate
-from model_checker.z3_encoding import (
+from kvhandoff.model_checker.logic_z3 import FixedReading, translate
+from kvhandoff.model_checker.z3_encoding import (
     D_PHASES,
     KINDS,
     P_PHASES,
@@ -26,8 +26,8 @@ from model_checker.z3_encoding import (
     P,
     SymState,
 )
-from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
-from spec.logic import Term
+from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+from kvhandoff.spec.logic import Term
 
 InvariantFormula = Callable[[SymState], Any]
 

@@ -53,8 +53,8 @@ from typing import Any
 
 import z3
 
-from model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
-from spec.variants import Design
+from kvhandoff.model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
+from kvhandoff.spec.variants import Design
 
 Req = z3.DeclareSort("Req")
 Page = z3.DeclareSort("Page")
@@ -506,8 +506,8 @@ def invariants(s: St) -> dict[str, Any]:
     each invariant of spec/invariants.py, the clauses of that very formula the model can read
     (`logic_z3.any_size_clauses`; `left_out()` lists the others, which the fixed-configuration
     engines check)."""
-    from model_checker.logic_z3 import any_size_clauses
-    from spec.invariants import INVARIANTS
+    from kvhandoff.model_checker.logic_z3 import any_size_clauses
+    from kvhandoff.spec.invariants import INVARIANTS
 
     out = {"well_formed": legacy_invariants(s)["well_formed"]}
     for inv in INVARIANTS:
@@ -518,8 +518,8 @@ def invariants(s: St) -> dict[str, Any]:
 
 def left_out() -> dict[str, list[str]]:
     """For each invariant, why each clause the any-size model cannot read is left out."""
-    from model_checker.logic_z3 import any_size_clauses
-    from spec.invariants import INVARIANTS
+    from kvhandoff.model_checker.logic_z3 import any_size_clauses
+    from kvhandoff.spec.invariants import INVARIANTS
 
     s = state()
     return {inv.name: any_size_clauses(inv.formula, s)[1] for inv in INVARIANTS}

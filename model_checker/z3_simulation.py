@@ -27,12 +27,12 @@ from typing import Any
 
 import z3
 
-from model_checker import z3_prove as M
-from model_checker.z3_encoding import D, P
-from spec.actions import Action, action_name
-from spec.config import Config
-from spec.state import State
-from spec.variants import Variant
+from kvhandoff.model_checker import z3_prove as M
+from kvhandoff.model_checker.z3_encoding import D, P
+from kvhandoff.spec.actions import Action, action_name
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import Variant
 
 # Symbols α gives a value from the spec state alone.
 _EXACT = (

@@ -46,15 +46,15 @@ from typing import Any
 
 import z3
 
-from model_checker import z3_prove as m
-from model_checker.result import CheckResult
-from model_checker.z3_encoding import REASON, D, Encoding, EncodingError, SymState
-from spec.actions import action_name
-from spec.config import Config
-from spec.machine import enabled, init, step
-from spec.properties import SOMETIMES
-from spec.trace import TraceError, replay
-from spec.variants import Variant
+from kvhandoff.model_checker import z3_prove as m
+from kvhandoff.model_checker.result import CheckResult
+from kvhandoff.model_checker.z3_encoding import REASON, D, Encoding, EncodingError, SymState
+from kvhandoff.spec.actions import action_name
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.machine import enabled, init, step
+from kvhandoff.spec.properties import SOMETIMES
+from kvhandoff.spec.trace import TraceError, replay
+from kvhandoff.spec.variants import Variant
 
 SPEC_DEPTH = 20
 """How deep the spec's explorer looks for a witness the any-size model missed."""
@@ -172,7 +172,7 @@ def fixed_witnesses(enc: Encoding, s: SymState) -> dict[str, Any]:
 def _fixed_encoding(variant: Variant, config: Config, depth: int) -> tuple[Encoding, Any]:
     """The narrowest bit-vector encoding whose intervals bound every integer within `depth`
     (as BMC picks it); unbounded Ints where none does."""
-    from model_checker.z3_engines import WIDTHS
+    from kvhandoff.model_checker.z3_engines import WIDTHS
 
     for width in WIDTHS:
         enc = Encoding(variant, config, width=width)
@@ -244,7 +244,7 @@ def _replay_fixed(
 ) -> None:
     """The path of `model` (d steps) replayed through the spec: the actions `hit` claims fired at
     step d and the witnesses it claims hold at state d must be so in the spec's run."""
-    from model_checker.z3_engines import decode_path
+    from kvhandoff.model_checker.z3_engines import decode_path
 
     _vals, path, _states = decode_path(enc, model, d, "w_")
     try:

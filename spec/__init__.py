@@ -17,10 +17,16 @@ Rules this package keeps (a test enforces the imports):
   faults last; `step(variant, config, state, action)` is the only place state changes.
 """
 
-from spec.actions import FAULT_ACTIONS, Action, action_from_json, action_name, action_to_json
-from spec.config import Config, ConfigError, RequestSpec, default_config, parse_set
-from spec.machine import enabled, init, step
-from spec.properties import (
+from kvhandoff.spec.actions import (
+    FAULT_ACTIONS,
+    Action,
+    action_from_json,
+    action_name,
+    action_to_json,
+)
+from kvhandoff.spec.config import Config, ConfigError, RequestSpec, default_config, parse_set
+from kvhandoff.spec.machine import enabled, init, step
+from kvhandoff.spec.properties import (
     ALWAYS,
     DEPLOYMENT,
     SOMETIMES,
@@ -28,8 +34,8 @@ from spec.properties import (
     PropertyViolation,
     check_always,
 )
-from spec.state import Message, PageState, ReqState, State, Tag, Write
-from spec.variants import REFERENCE, VARIANTS, Design, Variant, get_variant
+from kvhandoff.spec.state import Message, PageState, ReqState, State, Tag, Write
+from kvhandoff.spec.variants import REFERENCE, VARIANTS, Design, Variant, get_variant
 
 __all__ = [
     "ALWAYS",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
-from spec.state import Message, Tag, Write
+from kvhandoff.spec.state import Message, Tag, Write
 
 # --- Protocol steps -----------------------------------------------------------------------------
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spec.config import Config
-from spec.logic import (
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.logic import (
     PAGE,
     RANK,
     REQ,
@@ -56,9 +56,9 @@ from spec.logic import (
     each_write,
     forall,
 )
-from spec.state import State
-from spec.variants import Design
-from spec.vocabulary import (
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import Design
+from kvhandoff.spec.vocabulary import (
     accepted_set,
     answered,
     answered_ok,

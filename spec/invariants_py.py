@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spec.config import Config
-from spec.state import State, Tag
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import State, Tag
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spec.state import DECODE_PHASES, PREFILL_PHASES
+from kvhandoff.spec.state import DECODE_PHASES, PREFILL_PHASES
 
 # --- sorts ---------------------------------------------------------------------------------------
 

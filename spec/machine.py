@@ -42,7 +42,7 @@ import bisect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from spec.actions import (
+from kvhandoff.spec.actions import (
     Action,
     ClientCancelRequest,
     DecodeAdmitRequest,
@@ -80,8 +80,8 @@ from spec.actions import (
     action_name,
     snake_case,
 )
-from spec.config import Config
-from spec.state import (
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import (
     OTHER_TENANT,
     PREFILL_LIVE,
     PREFILL_TERMINAL,
@@ -96,7 +96,7 @@ from spec.state import (
     evolve,
     initial_state,
 )
-from spec.variants import REFERENCE, Design, Variant
+from kvhandoff.spec.variants import REFERENCE, Design, Variant
 
 T = TypeVar("T")
 

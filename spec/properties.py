@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spec.config import Config
-from spec.state import PageState, ReqState, State, Tag, changed_positions
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import PageState, ReqState, State, Tag, changed_positions
 
 
 @dataclass(frozen=True)

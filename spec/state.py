@@ -49,7 +49,7 @@ from itertools import compress, count
 from operator import attrgetter, is_not
 from typing import Any, Literal, TypeVar, get_args
 
-from spec.config import Config
+from kvhandoff.spec.config import Config
 
 _T = TypeVar("_T")
 

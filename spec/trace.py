@@ -27,11 +27,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.actions import Action, action_from_json, action_to_json
-from spec.config import Config
-from spec.machine import checked_step, init
-from spec.state import State
-from spec.variants import Variant
+from kvhandoff.spec.actions import Action, action_from_json, action_to_json
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.machine import checked_step, init
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import Variant
 
 SCHEMA_VERSION = 1
 

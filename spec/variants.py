@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Literal, get_args, get_type_hints
 
-from spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
-from spec.config import Config, ConfigError
-from spec.logic import GuardFormula
-from spec.properties import ALL_PROPERTY_NAMES
-from spec.state import State, evolve
+from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
+from kvhandoff.spec.config import Config, ConfigError
+from kvhandoff.spec.logic import GuardFormula
+from kvhandoff.spec.properties import ALL_PROPERTY_NAMES
+from kvhandoff.spec.state import State, evolve
 
 Oversize = Literal["reject", "placeholder", "truncate"]
 Completion = Literal["granted", "local"]
@@ -168,7 +168,7 @@ class FormulaGuard:
 
     def __call__(self, config: Config, state: State) -> list[Any]:
         if self._fn is None:
-            from spec.vocabulary import compile_claim
+            from kvhandoff.spec.vocabulary import compile_claim
 
             self._fn = compile_claim(self.formula.formula, self.name, self.formula.params)
         fn, drain = self._fn, self.drain

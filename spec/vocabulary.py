@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from spec.logic import (
+from kvhandoff.spec.logic import (
     BOOL,
     D_PHASE,
     INT,
@@ -30,7 +30,7 @@ from spec.logic import (
     Var,
     compile_python,
 )
-from spec.state import PageState, Tag
+from kvhandoff.spec.state import PageState, Tag
 
 
 def _sym(name: str, args: tuple[Sort, ...], result: Sort, meaning: str) -> Symbol:

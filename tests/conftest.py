@@ -18,8 +18,8 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("KVHANDOFF_PRELOAD_TRIED") or importlib.util.find_spec("mooncake") is None:
         return
-    from impl.errors import ConfigError
-    from impl.transport import loopback
+    from kvhandoff.impl.errors import ConfigError
+    from kvhandoff.impl.transport import loopback
 
     if loopback.is_loaded():
         return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from model_checker.explore import explore
-from model_checker.result import CheckResult
-from spec import Config, get_variant
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.result import CheckResult
+from kvhandoff.spec import Config, get_variant
 
 SMALL = [
     "requests=a:1:1,b:2:2",

@@ -75,7 +75,7 @@ def scratch() -> Iterator[Path]:
 
 def execute(command: str, cwd: Path) -> tuple[str, int]:
     """Run one documented `kvhandoff ...` command in-process, in `cwd`, as a shell would."""
-    from kvhandoff_cli.main import main
+    from kvhandoff.cli.main import main
 
     words = shlex.split(command)
     assert words[0] == "kvhandoff", f"the docs run only kvhandoff commands: {command}"

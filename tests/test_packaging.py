@@ -70,7 +70,7 @@ def test_dependency_floors_cover_the_generated_code() -> None:
 
 def test_version_flag() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kvhandoff_cli", "--version"],
+        [sys.executable, "-m", "kvhandoff", "--version"],
         capture_output=True,
         text=True,
         check=True,

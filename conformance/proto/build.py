@@ -1,4 +1,4 @@
-"""Regenerate the harness service's gRPC code: ``python -m conformance.proto.build [OUT_DIR]``
+"""Regenerate the harness service's gRPC code: ``python -m kvhandoff.conformance.proto.build [OUT_DIR]``
 (default: conformance/proto/gen; `make proto` runs it). Same recipe as impl/proto/build.py:
 the generated service module imports its messages as ``conformance.proto.gen.kvhandoff...``."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from impl.proto.build import generate_proto
+from kvhandoff.impl.proto.build import generate_proto
 
 PROTO_ROOT = Path(__file__).resolve().parent
 PROTO_FILE = "kvhandoff/harness/v1/harness.proto"
-PACKAGE = "conformance.proto.gen"
+PACKAGE = "kvhandoff.conformance.proto.gen"
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import grpc
 
-from conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2 as pb
-from conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2_grpc as _generated
+from kvhandoff.conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2 as pb
+from kvhandoff.conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2_grpc as _generated
 
 SERVICE = "kvhandoff.harness.v1.Harness"
 

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from impl.core import decode as dc
-from impl.core import prefill as pc
-from impl.core import router as rc
-from impl.core.common import (
+from kvhandoff.impl.core import decode as dc
+from kvhandoff.impl.core import prefill as pc
+from kvhandoff.impl.core import router as rc
+from kvhandoff.impl.core.common import (
     Generation,
     Log,
     PageId,
@@ -33,7 +33,7 @@ from impl.core.common import (
     Tenant,
     pages_for,
 )
-from impl.modes import Behaviour
+from kvhandoff.impl.modes import Behaviour
 
 
 @dataclass

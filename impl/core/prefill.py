@@ -33,7 +33,7 @@ import hmac
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from impl.core.common import (
+from kvhandoff.impl.core.common import (
     Generation,
     Log,
     LogValue,
@@ -46,8 +46,8 @@ from impl.core.common import (
     completion_digest,
     pages_for,
 )
-from impl.errors import LocalProtocolError
-from impl.modes import Behaviour
+from kvhandoff.impl.errors import LocalProtocolError
+from kvhandoff.impl.modes import Behaviour
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from impl.core.common import Log, LogValue, Reply, RequestId, Room, Status, Tenant
-from impl.errors import LocalProtocolError
-from impl.modes import Behaviour
+from kvhandoff.impl.core.common import Log, LogValue, Reply, RequestId, Room, Status, Tenant
+from kvhandoff.impl.errors import LocalProtocolError
+from kvhandoff.impl.modes import Behaviour
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""Regenerate the gRPC code: ``python -m impl.proto.build [OUT_DIR]`` (default: impl/proto/gen).
+"""Regenerate the gRPC code: ``python -m kvhandoff.impl.proto.build [OUT_DIR]`` (default: impl/proto/gen).
 
 protoc names modules after the proto path (``kvhandoff.v1``); the generated service module is
 rewritten to import its messages as ``impl.proto.gen.kvhandoff.v1`` so nothing is put on sys.path.
 `generate_proto` does the same for any proto (the conformance harness service uses it:
-``python -m conformance.proto.build``).
+``python -m kvhandoff.conformance.proto.build``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
 PROTO_FILE = "kvhandoff/v1/handoff.proto"
-PACKAGE = "impl.proto.gen"
+PACKAGE = "kvhandoff.impl.proto.gen"
 
 
 def generate(out_dir: Path) -> list[Path]:

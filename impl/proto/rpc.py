@@ -20,8 +20,8 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as _pb
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2_grpc as _generated
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as _pb
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2_grpc as _generated
 
 ANSWERED_KEY = "kvhandoff-answered"
 """Trailing metadata on every error a server answers, so a caller can tell an answer from a

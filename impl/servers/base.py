@@ -18,15 +18,15 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from impl.core.common import Log, Reply, RequestId, Status
-from impl.errors import ConfigError
-from impl.eventlog import EventLog
-from impl.metrics import Metrics, RpcTimer
-from impl.modes import Mode
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.proto.rpc import ANSWERED_KEY
-from impl.servers.faults import FaultPlan
-from impl.tls import Identity, TlsFiles, identity_of_pem
+from kvhandoff.impl.core.common import Log, Reply, RequestId, Status
+from kvhandoff.impl.errors import ConfigError
+from kvhandoff.impl.eventlog import EventLog
+from kvhandoff.impl.metrics import Metrics, RpcTimer
+from kvhandoff.impl.modes import Mode
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.proto.rpc import ANSWERED_KEY
+from kvhandoff.impl.servers.faults import FaultPlan
+from kvhandoff.impl.tls import Identity, TlsFiles, identity_of_pem
 
 T = TypeVar("T")
 

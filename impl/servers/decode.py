@@ -16,12 +16,21 @@ import grpc
 import grpc.aio
 import torch
 
-from impl.core import decode as dc
-from impl.core.common import Generation, Log, Reply, RequestId, Room, Status, Tenant, pages_for
-from impl.eventlog import EventLog
-from impl.model import CopyHeadModel
-from impl.modes import Mode
-from impl.pool import (
+from kvhandoff.impl.core import decode as dc
+from kvhandoff.impl.core.common import (
+    Generation,
+    Log,
+    Reply,
+    RequestId,
+    Room,
+    Status,
+    Tenant,
+    pages_for,
+)
+from kvhandoff.impl.eventlog import EventLog
+from kvhandoff.impl.model import CopyHeadModel
+from kvhandoff.impl.modes import Mode
+from kvhandoff.impl.pool import (
     DTYPE_NAME,
     PagePool,
     PoolShape,
@@ -30,17 +39,17 @@ from impl.pool import (
     tensor_bytes,
     tensor_from_bytes,
 )
-from impl.proto import rpc
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.admission import AdmissionQueue, Entry
-from impl.servers.base import (
+from kvhandoff.impl.proto import rpc
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.servers.admission import AdmissionQueue, Entry
+from kvhandoff.impl.servers.base import (
     BaseServer,
     CommonSettings,
     abort_with,
     check_bounds,
 )
-from impl.tls import Identity
-from impl.transport import OneSidedTransport, Transport, open_transport
+from kvhandoff.impl.tls import Identity
+from kvhandoff.impl.transport import OneSidedTransport, Transport, open_transport
 
 MAX_REQUEST_ID = 128
 MAX_TENANT = 128

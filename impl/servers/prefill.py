@@ -13,8 +13,8 @@ import grpc
 import grpc.aio
 import torch
 
-from impl.core import prefill as pc
-from impl.core.common import (
+from kvhandoff.impl.core import prefill as pc
+from kvhandoff.impl.core.common import (
     Generation,
     Log,
     PageId,
@@ -25,23 +25,30 @@ from impl.core.common import (
     Tenant,
     pages_for,
 )
-from impl.errors import TransportError
-from impl.eventlog import EventLog
-from impl.model import CopyHeadModel
-from impl.modes import Mode
-from impl.pool import DTYPE_NAME, PoolShape, page_digest, resolve_device, tensor_bytes, wire_pages
-from impl.proto import rpc
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import (
+from kvhandoff.impl.errors import TransportError
+from kvhandoff.impl.eventlog import EventLog
+from kvhandoff.impl.model import CopyHeadModel
+from kvhandoff.impl.modes import Mode
+from kvhandoff.impl.pool import (
+    DTYPE_NAME,
+    PoolShape,
+    page_digest,
+    resolve_device,
+    tensor_bytes,
+    wire_pages,
+)
+from kvhandoff.impl.proto import rpc
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.servers.base import (
     BaseServer,
     CommonSettings,
     abort_with,
     check_bounds,
     status_of,
 )
-from impl.tls import Identity
-from impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
-from impl.transport import OneSidedTransport, Transport, WriteOp, open_transport
+from kvhandoff.impl.tls import Identity
+from kvhandoff.impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
+from kvhandoff.impl.transport import OneSidedTransport, Transport, WriteOp, open_transport
 
 WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
 

@@ -12,14 +12,14 @@ from typing import Any, ClassVar
 import grpc
 import grpc.aio
 
-from impl.core import router as rc
-from impl.core.common import Log, Reply, RequestId, Room, Status, Tenant
-from impl.eventlog import EventLog
-from impl.modes import Mode
-from impl.proto import rpc
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.admission import AdmissionQueue
-from impl.servers.base import (
+from kvhandoff.impl.core import router as rc
+from kvhandoff.impl.core.common import Log, Reply, RequestId, Room, Status, Tenant
+from kvhandoff.impl.eventlog import EventLog
+from kvhandoff.impl.modes import Mode
+from kvhandoff.impl.proto import rpc
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.servers.admission import AdmissionQueue
+from kvhandoff.impl.servers.base import (
     BaseServer,
     CommonSettings,
     abort_with,
@@ -28,8 +28,8 @@ from impl.servers.base import (
     check_bounds,
     status_of,
 )
-from impl.tls import Identity
-from impl.tokenizer import VOCAB_SIZE
+from kvhandoff.impl.tls import Identity
+from kvhandoff.impl.tokenizer import VOCAB_SIZE
 
 MAX_TENANT = 128
 MAX_REQUEST_ID = 128

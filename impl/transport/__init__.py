@@ -20,7 +20,7 @@ register decode's landing memory, name its endpoint, and perform a blocking batc
 
 from __future__ import annotations
 
-from impl.transport.base import GrpcTransport, OneSidedTransport, Transport, WriteOp
+from kvhandoff.impl.transport.base import GrpcTransport, OneSidedTransport, Transport, WriteOp
 
 TRANSPORT_NAMES = ("grpc", "mooncake")
 
@@ -28,12 +28,12 @@ TRANSPORT_NAMES = ("grpc", "mooncake")
 def open_transport(name: str) -> Transport:
     """The transport called ``name``; raises ConfigError for an unknown name or a transport that
     cannot run here (the message says why and what to install)."""
-    from impl.errors import ConfigError
+    from kvhandoff.impl.errors import ConfigError
 
     if name == "grpc":
         return GrpcTransport()
     if name == "mooncake":
-        from impl.transport.mooncake import MooncakeTransport
+        from kvhandoff.impl.transport.mooncake import MooncakeTransport
 
         return MooncakeTransport()
     raise ConfigError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORT_NAMES)}")

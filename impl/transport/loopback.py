@@ -8,8 +8,8 @@ one. Preloading has to happen when the process starts: ``kvhandoff serve --trans
 re-executes itself with it, the test suite does the same (tests/impl/conftest.py), and anything
 else gets a clear error from the transport naming the variable to set.
 
-``python -m impl.transport.loopback build`` compiles the wrapper next to the virtual environment
-(`make venv` runs it); ``python -m impl.transport.loopback path`` prints where it is.
+``python -m kvhandoff.impl.transport.loopback build`` compiles the wrapper next to the virtual environment
+(`make venv` runs it); ``python -m kvhandoff.impl.transport.loopback path`` prints where it is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from impl.errors import ConfigError
+from kvhandoff.impl.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("loopback_bind.c")
 MARKER = "kvhandoff_loopback_bind_active"
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     if argv == ["path"]:
         print(library_path())
         return 0
-    print("usage: python -m impl.transport.loopback build|path", file=sys.stderr)
+    print("usage: python -m kvhandoff.impl.transport.loopback build|path", file=sys.stderr)
     return 2
 
 

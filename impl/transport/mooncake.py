@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from impl.errors import ConfigError, TransportError
-from impl.transport import loopback
-from impl.transport.base import OneSidedTransport, WriteOp
+from kvhandoff.impl.errors import ConfigError, TransportError
+from kvhandoff.impl.transport import loopback
+from kvhandoff.impl.transport.base import OneSidedTransport, WriteOp
 
 HOST = "127.0.0.1"
 PACKAGE = "mooncake-transfer-engine-non-cuda"
@@ -40,7 +40,7 @@ class MooncakeTransport(OneSidedTransport):
             raise ConfigError(
                 "the mooncake transport must run with the loopback bind wrapper preloaded "
                 "(Mooncake binds its listeners to every interface otherwise): start the process "
-                f"with LD_PRELOAD={loopback.library_path()} (`python -m impl.transport.loopback "
+                f"with LD_PRELOAD={loopback.library_path()} (`python -m kvhandoff.impl.transport.loopback "
                 "build` makes it; `kvhandoff serve` and the test suite preload it themselves)"
             )
         self._engine: Any = engine_class()

@@ -9,10 +9,14 @@ Pipeline: `build` (inputs → `Deployment`) → `decide` (Z3 + `rules`) → `rep
 `bridge` scaling a failing deployment into the protocol model's `Config`. Errors: see `errors`.
 """
 
-from model_checker.deployment.build import CheckerOptions, from_commands, from_toml
-from model_checker.deployment.decision import Decision, decide
-from model_checker.deployment.errors import ConfigInputError, DeploymentError, InconclusiveError
-from model_checker.deployment.findings import Finding, LengthRange, Severity
+from kvhandoff.model_checker.deployment.build import CheckerOptions, from_commands, from_toml
+from kvhandoff.model_checker.deployment.decision import Decision, decide
+from kvhandoff.model_checker.deployment.errors import (
+    ConfigInputError,
+    DeploymentError,
+    InconclusiveError,
+)
+from kvhandoff.model_checker.deployment.findings import Finding, LengthRange, Severity
 
 __all__ = [
     "CheckerOptions",

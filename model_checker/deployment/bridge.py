@@ -23,9 +23,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from model_checker.deployment.engines import role_limits
-from model_checker.deployment.findings import Finding, Severity
-from model_checker.deployment.model import Deployment, Role
+from kvhandoff.model_checker.deployment.engines import role_limits
+from kvhandoff.model_checker.deployment.findings import Finding, Severity
+from kvhandoff.model_checker.deployment.model import Deployment, Role
 
 MAX_MODEL_DECODE_PAGES = 4
 
@@ -88,7 +88,7 @@ def build_spec_config(pairs: Mapping[str, str]) -> object | None:
     the pairs to its default scenario, which keeps the fault bounds. Until the spec exists, or if
     it rejects the pairs, this returns None and the report still prints the command."""
     try:
-        import spec  # the protocol model; optional at this layer
+        from kvhandoff import spec  # the protocol model; optional at this layer
 
         parse_set = getattr(spec, "parse_set", None)
         default_config = getattr(spec, "default_config", None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from model_checker.deployment.cmdline import (
+from kvhandoff.model_checker.deployment.cmdline import (
     SGLANG_BACKENDS,
     SGLANG_POLICIES,
     apply_env,
@@ -23,8 +23,8 @@ from model_checker.deployment.cmdline import (
     parse_env_assignments,
     parse_kv_transfer_config,
 )
-from model_checker.deployment.errors import ConfigInputError
-from model_checker.deployment.model import (
+from kvhandoff.model_checker.deployment.errors import ConfigInputError
+from kvhandoff.model_checker.deployment.model import (
     DEFAULT_SGLANG_VERSION,
     DEFAULT_VLLM_VERSION,
     SGLANG_DEFAULT_PAGE_SIZE,

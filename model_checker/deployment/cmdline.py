@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_checker.deployment.errors import ConfigInputError
-from model_checker.deployment.model import Engine, Role
-from model_checker.deployment.values import (
+from kvhandoff.model_checker.deployment.errors import ConfigInputError
+from kvhandoff.model_checker.deployment.model import Engine, Role
+from kvhandoff.model_checker.deployment.values import (
     parse_bool,
     parse_choice,
     parse_float,

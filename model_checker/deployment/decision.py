@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import z3
 
-from model_checker.deployment.engines import KIND_WORDS, Kind, RoleLimits, role_limits
-from model_checker.deployment.errors import InconclusiveError
-from model_checker.deployment.findings import Finding, LengthRange, Severity
-from model_checker.deployment.model import Deployment, Engine, Role, RoleConfig
-from model_checker.deployment.rules import name, static_rules
+from kvhandoff.model_checker.deployment.engines import KIND_WORDS, Kind, RoleLimits, role_limits
+from kvhandoff.model_checker.deployment.errors import InconclusiveError
+from kvhandoff.model_checker.deployment.findings import Finding, LengthRange, Severity
+from kvhandoff.model_checker.deployment.model import Deployment, Engine, Role, RoleConfig
+from kvhandoff.model_checker.deployment.rules import name, static_rules
 
 DEFAULT_TIMEOUT_MS = 10_000
 

@@ -31,7 +31,7 @@ from typing import TypeAlias
 
 import z3
 
-from model_checker.deployment.model import Engine, Role, RoleConfig
+from kvhandoff.model_checker.deployment.model import Engine, Role, RoleConfig
 
 # Tokens SGLang keeps back below max_req_len for the output (tp_worker: max_req_len - 5).
 SGLANG_OUTPUT_RESERVE = 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from model_checker.deployment.model import Role
+from kvhandoff.model_checker.deployment.model import Role
 
 
 class Severity(enum.StrEnum):

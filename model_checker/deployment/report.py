@@ -6,16 +6,16 @@ import json
 import textwrap
 from typing import Any
 
-from model_checker.deployment.bridge import (
+from kvhandoff.model_checker.deployment.bridge import (
     build_spec_config,
     check_command,
     protocol_variant,
     to_protocol_config,
 )
-from model_checker.deployment.decision import Decision
-from model_checker.deployment.engines import RoleLimits
-from model_checker.deployment.findings import Finding, Severity
-from model_checker.deployment.model import Engine, Role
+from kvhandoff.model_checker.deployment.decision import Decision
+from kvhandoff.model_checker.deployment.engines import RoleLimits
+from kvhandoff.model_checker.deployment.findings import Finding, Severity
+from kvhandoff.model_checker.deployment.model import Engine, Role
 
 WIDTH = 100
 EXIT_SAFE = 0

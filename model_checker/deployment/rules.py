@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TypeVar
 
-from model_checker.deployment.engines import RoleLimits
-from model_checker.deployment.findings import Finding, Severity
-from model_checker.deployment.model import (
+from kvhandoff.model_checker.deployment.engines import RoleLimits
+from kvhandoff.model_checker.deployment.findings import Finding, Severity
+from kvhandoff.model_checker.deployment.model import (
     MOONCAKE_MAX_OP_TIME_S,
     Deployment,
     Engine,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from model_checker.deployment.errors import ConfigInputError
+from kvhandoff.model_checker.deployment.errors import ConfigInputError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from conformance import adversary
-from conformance.campaign import boundary_tokens, campaign_config
-from conformance.inproc import InProcTarget
-from conformance.lockstep import Divergence, Session
-from conformance.validate import Ids, Validator
-from spec.actions import (
+from kvhandoff.conformance import adversary
+from kvhandoff.conformance.campaign import boundary_tokens, campaign_config
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.lockstep import Divergence, Session
+from kvhandoff.conformance.validate import Ids, Validator
+from kvhandoff.spec.actions import (
     Action,
     DecodeReceiveCompletion,
     NetworkDuplicateMessage,
@@ -21,7 +21,7 @@ from spec.actions import (
     PrefillSendCompletion,
     is_fault,
 )
-from spec.config import Config
+from kvhandoff.spec.config import Config
 
 
 def _drive_until(session: Session, stop: type, limit: int = 60) -> Action:
@@ -138,8 +138,8 @@ def test_restart_detection_must_name_the_requests_it_failed() -> None:
 
 
 def test_a_probe_failure_is_shrunk_saved_and_replays(tmp_path: Any) -> None:
-    from conformance import campaign
-    from conformance.replay import replay_trace
+    from kvhandoff.conformance import campaign
+    from kvhandoff.conformance.replay import replay_trace
 
     class Trusting(InProcTarget):
         def probe(self, attack: adversary.Attack) -> adversary.ProbeResult | None:

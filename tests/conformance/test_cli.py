@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
 
 
 def test_conform_exits_0_when_the_target_conforms(
@@ -86,9 +86,9 @@ def test_a_trace_with_several_prefill_ranks_is_refused_with_exit_2(
 ) -> None:
     from dataclasses import replace
 
-    from spec import default_config
-    from spec.actions import RouterSubmitRequest
-    from spec.trace import dump_trace
+    from kvhandoff.spec import default_config
+    from kvhandoff.spec.actions import RouterSubmitRequest
+    from kvhandoff.spec.trace import dump_trace
 
     trace = tmp_path / "ranks.jsonl"
     config = replace(default_config(), prefill_ranks=2)
@@ -101,10 +101,10 @@ def test_a_trace_with_several_prefill_ranks_is_refused_with_exit_2(
 def test_the_targets_refuse_to_start_a_scenario_with_several_prefill_ranks() -> None:
     from dataclasses import replace
 
-    from conformance.campaign import run
-    from conformance.inproc import InProcTarget
-    from conformance.target import UnsupportedScenario
-    from spec import default_config
+    from kvhandoff.conformance.campaign import run
+    from kvhandoff.conformance.inproc import InProcTarget
+    from kvhandoff.conformance.target import UnsupportedScenario
+    from kvhandoff.spec import default_config
 
     config = replace(default_config(), prefill_ranks=2)
     with pytest.raises(UnsupportedScenario, match="prefill_ranks=2"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import campaign
+from kvhandoff.conformance import campaign
 
 
 def test_reference_conforms_over_a_hundred_traces_on_real_servers(tmp_path: Path) -> None:
@@ -35,8 +35,8 @@ def test_crashes_with_requests_in_flight(tmp_path: Path) -> None:
     # give-up on an undeliverable grant was read as such (docs/impl.md, "Crashes in flight");
     # it passed twice in a row on the shared 2-core machine (80 s and 117 s) before the marker
     # went.
-    from conformance.campaign import campaign_config
-    from conformance.grpc_target import GrpcTarget, run_coarse_campaign
+    from kvhandoff.conformance.campaign import campaign_config
+    from kvhandoff.conformance.grpc_target import GrpcTarget, run_coarse_campaign
 
     report = run_coarse_campaign(
         GrpcTarget(),
@@ -64,7 +64,7 @@ def test_a_client_cancel_racing_a_completion_is_explained() -> None:
     # t64r0 while its completion is on its way; decode validates and answers it before the
     # router's cancel arrives. The spec models that trip (`decode_receive_cancel`), so the log is
     # explained.
-    from conformance.validate import validate_logs
+    from kvhandoff.conformance.validate import validate_logs
 
     log = Path(__file__).parent / "data" / "cancel_races_completion.log.jsonl"
     report = validate_logs([log])

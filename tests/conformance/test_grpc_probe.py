@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from conformance import campaign
-from conformance.adversary import ATTACKS
-from conformance.campaign import campaign_config
-from conformance.grpc_probe import FINALES
-from conformance.grpc_target import GrpcTarget
-from impl.core import decode as dc
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.adversary import ATTACKS
+from kvhandoff.conformance.campaign import campaign_config
+from kvhandoff.conformance.grpc_probe import FINALES
+from kvhandoff.conformance.grpc_target import GrpcTarget
+from kvhandoff.impl.core import decode as dc
 
 
 @pytest.fixture(scope="module")

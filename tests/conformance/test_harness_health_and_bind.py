@@ -7,8 +7,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conformance.harness_server import HEALTH_SERVICE, ListenError, serve
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
+from kvhandoff.conformance.harness_server import HEALTH_SERVICE, ListenError, serve
 
 
 def test_health_serving_then_not_serving_on_stop() -> None:

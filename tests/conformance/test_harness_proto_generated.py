@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.proto.build import PROTO_ROOT, generate
+from kvhandoff.conformance.proto.build import PROTO_ROOT, generate
 from tests.proto_check import assert_committed_code_is_fresh
 
 
@@ -15,7 +15,7 @@ def test_committed_harness_code_matches_a_fresh_generation(tmp_path: Path) -> No
 
 def test_every_target_operation_has_its_rpc() -> None:
     # The service mirrors the Target API one to one (harness.proto's header, the guide's table).
-    from conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2
+    from kvhandoff.conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2
 
     rpcs = set(harness_pb2.DESCRIPTOR.services_by_name["Harness"].methods_by_name)
     assert rpcs == {

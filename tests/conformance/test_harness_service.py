@@ -18,21 +18,21 @@ from typing import Any
 import grpc
 import pytest
 
-from conformance import campaign
-from conformance.harness_server import HarnessServer, serve
-from conformance.inproc import InProcTarget
-from conformance.proto.rpc import harness_stub, pb
-from conformance.remote_target import (
+from kvhandoff.cli.main import main
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.harness_server import HarnessServer, serve
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.proto.rpc import harness_stub, pb
+from kvhandoff.conformance.remote_target import (
     HarnessBroken,
     HarnessUnreachable,
     RemoteTarget,
     parse_address,
 )
-from conformance.replay import incident_counterexample, replay_trace
-from conformance.target import Event, Target, TargetAnswer
-from kvhandoff_cli.main import main
-from spec.config import Config, default_config
-from spec.trace import dump_trace
+from kvhandoff.conformance.replay import incident_counterexample, replay_trace
+from kvhandoff.conformance.target import Event, Target, TargetAnswer
+from kvhandoff.spec.config import Config, default_config
+from kvhandoff.spec.trace import dump_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -344,7 +344,7 @@ def test_a_stopped_server_mid_run_is_reported_as_unreachable() -> None:
 def test_harness_serve_serves_until_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvhandoff_cli.main", "harness-serve", "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "kvhandoff.cli.main", "harness-serve", "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -391,7 +391,7 @@ def test_the_guides_worked_run_still_prints_what_it_shows(
     """The guide's harness-run block, re-run against a fresh server on a free port: the port is
     substituted in the commands and mapped back in the output (timings ignored, `...` elides),
     like tests/test_docs.py does for `console` blocks."""
-    from kvhandoff_cli.cmd_harness import DEFAULT_LISTEN
+    from kvhandoff.cli.cmd_harness import DEFAULT_LISTEN
     from tests.test_docs import execute, matches, parse_console
 
     guide = (ROOT / "docs/conformance-guide.md").read_text(encoding="utf-8")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.replay import incident_counterexample, replay_trace
+from kvhandoff.conformance.replay import incident_counterexample, replay_trace
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance import campaign
-from conformance.inproc import InProcTarget
-from conformance.lockstep import Session
-from spec.actions import RouterSubmitRequest
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.lockstep import Session
+from kvhandoff.spec.actions import RouterSubmitRequest
 
 
 def test_reference_conforms_over_a_thousand_traces_with_faults(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_the_session_starts_every_program_from_a_clean_target() -> None:
 # Found by the slow campaign (seed 3): prefill parked grants by room, so a stale parked grant
 # of a cancelled request blocked the next request reusing the room until the orphan timeout.
 def test_a_stale_parked_grant_does_not_block_a_room() -> None:
-    from conformance.replay import replay_trace
+    from kvhandoff.conformance.replay import replay_trace
 
     trace = Path(__file__).parent / "data" / "stale_parked_grant_blocks_room.jsonl"
     assert replay_trace(trace, "inproc", "reference").conforms
@@ -60,8 +60,8 @@ def test_the_logs_of_in_process_programs_validate_without_the_lockstep() -> None
     # conforming program must be explained from its events alone (the silent-step search).
     import random
 
-    from conformance.lockstep import run_program
-    from conformance.validate import Ids, Validator
+    from kvhandoff.conformance.lockstep import run_program
+    from kvhandoff.conformance.validate import Ids, Validator
 
     config = campaign.campaign_config()
     for seed in range(300):

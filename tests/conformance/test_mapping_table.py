@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conformance.mapping import MAPPING, render_markdown
-from conformance.validate import MATCHED_KINDS
+from kvhandoff.conformance.mapping import MAPPING, render_markdown
+from kvhandoff.conformance.validate import MATCHED_KINDS
 
 
 def test_every_mapped_event_kind_has_exactly_one_matcher() -> None:

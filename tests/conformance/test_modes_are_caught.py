@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conformance import campaign
-from conformance.replay import replay_trace
-from impl.modes import MODES
-from model_checker.engines import ENGINES, EngineOptions
-from spec.config import default_config
-from spec.trace import Trace
-from spec.variants import get_variant
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.replay import replay_trace
+from kvhandoff.impl.modes import MODES
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions
+from kvhandoff.spec.config import default_config
+from kvhandoff.spec.trace import Trace
+from kvhandoff.spec.variants import get_variant
 
 CAUGHT_BY_CONFORM = {
     "incident",

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from conformance.lockstep import drive
-from conformance.mapping import MAPPING, UNLOGGED_SPEC_STEPS
-from conformance.registry import BY_ACTION, REGISTRY, deliver_kinds, missing
-from conformance.target import STEP_KINDS
-from conformance.validate import MATCHED_KINDS
-from spec.actions import ACTIONS_BY_NAME, ALL_ACTIONS, snake_case
-from spec.state import Message, Tag, Write
+from kvhandoff.conformance.lockstep import drive
+from kvhandoff.conformance.mapping import MAPPING, UNLOGGED_SPEC_STEPS
+from kvhandoff.conformance.registry import BY_ACTION, REGISTRY, deliver_kinds, missing
+from kvhandoff.conformance.target import STEP_KINDS
+from kvhandoff.conformance.validate import MATCHED_KINDS
+from kvhandoff.spec.actions import ACTIONS_BY_NAME, ALL_ACTIONS, snake_case
+from kvhandoff.spec.state import Message, Tag, Write
 
 
 def test_every_spec_action_has_exactly_one_row() -> None:
@@ -112,6 +112,6 @@ def test_driving_an_action_asks_the_target_for_its_registered_operation(cls: typ
 
 
 def test_the_z3_fixed_encoding_knows_every_action() -> None:
-    from model_checker.z3_encoding import _CLASSES
+    from kvhandoff.model_checker.z3_encoding import _CLASSES
 
     assert sorted(set(ACTIONS_BY_NAME) - set(_CLASSES)) == []

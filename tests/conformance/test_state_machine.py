@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from conformance.campaign import campaign_config
-from conformance.inproc import InProcTarget
-from conformance.lockstep import machine_for
+from kvhandoff.conformance.campaign import campaign_config
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.lockstep import machine_for
 
 TestReferenceConformsInProcess = machine_for(InProcTarget, campaign_config()).TestCase
 TestReferenceConformsInProcess.settings = settings(

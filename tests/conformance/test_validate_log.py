@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from conformance.validate import validate_logs
-from impl.cluster import start_cluster
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
+from kvhandoff.conformance.validate import validate_logs
+from kvhandoff.impl.cluster import start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_a_refusal_on_a_cancel_that_overtook_the_submit_is_merged_after_the_canc
     # A live gRPC log (campaign seed 13): decode refuses t75r2 with CANCELLED because the
     # router's withdrawal overtook its submit; the merge must place that refusal after the
     # router's `client_cancel_request`, and prefill's early cancel of t75r1 ends prefill's part.
-    from conformance.validate import merge_logs, read_log
+    from kvhandoff.conformance.validate import merge_logs, read_log
 
     log = Path(__file__).parent / "data" / "cancel_overtakes_submit.log.jsonl"
     report = validate_logs([log])

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from impl.cluster import Cluster, start_cluster
+from kvhandoff.impl.cluster import Cluster, start_cluster
 
 # benchmarks/gpu_check.sh runs the cluster tests on the GPU with KVHANDOFF_TEST_DEVICE=cuda.
 DEVICE = os.environ.get("KVHANDOFF_TEST_DEVICE", "cpu")

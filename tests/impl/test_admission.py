@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from impl.client import GenerateResult
-from impl.cluster import Cluster
-from impl.eventlog import read_events
-from impl.servers.admission import AdmissionQueue
-from impl.tokenizer import encode
+from kvhandoff.impl.client import GenerateResult
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.eventlog import read_events
+from kvhandoff.impl.servers.admission import AdmissionQueue
+from kvhandoff.impl.tokenizer import encode
 
 
 def test_the_queue_serves_tenants_in_turn_and_never_lets_a_small_request_overtake() -> None:

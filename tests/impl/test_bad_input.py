@@ -11,14 +11,14 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from impl.client import GenerateResult
-from impl.cluster import Cluster
-from impl.core.decode import GrantView
-from impl.pool import DTYPE_NAME, PoolShape, page_digest
-from impl.proto import rpc
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.servers.base import answered
-from impl.tokenizer import encode
+from kvhandoff.impl.client import GenerateResult
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.core.decode import GrantView
+from kvhandoff.impl.pool import DTYPE_NAME, PoolShape, page_digest
+from kvhandoff.impl.proto import rpc
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.servers.base import answered
+from kvhandoff.impl.tokenizer import encode
 
 PROMPT = encode("HELD-REQUEST-" * 4)  # 52 tokens = 13 pages
 
@@ -254,7 +254,7 @@ def test_a_duplicate_request_id_is_refused_naming_it(cluster: Cluster, held: Hel
 
 
 def test_cancel_of_an_unknown_request_names_it(cluster: Cluster, held: Held) -> None:
-    from impl.errors import RequestFailed
+    from kvhandoff.impl.errors import RequestFailed
 
     with cluster.client() as c, pytest.raises(RequestFailed, match="nobody"):
         c.cancel("nobody")
@@ -302,7 +302,7 @@ def test_a_peer_that_disconnects_mid_stream_leaves_decode_serving(
 
 
 def test_pool_shape_rejects_nonsense_sizes() -> None:
-    from impl.errors import ConfigError
+    from kvhandoff.impl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="page_size must be >= 1, got 0"):
         PoolShape(page_size=0)
@@ -452,8 +452,8 @@ def test_every_peer_controlled_size_has_a_bound_with_a_clear_error(
 
 
 def test_prefill_bounds_the_requests_it_holds() -> None:
-    from impl.core import prefill as pc
-    from impl.core.common import RequestId, Room, Status, Tenant
+    from kvhandoff.impl.core import prefill as pc
+    from kvhandoff.impl.core.common import RequestId, Room, Status, Tenant
 
     core = pc.PrefillCore(
         pc.PrefillConfig(page_size=4, max_prompt_tokens=64, max_active_requests=2)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from impl.client import GenerateResult
-from impl.cluster import Cluster
-from impl.eventlog import read_events
-from impl.tokenizer import encode
+from kvhandoff.impl.client import GenerateResult
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.eventlog import read_events
+from kvhandoff.impl.tokenizer import encode
 
 CANARY_A = "QZXJALPHAKVW"
 CANARY_B = "qzxjbetakvw"

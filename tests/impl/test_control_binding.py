@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from impl.core import decode as dc
-from impl.core import prefill as pc
-from impl.core.common import Generation, PageId, Reply, RequestId, Room, Status, Tenant
+from kvhandoff.impl.core import decode as dc
+from kvhandoff.impl.core import prefill as pc
+from kvhandoff.impl.core.common import Generation, PageId, Reply, RequestId, Room, Status, Tenant
 
 PAGE = 4
 TOKEN = b"T" * 16
@@ -260,7 +260,7 @@ def test_an_admitted_request_whose_grant_never_comes_fails_and_tells_decode() ->
 
 
 def test_a_second_copy_of_a_validated_completion_is_answered_ok_and_changes_nothing() -> None:
-    from impl.core.common import completion_digest
+    from kvhandoff.impl.core.common import completion_digest
 
     d = decode_waiting()
     for i, page in enumerate(d.grant.pages):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from impl.cluster import Cluster
-from impl.eventlog import read_events
-from impl.servers.decode import next_boot
-from impl.tokenizer import encode
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.eventlog import read_events
+from kvhandoff.impl.servers.decode import next_boot
+from kvhandoff.impl.tokenizer import encode
 
 
 def test_the_boot_counter_increases_on_every_start(tmp_path: Path) -> None:

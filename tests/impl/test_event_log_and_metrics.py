@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from impl.cluster import Cluster
-from impl.eventlog import read_events
-from impl.tokenizer import encode
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.eventlog import read_events
+from kvhandoff.impl.tokenizer import encode
 
 SECRET = "SECRETCANARYXYZZY"
 
@@ -137,7 +137,7 @@ def test_metrics_exposition_help_integers_and_histograms(
 
 
 def test_metrics_refuse_a_name_used_with_other_labels() -> None:
-    from impl.metrics import Metrics
+    from kvhandoff.impl.metrics import Metrics
 
     m = Metrics("decode")
     m.inc("kvhandoff_refused_writes_total", reason="bad_token")

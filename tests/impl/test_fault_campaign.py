@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.fault_campaign import parse_faults, run_fault_campaign
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
+from kvhandoff.conformance.fault_campaign import parse_faults, run_fault_campaign
 
 
 def test_a_short_fault_campaign_conforms_with_every_fault_injected(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_decode_giving_up_on_an_undeliverable_grant_is_not_a_restart_detection()
     # first unexplained event; read as what it is, decode giving up on one reserved request
     # (decode_waiting_timeout), the whole log is explained. The log is the campaign's, with
     # the `cause` the implementation now logs on that answer.
-    from conformance.validate import validate_logs
+    from kvhandoff.conformance.validate import validate_logs
 
     report = validate_logs([DATA / "crash_grant_failed_seed305_trace41.log.jsonl"])
     assert report.ok, report.message
@@ -65,7 +65,7 @@ def test_an_error_answer_without_its_cause_is_still_read_as_before(tmp_path: Pat
     # unexplained at t42r2's admission, so an error answer is not taken for a give-up blindly.
     import json
 
-    from conformance.validate import validate_logs
+    from kvhandoff.conformance.validate import validate_logs
 
     lines = (DATA / "crash_grant_failed_seed305_trace41.log.jsonl").read_text().splitlines()
     events = [json.loads(x) for x in lines]
@@ -85,7 +85,7 @@ def test_keep_going_counts_every_failing_trace_and_kept_logs_are_judged_again(
 ) -> None:
     # The incident mode fails most traces: keep_going runs them all, saves each failing one's
     # log, and the logs kept for every trace give the same verdicts when judged again.
-    from conformance.fault_campaign import revalidate
+    from kvhandoff.conformance.fault_campaign import revalidate
 
     kept = tmp_path / "logs" / "seed0.jsonl.gz"
     faults = parse_faults("cancel,oversize")

@@ -11,13 +11,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from impl.client import Client, GenerateResult
-from impl.cluster import Cluster
-from impl.errors import RequestFailed
-from impl.proto import rpc
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
-from impl.tls import Identity, Pki, TlsFiles, identity_of_pem, make_test_pki
-from impl.tokenizer import encode
+from kvhandoff.impl.client import Client, GenerateResult
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.errors import RequestFailed
+from kvhandoff.impl.proto import rpc
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as pb
+from kvhandoff.impl.tls import Identity, Pki, TlsFiles, identity_of_pem, make_test_pki
+from kvhandoff.impl.tokenizer import encode
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def make_test_pki_from(pki: Pki) -> TlsFiles:
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
-    from impl.tls import _issue
+    from kvhandoff.impl.tls import _issue
 
     files = TlsFiles(pki.directory / "anon.crt", pki.directory / "anon.key", pki.ca)
     ca_cert = x509.load_pem_x509_certificate(pki.ca.read_bytes())

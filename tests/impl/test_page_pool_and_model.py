@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from impl.model import CopyHeadModel
-from impl.pool import PagePool, PoolShape, page_digest, tensor_bytes, tensor_from_bytes, wire_pages
-from impl.tokenizer import decode, encode
+from kvhandoff.impl.model import CopyHeadModel
+from kvhandoff.impl.pool import (
+    PagePool,
+    PoolShape,
+    page_digest,
+    tensor_bytes,
+    tensor_from_bytes,
+    wire_pages,
+)
+from kvhandoff.impl.tokenizer import decode, encode
 
 CPU = torch.device("cpu")
 

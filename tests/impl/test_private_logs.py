@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from impl.cluster import Cluster
-from impl.eventlog import EventLog, key_id
-from impl.model import CopyHeadModel
-from impl.pool import page_digest, tensor_bytes, wire_pages
-from impl.tokenizer import encode
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.eventlog import EventLog, key_id
+from kvhandoff.impl.model import CopyHeadModel
+from kvhandoff.impl.pool import page_digest, tensor_bytes, wire_pages
+from kvhandoff.impl.tokenizer import encode
 
 VOCAB = "ACGTNRYK"  # a small vocabulary: 8^4 = 4096 candidates per 4-token page
 PROMPT = "GATTACAK"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from impl.proto.build import PROTO_ROOT, generate
+from kvhandoff.impl.proto.build import PROTO_ROOT, generate
 from tests.proto_check import assert_committed_code_is_fresh
 
 

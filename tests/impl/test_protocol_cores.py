@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from impl.core import decode as dc
-from impl.core import prefill as pc
-from impl.core import router as rc
-from impl.core.common import Generation, PageId, Reply, RequestId, Room, Status, Tenant
-from impl.core.inprocess import InProcessCluster
-from impl.errors import ConfigError
-from impl.modes import MODES, NOT_APPLICABLE, Behaviour, get_mode
+from kvhandoff.impl.core import decode as dc
+from kvhandoff.impl.core import prefill as pc
+from kvhandoff.impl.core import router as rc
+from kvhandoff.impl.core.common import Generation, PageId, Reply, RequestId, Room, Status, Tenant
+from kvhandoff.impl.core.inprocess import InProcessCluster
+from kvhandoff.impl.errors import ConfigError
+from kvhandoff.impl.modes import MODES, NOT_APPLICABLE, Behaviour, get_mode
 
 REF = Behaviour()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ def kvhandoff(*args: str) -> list[str]:
     return [
         sys.executable,
         "-c",
-        "import sys; from kvhandoff_cli.main import main; sys.exit(main())",
+        "import sys; from kvhandoff.cli.main import main; sys.exit(main())",
         *args,
     ]
 
@@ -208,7 +208,7 @@ def test_a_single_role_needs_a_security_choice_and_insecure_says_so(
         assert info["pki"] is None
         # (torch may warn first on stderr)
         assert any("INSECURE" in proc.stderr.readline() for _ in range(10))
-        from impl.client import Client
+        from kvhandoff.impl.client import Client
 
         with Client(str(info["router"])) as c:
             assert c.generate("t", [72, 105], 2).text == "Hi"
@@ -226,8 +226,8 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
     import socket
     import urllib.request
 
-    from impl.client import Client
-    from impl.tls import Pki
+    from kvhandoff.impl.client import Client
+    from kvhandoff.impl.tls import Pki
 
     def free_port() -> int:
         with socket.socket() as s:
@@ -289,7 +289,7 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
 def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> None:
     import argparse
 
-    from kvhandoff_cli.cmd_serve import _read_prompt
+    from kvhandoff.cli.cmd_serve import _read_prompt
 
     f = tmp_path / "p.txt"
     f.write_text("hé")
@@ -301,7 +301,7 @@ def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> 
 def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> None:
     import urllib.request
 
-    from impl.client import Client
+    from kvhandoff.impl.client import Client
 
     args = ["serve", "all", "--device", "cpu", "--json", "--metrics-port", "0", "--insecure"]
     proc = subprocess.Popen(

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from impl.client import Client
-from impl.cluster import Cluster
-from impl.errors import TransportError
-from impl.eventlog import read_events
-from impl.tokenizer import encode
-from impl.transport import OneSidedTransport, WriteOp, open_transport
+from kvhandoff.impl.client import Client
+from kvhandoff.impl.cluster import Cluster
+from kvhandoff.impl.errors import TransportError
+from kvhandoff.impl.eventlog import read_events
+from kvhandoff.impl.tokenizer import encode
+from kvhandoff.impl.transport import OneSidedTransport, WriteOp, open_transport
 
 pytest.importorskip("mooncake.engine", reason="the mooncake extra is not installed (make venv)")
 
@@ -134,7 +134,7 @@ def test_serve_all_with_mooncake_preloads_the_wrapper_and_listens_on_loopback(
     }
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root)
-    code = "import sys; from kvhandoff_cli.main import main; sys.exit(main())"
+    code = "import sys; from kvhandoff.cli.main import main; sys.exit(main())"
     args = ["serve", "all", "--transport", "mooncake", "--device", "cpu", "--json", "--insecure"]
     proc = subprocess.Popen(
         [sys.executable, "-c", code, *args, "--state-dir", str(tmp_path)],
@@ -262,9 +262,9 @@ def test_abort_waits_for_in_flight_one_sided_writes(make_cluster: Callable[..., 
 def test_conformance_campaign_over_mooncake(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, traces: int, verdict: str
 ) -> None:
-    from conformance import campaign
-    from conformance.grpc_target import GrpcTarget
-    from impl.transport.mooncake import MooncakeTransport
+    from kvhandoff.conformance import campaign
+    from kvhandoff.conformance.grpc_target import GrpcTarget
+    from kvhandoff.impl.transport.mooncake import MooncakeTransport
 
     writes: list[int] = []
     real_write = MooncakeTransport.write

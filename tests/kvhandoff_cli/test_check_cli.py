@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from kvhandoff_cli.main import main
-from spec import VARIANTS, get_variant
-from spec.trace import load_trace, replay
+from kvhandoff.cli.main import main
+from kvhandoff.spec import VARIANTS, get_variant
+from kvhandoff.spec.trace import load_trace, replay
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -147,9 +147,9 @@ def test_the_reference_is_safe_with_two_prefill_ranks_with_every_witness_reached
     assert data["states"] == 524_922
 
 
-@pytest.mark.parametrize("module", ["kvhandoff_cli.main", "kvhandoff_cli"])
+@pytest.mark.parametrize("module", ["kvhandoff.cli.main", "kvhandoff_cli"])
 def test_python_dash_m_reports_a_usage_error_as_exit_2(module: str) -> None:
-    # Under `python -m kvhandoff_cli.main` the module runs twice (as __main__ and as imported by
+    # Under `python -m kvhandoff.cli.main` the module runs twice (as __main__ and as imported by
     # the commands); a usage error must still be exit 2 with one line, not a traceback.
     import os
     import subprocess

@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli import main as cli
-from kvhandoff_cli.demo import (
+from kvhandoff.cli import main as cli
+from kvhandoff.cli.demo import (
     kill_matrix,
     prove_reference,
     run_conformance_campaign,
     scenario_from_trace,
 )
-from model_checker import engines
-from model_checker.engines import EngineOptions
-from model_checker.explore import explore
-from model_checker.result import CheckResult
-from spec.config import Config, default_config
-from spec.trace import load_trace
-from spec.variants import Variant
+from kvhandoff.model_checker import engines
+from kvhandoff.model_checker.engines import EngineOptions
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.result import CheckResult
+from kvhandoff.spec.config import Config, default_config
+from kvhandoff.spec.trace import load_trace
+from kvhandoff.spec.variants import Variant
 
 
 @dataclass
@@ -188,8 +188,8 @@ def test_the_report_grids_and_glossary(demo: DemoRun) -> None:
 
 
 def test_the_kill_matrix_names_its_columns() -> None:
-    from kvhandoff_cli.demo import DemoRun as Run
-    from kvhandoff_cli.demo import MatrixRow, _matrix_lines
+    from kvhandoff.cli.demo import DemoRun as Run
+    from kvhandoff.cli.demo import MatrixRow, _matrix_lines
 
     run = Run(Path("."), ("matrix",))
     run.matrix = [

@@ -15,8 +15,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvhandoff_cli.main import main
-from kvhandoff_cli.output import KINDS, SCHEMA_VERSION
+from kvhandoff.cli.main import main
+from kvhandoff.cli.output import KINDS, SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -129,7 +129,7 @@ def test_generate_exits_3_when_nothing_answers(capsys: pytest.CaptureFixture[str
 
 def test_a_closed_pipe_exits_quietly() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvhandoff_cli", "variants", "--json"],
+        [sys.executable, "-m", "kvhandoff", "variants", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvhandoff_cli.progress import describe, interrupted_lines
-from model_checker import progress
+from kvhandoff.cli.progress import describe, interrupted_lines
+from kvhandoff.model_checker import progress
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _kvhandoff(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kvhandoff_cli", *args]
+    return [sys.executable, "-m", "kvhandoff", *args]
 
 
 def test_sigint_prints_what_was_covered_and_exits_130() -> None:

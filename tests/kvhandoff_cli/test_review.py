@@ -6,7 +6,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_a_breaking_change_names_what_it_breaks_with_the_shortest_chart(tmp_path
 def test_a_safe_change_exits_0(tmp_path: Path) -> None:
     change = tmp_path / "same.py"
     change.write_text(
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("renamed", "The reference under another name.")\n'
     )
     code, page = _review(str(change), "--engines", "explore", "--set", "max_faults=0")

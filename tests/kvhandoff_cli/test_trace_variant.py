@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
-from spec.trace import TraceError, load_trace
+from kvhandoff.cli.main import main
+from kvhandoff.spec.trace import TraceError, load_trace
 from tests.explored import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
-from spec.config import default_config
-from spec.variants import REFERENCE, Design, Variant, VariantError
+from kvhandoff.cli.main import main
+from kvhandoff.spec.config import default_config
+from kvhandoff.spec.variants import REFERENCE, Design, Variant, VariantError
 from tests.explored import SMALL
 
 SMALL_SET = [arg for kv in SMALL for arg in ("--set", kv)]
@@ -38,7 +38,7 @@ def test_a_hyphen_typo_in_a_design_option_is_exit_2_with_did_you_mean(
     path = write(
         tmp_path,
         "typo.py",
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         "\n"
         "VARIANT = REFERENCE.derive(\n"
         '    "typo", "count only", validation="count-only", oversize="truncate"\n'
@@ -58,7 +58,7 @@ def test_an_unknown_design_value_is_exit_2_listing_the_allowed_ones(
     path = write(
         tmp_path,
         "sometimes.py",
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("x", "y", validation="sometimes")\n',
     )
     code, _, err = run(capsys, "check", "--variant", str(path))
@@ -92,7 +92,7 @@ def test_breaks_must_name_properties(capsys: pytest.CaptureFixture[str], tmp_pat
     path = write(
         tmp_path,
         "breaks.py",
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("x", "y", scrub=False,\n'
         '    breaks=("freed_pages_hold_readable_data",))\n',
     )
@@ -151,7 +151,7 @@ def test_an_added_action_must_be_listed_with_its_effect() -> None:
 OVERRIDE_RAISES = """\
 from dataclasses import replace
 
-from spec.variants import REFERENCE
+from kvhandoff.spec.variants import REFERENCE
 
 
 def placeholder_reject(config, state, action):
@@ -184,7 +184,7 @@ def test_an_exception_in_extra_actions_is_exit_2(
         tmp_path,
         "extra.py",
         "from dataclasses import replace\n"
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         "\n"
         "def more(config, state):\n"
         "    return [1 / 0]\n"
@@ -197,7 +197,9 @@ def test_an_exception_in_extra_actions_is_exit_2(
 
 
 def test_a_syntax_error_names_its_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = write(tmp_path, "syntax.py", "from spec.variants import REFERENCE\nVARIANT = (\n")
+    path = write(
+        tmp_path, "syntax.py", "from kvhandoff.spec.variants import REFERENCE\nVARIANT = (\n"
+    )
     code, _, err = run(capsys, "check", "--variant", str(path))
     assert code == 2 and f"{path}:2: variant file failed to load: SyntaxError" in err
 
@@ -211,7 +213,7 @@ def test_a_declared_break_not_caught_is_reported_and_the_verdict_stands(
     path = write(
         tmp_path,
         "declared.py",
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("declared", "y", scrub=False,\n'
         '    breaks=("no_cross_tenant_read",))\n',
     )
@@ -236,7 +238,7 @@ def test_a_safe_protocol_with_a_declared_break_exits_0_and_says_it_was_not_caugh
     path = write(
         tmp_path,
         "safe.py",
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("safe", "y", breaks=("no_cross_tenant_read",))\n',
     )
     code, out, _ = run(capsys, "check", "--variant", str(path), *SMALL_SET)
@@ -245,7 +247,7 @@ def test_a_safe_protocol_with_a_declared_break_exits_0_and_says_it_was_not_caugh
 
 
 def test_the_catalogue_is_valid_and_a_catalogue_config_applies() -> None:
-    from spec.variants import VARIANTS
+    from kvhandoff.spec.variants import VARIANTS
 
     for v in VARIANTS:  # each was validated when spec.variants was imported; rebuild to be sure
         assert Variant(**{f: getattr(v, f) for f in Variant.__dataclass_fields__}) == v

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-import kvhandoff_cli.main as cli
-from kvhandoff_cli.main import main
-from model_checker import engines
-from model_checker.engines import ENGINES, EngineOptions, EngineRun, combine
-from model_checker.result import CheckResult, PropertyResult
-from model_checker.z3_engines import spacer
-from spec.config import Config
-from spec.properties import ALWAYS, TERMINATION
-from spec.variants import Variant
+import kvhandoff.cli.main as cli
+from kvhandoff.cli.main import main
+from kvhandoff.model_checker import engines
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions, EngineRun, combine
+from kvhandoff.model_checker.result import CheckResult, PropertyResult
+from kvhandoff.model_checker.z3_engines import spacer
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.properties import ALWAYS, TERMINATION
+from kvhandoff.spec.variants import Variant
 from tests.explored import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,8 +75,8 @@ def test_every_z3_engine_refuses_an_added_action(
 ) -> None:
     path = tmp_path / "added.py"
     path.write_text(
-        "from spec.actions import DecodeGenerate\n"
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.actions import DecodeGenerate\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         "def generate_early(config, state):\n"
         "    return [DecodeGenerate(r) for r, q in enumerate(state.requests) if q.d == 'reserved']\n"
         "VARIANT = REFERENCE.derive('added', 'generate early', extra_actions=generate_early)\n"

@@ -9,9 +9,9 @@ lists its class so that a trace of this variant reads back (`kvhandoff explain`)
 
 from dataclasses import dataclass, replace
 
-from spec.config import Config
-from spec.state import OTHER_TENANT, State, Tag
-from spec.variants import REFERENCE
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.state import OTHER_TENANT, State, Tag
+from kvhandoff.spec.variants import REFERENCE
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from model_checker.z3_thread_guard import z3_on_this_thread
+from kvhandoff.model_checker.z3_thread_guard import z3_on_this_thread
 
 
 @pytest.fixture(autouse=True)

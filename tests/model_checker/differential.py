@@ -14,15 +14,15 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import spec.variants as spec_variants
-from model_checker.engines import EngineOptions, EngineRun, run_engine
-from model_checker.result import CheckResult
-from model_checker.variant_loader import load_variant
-from spec.actions import DecodeGenerate
-from spec.config import Config, default_config, parse_set
-from spec.machine import step
-from spec.state import State
-from spec.variants import REFERENCE, VARIANTS, Design, Variant, get_variant
+import kvhandoff.spec.variants as spec_variants
+from kvhandoff.model_checker.engines import EngineOptions, EngineRun, run_engine
+from kvhandoff.model_checker.result import CheckResult
+from kvhandoff.model_checker.variant_loader import load_variant
+from kvhandoff.spec.actions import DecodeGenerate
+from kvhandoff.spec.config import Config, default_config, parse_set
+from kvhandoff.spec.machine import step
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import REFERENCE, VARIANTS, Design, Variant, get_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,20 +11,20 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from kvhandoff_cli.main import main
-from model_checker.explore import explore
-from model_checker.render import group_counterexamples
-from spec.actions import (
+from kvhandoff.cli.main import main
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.render import group_counterexamples
+from kvhandoff.spec.actions import (
     ClientCancelRequest,
     PrefillRejectRequest,
     RouterSubmitRequest,
     is_fault,
 )
-from spec.config import Config, default_config, parse_set
-from spec.properties import ALWAYS
-from spec.state import OTHER_TENANT, State, Tag
-from spec.trace import replay
-from spec.variants import REFERENCE
+from kvhandoff.spec.config import Config, default_config, parse_set
+from kvhandoff.spec.properties import ALWAYS
+from kvhandoff.spec.state import OTHER_TENANT, State, Tag
+from kvhandoff.spec.trace import replay
+from kvhandoff.spec.variants import REFERENCE
 from tests.explored import SMALL
 
 

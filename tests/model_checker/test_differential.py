@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-import model_checker.z3_engines as z3_engines
-from model_checker.engines import ENGINES, EngineOptions
+import kvhandoff.model_checker.z3_engines as z3_engines
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions
 from tests.explored import SMALL
 from tests.model_checker.differential import (
     config_for,

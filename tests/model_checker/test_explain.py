@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
-from model_checker.explain import build_story, to_markdown, to_mermaid, to_text
-from model_checker.explore import explore
-from spec.config import default_config
-from spec.trace import load_trace
-from spec.variants import get_variant
+from kvhandoff.cli.main import main
+from kvhandoff.model_checker.explain import build_story, to_markdown, to_mermaid, to_text
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.spec.config import default_config
+from kvhandoff.spec.trace import load_trace
+from kvhandoff.spec.variants import get_variant
 
-MODULES = ["kvhandoff_cli.cmd_explain"]
+MODULES = ["kvhandoff.cli.cmd_explain"]
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
 import pytest
 
-from model_checker.explore import build_graph, explore, to_dot
-from spec import ALWAYS, Config, default_config, get_variant, parse_set
-from spec.actions import action_name
-from spec.properties import SOMETIMES, TERMINATION
-from spec.trace import load_trace, replay
-from spec.variants import VARIANTS
+from kvhandoff.model_checker.explore import build_graph, explore, to_dot
+from kvhandoff.spec import ALWAYS, Config, default_config, get_variant, parse_set
+from kvhandoff.spec.actions import action_name
+from kvhandoff.spec.properties import SOMETIMES, TERMINATION
+from kvhandoff.spec.trace import load_trace, replay
+from kvhandoff.spec.variants import VARIANTS
 from tests.explored import SMALL, explored
 
 TINY = ["requests=a:1:1", "decode_pages=1", "max_faults=0"]
@@ -168,7 +168,7 @@ def test_the_state_graph_exports_to_dot() -> None:
 
 
 def test_a_user_variant_file_runs_through_the_explorer() -> None:
-    from model_checker.variant_loader import load_variant
+    from kvhandoff.model_checker.variant_loader import load_variant
 
     variant = load_variant("examples/variant_skip_digest.py")
     result = explore(variant, default_config())

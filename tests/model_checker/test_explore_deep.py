@@ -2,8 +2,8 @@
 
 import pytest
 
-from model_checker.explore import explore
-from spec import Config, get_variant, parse_set
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.spec import Config, get_variant, parse_set
 
 
 @pytest.mark.slow

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from kvhandoff_cli.main import main
-from model_checker.explain import build_story
-from spec.trace import load_trace
-from spec.variants import VARIANTS
+from kvhandoff.cli.main import main
+from kvhandoff.model_checker.explain import build_story
+from kvhandoff.spec.trace import load_trace
+from kvhandoff.spec.variants import VARIANTS
 
 INCIDENT = next(v for v in VARIANTS if v.name == "incident")
 
@@ -108,15 +108,15 @@ def test_the_page_is_offline_and_embeds_the_replayed_trace(incident_trace: Path)
 
 
 def _name(action: Any) -> str:
-    from spec.actions import action_name
+    from kvhandoff.spec.actions import action_name
 
     return action_name(action)
 
 
 def test_a_reference_trace_has_one_story_and_no_violation(tmp_path: Path) -> None:
     trace = tmp_path / "ref.jsonl"
-    from model_checker.explain import same_requests_under
-    from spec.trace import Trace, dump_trace
+    from kvhandoff.model_checker.explain import same_requests_under
+    from kvhandoff.spec.trace import Trace, dump_trace
 
     story = build_story(INCIDENT, _incident_trace_obj())
     ref = next(v for v in VARIANTS if v.name == "reference")
@@ -127,9 +127,9 @@ def test_a_reference_trace_has_one_story_and_no_violation(tmp_path: Path) -> Non
 
 
 def _incident_trace_obj() -> Any:
-    from model_checker.explore import explore
-    from spec.config import default_config, parse_set
-    from spec.trace import Trace
+    from kvhandoff.model_checker.explore import explore
+    from kvhandoff.spec.config import default_config, parse_set
+    from kvhandoff.spec.trace import Trace
 
     config = parse_set(INCIDENT.scenario(default_config()), ["max_faults=0"])
     result = explore(INCIDENT, config)

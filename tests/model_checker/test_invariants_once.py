@@ -12,18 +12,18 @@ from __future__ import annotations
 import pytest
 import z3
 
-from model_checker import z3_prove
-from model_checker.explore import build_graph, explore
-from model_checker.logic_z3 import AnySizeReading, FixedReading, Untranslatable, translate
-from model_checker.z3_encoding import Encoding
-from model_checker.z3_invariants import fixed_invariants, legacy_fixed_invariants
-from spec import invariants_py
-from spec.config import Config, RequestSpec
-from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
-from spec.logic import REQ, And, Implies, Or, clauses, forall
-from spec.trace import replay
-from spec.variants import REFERENCE, get_variant
-from spec.vocabulary import d, d_awaiting_ack, d_gen, p_gen
+from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker.explore import build_graph, explore
+from kvhandoff.model_checker.logic_z3 import AnySizeReading, FixedReading, Untranslatable, translate
+from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_invariants import fixed_invariants, legacy_fixed_invariants
+from kvhandoff.spec import invariants_py
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+from kvhandoff.spec.logic import REQ, And, Implies, Or, clauses, forall
+from kvhandoff.spec.trace import replay
+from kvhandoff.spec.variants import REFERENCE, get_variant
+from kvhandoff.spec.vocabulary import d, d_awaiting_ack, d_gen, p_gen
 
 SMALL = Config(
     decode_pages=2,

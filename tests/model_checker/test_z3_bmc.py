@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from model_checker.explore import explore
-from model_checker.z3_encoding import Encoding, EncodingError
-from model_checker.z3_engines import bmc, replay_counterexample
-from spec.config import Config, RequestSpec
-from spec.properties import ALWAYS
-from spec.trace import replay
-from spec.variants import REFERENCE, get_variant
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.z3_encoding import Encoding, EncodingError
+from kvhandoff.model_checker.z3_engines import bmc, replay_counterexample
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.properties import ALWAYS
+from kvhandoff.spec.trace import replay
+from kvhandoff.spec.variants import REFERENCE, get_variant
 
 SMALL = Config(
     decode_pages=2,
@@ -108,7 +108,7 @@ def test_bmc_and_explorer_agree_on_shortest_lengths_on_a_small_config(name: str)
 
 
 def test_a_bit_vector_width_too_narrow_for_the_values_is_detected_not_silently_wrapped() -> None:
-    from model_checker.z3_engines import _bmc, _WidthTooSmall
+    from kvhandoff.model_checker.z3_engines import _bmc, _WidthTooSmall
 
     with pytest.raises(_WidthTooSmall):  # phases go up to 10
         enc = Encoding(get_variant("incident"), Config(), width=3)
@@ -122,7 +122,7 @@ def test_the_range_check_uses_intervals_when_they_suffice_and_the_solver_when_no
     """The step bounds keep every counter within 5 bits at 20 steps (a counter grows only as
     often as the instances adding to it can fire), so BMC narrows at 5 bits; where they do not
     show the ranges, the solver must (and does, at 5 bits)."""
-    from model_checker.z3_engines import _bmc
+    from kvhandoff.model_checker.z3_engines import _bmc
 
     deep = bmc(REFERENCE, SMALL, depth=20)
     assert deep.extra["range_check"] == "intervals" and deep.extra["bitvector_width"] == 5
@@ -153,8 +153,8 @@ def test_the_step_bounds_hold_every_value_the_explorer_reaches_within_as_many_st
     """`Encoding.narrow` gives step t's variables just the bits of their step-t intervals (a Bool
     that cannot be true yet is False): sound only if every state reachable within t steps has its
     values inside them."""
-    from model_checker import z3_bounds
-    from model_checker.explore import build_graph
+    from kvhandoff.model_checker import z3_bounds
+    from kvhandoff.model_checker.explore import build_graph
 
     if max_parts is not None:
         monkeypatch.setattr(z3_bounds, "_MAX_PARTS", max_parts)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.cmd_matrix import Cell, expectation
-from kvhandoff_cli.main import main
-from spec.variants import REFERENCE, get_variant
+from kvhandoff.cli.cmd_matrix import Cell, expectation
+from kvhandoff.cli.main import main
+from kvhandoff.spec.variants import REFERENCE, get_variant
 
 
 def test_check_prove_json_reports_scope_and_obligations(capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,7 +50,7 @@ def test_a_variant_the_encoder_cannot_translate_is_inconclusive_naming_the_actio
 ) -> None:
     path = tmp_path / "override.py"
     path.write_text(
-        "from spec.variants import REFERENCE\n"
+        "from kvhandoff.spec.variants import REFERENCE\n"
         "VARIANT = REFERENCE.derive('skip_scrub', 'override', "
         "step_overrides={'decode_release_pages': lambda c, s, a: s})\n"
     )

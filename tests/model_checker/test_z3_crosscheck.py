@@ -8,19 +8,19 @@ from pathlib import Path
 import pytest
 import z3
 
-from model_checker import z3_prove
-from model_checker.engines import bmc_completeness
-from model_checker.explore import build_graph, explore
-from model_checker.z3_crosscheck import accepted_non_edges, constants, edge_mismatches
-from model_checker.z3_encoding import Encoding
-from model_checker.z3_engines import bmc
-from model_checker.z3_invariants import fixed_invariants
-from spec.config import Config, RequestSpec
-from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
-from spec.machine import enabled
-from spec.properties import ALWAYS
-from spec.state import PageState
-from spec.variants import REFERENCE, VARIANTS, get_variant
+from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker.engines import bmc_completeness
+from kvhandoff.model_checker.explore import build_graph, explore
+from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, constants, edge_mismatches
+from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_engines import bmc
+from kvhandoff.model_checker.z3_invariants import fixed_invariants
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+from kvhandoff.spec.machine import enabled
+from kvhandoff.spec.properties import ALWAYS
+from kvhandoff.spec.state import PageState
+from kvhandoff.spec.variants import REFERENCE, VARIANTS, get_variant
 
 PULL_VARIANTS = [v for v in VARIANTS if v.design.transfer == "pull"]
 

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import z3
 
-from model_checker import z3_prove
-from model_checker.prove import _inductive_subset, prove, prove_fixed
-from model_checker.z3_encoding import Encoding
-from model_checker.z3_engines import kinduction, spacer
-from model_checker.z3_invariants import fixed_invariants
-from spec.config import Config, RequestSpec
-from spec.variants import REFERENCE, get_variant
+from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker.prove import _inductive_subset, prove, prove_fixed
+from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_engines import kinduction, spacer
+from kvhandoff.model_checker.z3_invariants import fixed_invariants
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.variants import REFERENCE, get_variant
 
 TINY = Config(
     decode_pages=1,

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import z3
 
-from model_checker import z3_prove
-from model_checker.explore import build_graph
-from model_checker.z3_simulation import Simulator
-from spec.actions import Action, DecodeReceiveWrite, action_name
-from spec.config import Config, parse_set
-from spec.state import State
-from spec.variants import Variant, get_variant
+from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker.explore import build_graph
+from kvhandoff.model_checker.z3_simulation import Simulator
+from kvhandoff.spec.actions import Action, DecodeReceiveWrite, action_name
+from kvhandoff.spec.config import Config, parse_set
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import Variant, get_variant
 from tests.explored import SMALL
 
 Edge = tuple[State, Action, State]

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import z3
 
-from model_checker import z3_prove
-from model_checker.engines import ENGINES, EngineOptions
-from model_checker.prove import prove
-from model_checker.z3_encoding import Encoding
-from model_checker.z3_witnesses import any_size_movement, fixed_movement, spec_reach
-from spec.config import Config, RequestSpec
-from spec.properties import SOMETIMES
-from spec.variants import REFERENCE, get_variant
+from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions
+from kvhandoff.model_checker.prove import prove
+from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_witnesses import any_size_movement, fixed_movement, spec_reach
+from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.properties import SOMETIMES
+from kvhandoff.spec.variants import REFERENCE, get_variant
 
 TINY = Config(
     decode_pages=1,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
 from tests.render.mermaid_render import CHROMIUM, CHROMIUM_FLAGS, SetupImpossible
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhandoff_cli.main import main
+from kvhandoff.cli.main import main
 from tests.render.mermaid_render import SetupImpossible, charts_in, ensure_tools, render
 
 pytestmark = pytest.mark.slow

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spec import REFERENCE, Config, RequestSpec, enabled, init, step
-from spec.actions import (
+from kvhandoff.spec import REFERENCE, Config, RequestSpec, enabled, init, step
+from kvhandoff.spec.actions import (
     Action,
     ClientCancelRequest,
     DecodeAdmitRequest,
@@ -22,8 +22,8 @@ from spec.actions import (
     PrefillWritePage,
     RouterSubmitRequest,
 )
-from spec.properties import check_always
-from spec.state import State, all_done
+from kvhandoff.spec.properties import check_always
+from kvhandoff.spec.state import State, all_done
 
 ONE = Config(decode_pages=1, requests=(RequestSpec("a", 1, 1),), max_faults=1)
 

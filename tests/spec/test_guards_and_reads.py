@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from model_checker.explore import build_graph
-from spec import ALWAYS, Config, default_config, parse_set
-from spec.actions import Action
-from spec.machine import enabled, is_enabled
-from spec.properties import check_always, check_always_after
-from spec.state import State
-from spec.variants import VARIANTS, Variant
+from kvhandoff.model_checker.explore import build_graph
+from kvhandoff.spec import ALWAYS, Config, default_config, parse_set
+from kvhandoff.spec.actions import Action
+from kvhandoff.spec.machine import enabled, is_enabled
+from kvhandoff.spec.properties import check_always, check_always_after
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import VARIANTS, Variant
 from tests.explored import SMALL
 
 # Small enough to try every action ever enabled in every state; two faults so that a fault's
@@ -87,7 +87,7 @@ def test_check_always_after_agrees_with_check_always_along_every_edge(variant: V
 
 
 def _stepped(variant: Variant, config: Config, state: State, action: Action) -> State:
-    from spec.machine import step
+    from kvhandoff.spec.machine import step
 
     return step(variant, config, state, action)
 

@@ -2,7 +2,7 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from spec import (
+from kvhandoff.spec import (
     FAULT_ACTIONS,
     REFERENCE,
     Config,
@@ -15,10 +15,10 @@ from spec import (
     parse_set,
     step,
 )
-from spec.actions import RouterSubmitRequest, action_from_json, action_to_json, is_fault
-from spec.machine import ActionNotEnabled, checked_step
-from spec.state import all_done
-from spec.trace import TraceError, dump_trace, load_trace, replay
+from kvhandoff.spec.actions import RouterSubmitRequest, action_from_json, action_to_json, is_fault
+from kvhandoff.spec.machine import ActionNotEnabled, checked_step
+from kvhandoff.spec.state import all_done
+from kvhandoff.spec.trace import TraceError, dump_trace, load_trace, replay
 
 
 def walk(variant_name: str, choose: int, steps: int) -> list[object]:
@@ -93,14 +93,14 @@ def test_step_is_deterministic() -> None:
 
 def test_a_disabled_action_is_refused_by_checked_step() -> None:
     config = default_config()
-    from spec.actions import DecodeGenerate
+    from kvhandoff.spec.actions import DecodeGenerate
 
     with pytest.raises(ActionNotEnabled, match="decode_generate"):
         checked_step(REFERENCE, config, init(config), DecodeGenerate(0))
 
 
 def test_generations_never_repeat_even_across_a_decode_restart() -> None:
-    from spec.actions import DecodeAdmitRequest, DecodeReservePages, DecodeRestart
+    from kvhandoff.spec.actions import DecodeAdmitRequest, DecodeReservePages, DecodeRestart
 
     config = default_config()
     s = init(config)
@@ -199,7 +199,7 @@ def test_a_stepped_states_kept_hash_is_the_hash_of_an_equal_fresh_state(n: int) 
     import random
     from dataclasses import fields
 
-    from spec.state import State
+    from kvhandoff.spec.state import State
 
     # Past the explicit model's size limits, as the log validator's scenarios are.
     config = object.__new__(Config)

@@ -4,8 +4,17 @@ from dataclasses import replace
 
 import pytest
 
-from spec import REFERENCE, Config, RequestSpec, default_config, enabled, get_variant, init, step
-from spec.actions import (
+from kvhandoff.spec import (
+    REFERENCE,
+    Config,
+    RequestSpec,
+    default_config,
+    enabled,
+    get_variant,
+    init,
+    step,
+)
+from kvhandoff.spec.actions import (
     Action,
     DecodeAdmitRequest,
     DecodeGenerate,
@@ -27,15 +36,15 @@ from spec.actions import (
     action_from_json,
     action_to_json,
 )
-from spec.machine import checked_step
-from spec.properties import (
+from kvhandoff.spec.machine import checked_step
+from kvhandoff.spec.properties import (
     accepted_completion_implies_full_coverage,
     decode_reads_only_validated_pages,
     freed_pages_hold_no_readable_data,
 )
-from spec.state import Message, PageState, State, Tag
-from spec.trace import dump_trace, load_trace, replay
-from spec.variants import Variant
+from kvhandoff.spec.state import Message, PageState, State, Tag
+from kvhandoff.spec.trace import dump_trace, load_trace, replay
+from kvhandoff.spec.variants import Variant
 
 ONE_PAGE = (RequestSpec("a", 1, 1),)
 
@@ -272,7 +281,7 @@ def test_a_several_rank_trace_round_trips_and_replays(choose: int) -> None:
 
 @pytest.mark.parametrize("name", ["reference", "one_sided_fenced"])
 def test_the_safety_invariants_hold_on_every_reachable_state_with_two_ranks(name: str) -> None:
-    from spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+    from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 
     variant = get_variant(name)
     config = replace(SMALL, prefill_ranks=2)

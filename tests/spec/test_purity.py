@@ -18,7 +18,7 @@ def test_importing_spec_loads_no_io_or_solver_library() -> None:
 def test_spec_source_has_no_clock_randomness_or_io() -> None:
     from pathlib import Path
 
-    import spec
+    from kvhandoff import spec
 
     root = Path(spec.__file__).parent
     forbidden = ("import random", "import time", "import logging", "open(", "print(", "datetime")

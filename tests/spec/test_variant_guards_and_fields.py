@@ -13,13 +13,13 @@ from types import ModuleType
 
 import pytest
 
-from model_checker.explore import explore
-from model_checker.z3_encoding import CannotEncode, Encoding
-from spec.actions import DecodeReleasePages
-from spec.config import Config, parse_set
-from spec.machine import enabled, init, is_enabled
-from spec.state import State
-from spec.variants import REFERENCE, Variant, VariantError, get_variant
+from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.z3_encoding import CannotEncode, Encoding
+from kvhandoff.spec.actions import DecodeReleasePages
+from kvhandoff.spec.config import Config, parse_set
+from kvhandoff.spec.machine import enabled, init, is_enabled
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import REFERENCE, Variant, VariantError, get_variant
 from tests.explored import SMALL
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -45,7 +45,7 @@ def test_a_replaced_guard_lists_its_kind_in_place_of_the_rulebook_s() -> None:
     result = explore(REFERENCE, config)
     assert result.extra["complete"]
     # Somewhere the reference releases; the variant never does, and nothing else changes there.
-    from model_checker.explore import build_graph
+    from kvhandoff.model_checker.explore import build_graph
 
     graph, _, _ = build_graph(REFERENCE, config)
     state = next(
@@ -65,7 +65,7 @@ def test_a_formula_guard_and_the_same_python_guard_enable_the_same_actions() -> 
     formula = _load("variant_replace_guard").VARIANT
     python = _python_guard_variant()
     config = _small(formula.scenario(Config()))
-    from model_checker.explore import build_graph
+    from kvhandoff.model_checker.explore import build_graph
 
     states = build_graph(python, config)[0].states
     assert len(states) == len(build_graph(formula, config)[0].states)
@@ -74,7 +74,7 @@ def test_a_formula_guard_and_the_same_python_guard_enable_the_same_actions() -> 
 
 
 def test_a_formula_guard_is_read_by_the_z3_encoding_and_bmc_finds_the_same_run() -> None:
-    from model_checker.z3_engines import bmc
+    from kvhandoff.model_checker.z3_engines import bmc
 
     variant = _load("variant_replace_guard").VARIANT
     assert variant.is_pure_design and "decode_release_pages" in variant.formula_guards()
@@ -87,7 +87,7 @@ def test_a_formula_guard_is_read_by_the_z3_encoding_and_bmc_finds_the_same_run()
 
 
 def test_a_formula_guard_only_replaces_guards_of_one_request_protocol_steps() -> None:
-    from spec.logic import guard
+    from kvhandoff.spec.logic import guard
 
     with pytest.raises(VariantError, match="formula guard can replace only"):
         replace(
@@ -98,8 +98,8 @@ def test_a_formula_guard_only_replaces_guards_of_one_request_protocol_steps() ->
 
 
 def d_gen_is_zero():  # type: ignore[no-untyped-def]
-    from spec.logic import REQ, forall
-    from spec.vocabulary import d_gen
+    from kvhandoff.spec.logic import REQ, forall
+    from kvhandoff.spec.vocabulary import d_gen
 
     return forall(REQ, lambda r: d_gen(r) == 0)
 
@@ -155,7 +155,7 @@ def test_the_state_field_example_is_checked_by_the_explorer() -> None:
     assert freed.verdict == "violated" and freed.trace is not None
     assert any(type(a).__name__ == "DecodePreemptRequest" for a in freed.trace)
     # The field bounds the new action: no reachable state preempted twice.
-    from model_checker.explore import build_graph
+    from kvhandoff.model_checker.explore import build_graph
 
     graph, _, _ = build_graph(variant, _small(Config()))
     counts = {variant.get(s, "preemptions") for s in graph.states}

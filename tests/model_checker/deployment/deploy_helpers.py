@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from model_checker.deployment import CheckerOptions, from_commands
-from model_checker.deployment.engines import Kind
-from model_checker.deployment.model import Deployment
+from kvhandoff.model_checker.deployment import CheckerOptions, from_commands
+from kvhandoff.model_checker.deployment.engines import Kind
+from kvhandoff.model_checker.deployment.model import Deployment
 
 INCIDENT_CONTEXT = 1_048_576
 INCIDENT_PREFILL_POOL = 681_280

@@ -13,12 +13,16 @@ import pytest
 import z3
 from deploy_helpers import incident, sglang
 
-import model_checker.deployment.decision as decision_module
-from kvhandoff_cli.main import main
-from model_checker.deployment import decide
-from model_checker.deployment.bridge import build_spec_config, protocol_variant, to_protocol_config
+import kvhandoff.model_checker.deployment.decision as decision_module
+from kvhandoff.cli.main import main
+from kvhandoff.model_checker.deployment import decide
+from kvhandoff.model_checker.deployment.bridge import (
+    build_spec_config,
+    protocol_variant,
+    to_protocol_config,
+)
 
-MODULES = ["kvhandoff_cli.cmd_check_config"]
+MODULES = ["kvhandoff.cli.cmd_check_config"]
 EXAMPLE = Path(__file__).parents[3] / "docs" / "examples" / "incident.toml"
 
 
@@ -180,9 +184,9 @@ def test_run_protocol_check_runs_kvhandoff_check_on_the_scaled_model(
         p.add_argument("--set", action="append", default=[])
         p.set_defaults(func=lambda args: seen.append((args.variant, args.set)) or 1)
 
-    fake = types.ModuleType("kvhandoff_cli.cmd_check")
+    fake = types.ModuleType("kvhandoff.cli.cmd_check")
     fake.register = register  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kvhandoff_cli.cmd_check", fake)
+    monkeypatch.setitem(sys.modules, "kvhandoff.cli.cmd_check", fake)
     code, out, _ = run(capsys, *incident_args(), "--run-protocol-check")
     assert code == 1  # the deployment's verdict, not the protocol check's
     assert seen == [("incident", [f"{k}={v}" for k, v in _incident_pairs().items()])]
@@ -192,7 +196,7 @@ def test_run_protocol_check_runs_kvhandoff_check_on_the_scaled_model(
 def test_run_protocol_check_without_kvhandoff_check_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "kvhandoff_cli.cmd_check", None)
+    monkeypatch.setitem(sys.modules, "kvhandoff.cli.cmd_check", None)
     code, out, _ = run(capsys, *incident_args(1_048_576), "--run-protocol-check")
     assert code == 0
     assert "kvhandoff check is not available in this checkout" in out

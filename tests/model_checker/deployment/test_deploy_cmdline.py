@@ -7,9 +7,9 @@ import json
 import pytest
 from deploy_helpers import sglang
 
-from model_checker.deployment import CheckerOptions, ConfigInputError, from_commands
-from model_checker.deployment.cmdline import parse_command
-from model_checker.deployment.model import Engine, Setting
+from kvhandoff.model_checker.deployment import CheckerOptions, ConfigInputError, from_commands
+from kvhandoff.model_checker.deployment.cmdline import parse_command
+from kvhandoff.model_checker.deployment.model import Engine, Setting
 
 DECODE = sglang("decode", "--context-length 32768 --max-total-tokens 65536")
 PREFILL = sglang("prefill", "--context-length 32768 --max-total-tokens 65536")

@@ -8,11 +8,17 @@ from deploy_helpers import incident, oracle_sglang
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import model_checker.deployment.decision as decision_module
-from model_checker.deployment import Finding, InconclusiveError, LengthRange, Severity, decide
-from model_checker.deployment.decision import _Z3, Decision
-from model_checker.deployment.engines import Kind
-from model_checker.deployment.model import Deployment, Engine, Role, RoleConfig, Setting
+import kvhandoff.model_checker.deployment.decision as decision_module
+from kvhandoff.model_checker.deployment import (
+    Finding,
+    InconclusiveError,
+    LengthRange,
+    Severity,
+    decide,
+)
+from kvhandoff.model_checker.deployment.decision import _Z3, Decision
+from kvhandoff.model_checker.deployment.engines import Kind
+from kvhandoff.model_checker.deployment.model import Deployment, Engine, Role, RoleConfig, Setting
 
 
 def errors(decision: Decision, rule: str | None = None) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "check-config.md"
 BLOCK = re.compile(r"```console\n(.*?)```", re.DOTALL)
-MODULES = ["kvhandoff_cli.cmd_check_config"]
+MODULES = ["kvhandoff.cli.cmd_check_config"]
 
 
 @dataclass
@@ -47,7 +47,7 @@ def parse_block(block: str) -> list[Step]:
 
 def execute(command: str) -> tuple[str, int]:
     """Run one documented command in-process, from the repository root, as a shell would."""
-    from kvhandoff_cli.main import main
+    from kvhandoff.cli.main import main
 
     words = shlex.split(command)
     assert words[:2] == ["kvhandoff", "check-config"], command

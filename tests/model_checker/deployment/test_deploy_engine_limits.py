@@ -8,8 +8,8 @@ from deploy_helpers import incident, oracle_sglang
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_checker.deployment.decision import handled_alike
-from model_checker.deployment.engines import (
+from kvhandoff.model_checker.deployment.decision import handled_alike
+from kvhandoff.model_checker.deployment.engines import (
     Kind,
     RoleLimits,
     role_limits,
@@ -17,7 +17,7 @@ from model_checker.deployment.engines import (
     sglang_scheduler_limit,
     vllm_handling,
 )
-from model_checker.deployment.model import Engine, Role
+from kvhandoff.model_checker.deployment.model import Engine, Role
 
 
 def evaluate(lim: RoleLimits, n: int) -> tuple[Kind, int]:

@@ -6,7 +6,13 @@ import json
 
 from deploy_helpers import incident
 
-from model_checker.deployment import CheckerOptions, Finding, Severity, decide, from_commands
+from kvhandoff.model_checker.deployment import (
+    CheckerOptions,
+    Finding,
+    Severity,
+    decide,
+    from_commands,
+)
 
 FIXED = 1_048_576
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from model_checker.deployment import ConfigInputError, decide, from_toml
-from model_checker.deployment.model import Engine
+from kvhandoff.model_checker.deployment import ConfigInputError, decide, from_toml
+from kvhandoff.model_checker.deployment.model import Engine
 
 EXAMPLE = Path(__file__).parents[3] / "docs" / "examples" / "incident.toml"
 

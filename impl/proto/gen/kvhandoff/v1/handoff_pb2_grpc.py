@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from impl.proto.gen.kvhandoff.v1 import handoff_pb2 as kvhandoff_dot_v1_dot_handoff__pb2
+from kvhandoff.impl.proto.gen.kvhandoff.v1 import handoff_pb2 as kvhandoff_dot_v1_dot_handoff__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

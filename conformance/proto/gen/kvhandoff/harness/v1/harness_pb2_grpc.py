@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2 as kvhandoff_dot_harness_dot_v1_dot_harness__pb2
+from kvhandoff.conformance.proto.gen.kvhandoff.harness.v1 import harness_pb2 as kvhandoff_dot_harness_dot_v1_dot_harness__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
