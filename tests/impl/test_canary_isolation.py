@@ -74,6 +74,10 @@ def run_scenario(cluster: Cluster) -> list[Outcome]:
                 out.append(
                     Outcome(f"{tag} ok", tenant, c.generate(tenant, prompt(tenant, 100), 32))
                 )
+                # Decode releases a request's pages just after its answer; on a loaded machine
+                # the next grant could come first and take other pages. Waiting keeps the free
+                # list in one order, so the incident's oversized request reuses tenant A's pages.
+                assert cluster.wait_quiescent(10)
 
         ok_round("first")
         # Oversized for prefill (300 > 128 tokens) but admitted by the router and by decode.

@@ -44,6 +44,11 @@ the Z3 engines refuse; the examples; both override variants) at about 2 s of CPU
 other catalogue variant is in the slow run (the one-sided and pull designs cost `prove` 15-20 s
 each: it proves them on the fixed-config encoding)."""
 
+SLOW_RUN_ONLY = {("release_without_drain_ack", "prove")}
+"""A formula guard sends `prove` to the fixed-configuration encoding of the one-sided design:
+about 20 s on an idle machine, over a minute on a loaded one. The other engines check the row
+here; `prove` checks it in the slow run."""
+
 FAST = {
     "explore": EngineOptions(),
     "bmc": EngineOptions(depth=2),
@@ -88,9 +93,10 @@ def test_no_engine_claims_more_than_the_explorer_on_the_small_scenario(
     # it decides violated versus unknown, never a "holds", so a shallow one keeps this fast.
     monkeypatch.setattr(z3_engines, "DEFAULT_BMC_DEPTH", 2)
     variant = variant_named(name)
-    _, runs, found = differential(variant, config_for(variant, SMALL), FAST)
+    options = {e: o for e, o in FAST.items() if (name, e) not in SLOW_RUN_ONLY}
+    _, runs, found = differential(variant, config_for(variant, SMALL), options)
     assert not found, "\n".join(str(m) for m in found)
-    assert [r.engine for r in runs] == list(ENGINES)
+    assert [r.engine for r in runs] == list(options)
     if not variant.is_pure_design or variant.config.get("prefill_ranks"):
         assert all(r.verdict == "cannot_encode" for r in runs if r.engine != "explore")
 
