@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +111,9 @@ def variant_json(v: Variant) -> dict[str, Any]:
 
 def run_variants(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps([variant_json(v) for v in VARIANTS], indent=2))
+        from kvhandoff.cli import output
+
+        output.print_json("variants", {"variants": [variant_json(v) for v in VARIANTS]}, indent=2)
         return EXIT_OK
     for v in VARIANTS:
         ms = ",".join(v.m_numbers) or "-"

@@ -187,7 +187,15 @@ def run(args: argparse.Namespace) -> int:
     except InconclusiveError as exc:
         print(f"kvhandoff check-config: INCONCLUSIVE (exit 3): {exc}", file=sys.stderr)
         return EXIT_INCONCLUSIVE
-    sys.stdout.write(render_json(decision) if args.json else render_text(decision))
+    if args.json:
+        import json
+
+        from kvhandoff.cli import output
+
+        # The report's fields come from the deployment model; the schema id is the CLI's.
+        output.print_json("check-config", json.loads(render_json(decision)), indent=2)
+    else:
+        sys.stdout.write(render_text(decision))
     if args.run_protocol_check:
         run_protocol_check(decision)
     return exit_code(decision)

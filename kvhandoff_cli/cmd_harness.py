@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 from typing import Any
 
 from kvhandoff.cli.main import EXIT_OK, UsageError
@@ -76,7 +75,9 @@ def run_harness_serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.json:
-            print(json.dumps({"address": server.address, "backend": args.backend}), flush=True)
+            from kvhandoff.cli import output
+
+            output.print_json("harness-serve", {"address": server.address, "backend": args.backend})
         else:
             print(
                 f"kvhandoff harness-serve: backend {args.backend} on {server.address} "

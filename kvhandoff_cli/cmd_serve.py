@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -283,7 +282,9 @@ def run_serve(args: argparse.Namespace) -> int:
                 cluster.wait_healthy()
                 pki = str(config.pki) if config.pki is not None else None
                 if args.json:
-                    print(json.dumps({**cluster.addresses(), "pki": pki}), flush=True)
+                    from kvhandoff.cli import output
+
+                    output.print_json("serve-all", {**cluster.addresses(), "pki": pki})
                 else:
                     print(
                         f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
@@ -399,10 +400,12 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
         line: dict[str, Any] = {args.role: server.address, "limits": limits.as_json()}
         if server.metrics_port is not None:
             line["metrics"] = f"{args.host}:{server.metrics_port}"
-        print(
-            json.dumps(line) if args.json else f"kvhandoff serve {args.role}: {server.address}",
-            flush=True,
-        )
+        if args.json:
+            from kvhandoff.cli import output
+
+            output.print_json("serve", line)
+        else:
+            print(f"kvhandoff serve {args.role}: {server.address}", flush=True)
         _wait_for_signal()
         runtime.run(server.stop(grace=1.0))
     finally:

@@ -25,12 +25,17 @@ SCHEMA_VERSION = 1
 KINDS = (
     "check",
     "check-all",
+    "check-config",
+    "variants",
     "matrix",
     "conform",
     "fault-campaign",
     "replay",
     "validate-log",
     "generate",
+    "serve",
+    "serve-all",
+    "harness-serve",
     "demo",
     "error",
 )

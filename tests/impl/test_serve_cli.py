@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvhandoff.cli.main import main
+from tests.schema_check import assert_matches_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -268,6 +269,7 @@ def test_each_role_serves_as_its_own_process(tmp_path: Path) -> None:
             procs.append(proc)
             assert proc.stdout is not None
             infos[role] = json.loads(proc.stdout.readline())
+            assert_matches_schema("serve", infos[role])
         with Client(str(infos["router"]["router"]), Pki(pki).issue("client", "t")) as c:
             result = c.generate("t", [72, 105, 33], 3)
         assert result.status == "ok" and result.text == "Hi!"
@@ -315,6 +317,7 @@ def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> N
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
+        assert_matches_schema("serve-all", info)
         metrics = info["metrics"]
         assert set(metrics) == {"router", "prefill", "decode"}
         assert len({a.rsplit(":", 1)[1] for a in metrics.values()}) == 3

@@ -94,7 +94,7 @@ def test_variants_lists_every_variant_with_its_catalogue_entry(
 ) -> None:
     code, out, _ = run(capsys, "variants", "--json")
     assert code == 0
-    listed = json.loads(out)
+    listed = json.loads(out)["variants"]
     assert [v["name"] for v in listed] == [v.name for v in VARIANTS]
     by_name = {v["name"]: v for v in listed}
     assert by_name["incident"]["m_numbers"] == ["M1", "M2", "M3", "M6", "M20"]

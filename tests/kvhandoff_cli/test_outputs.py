@@ -6,27 +6,25 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 
 from kvhandoff.cli.main import main
-from kvhandoff.cli.output import KINDS, SCHEMA_VERSION
+from kvhandoff.cli.output import KINDS
+from tests.schema_check import assert_matches_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "docs" / "schemas"
 
 
 def _validate(kind: str, obj: Any) -> None:
-    schema = json.loads((SCHEMAS / f"{kind}.schema.json").read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.validate(obj, schema)
-    assert obj["schema"] == f"kvhandoff.{kind}/{SCHEMA_VERSION}"
+    assert_matches_schema(kind, obj)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
@@ -117,6 +115,42 @@ def test_replay_and_validate_log_json(capsys: pytest.CaptureFixture[str], tmp_pa
     log = ROOT / "tests" / "conformance" / "data" / "cancel_overtakes_submit.log.jsonl"
     _, out = _run(capsys, "validate-log", str(log), "--json")
     _validate("validate-log", out)
+
+
+def test_check_config_json(capsys: pytest.CaptureFixture[str]) -> None:
+    config = ROOT / "docs" / "examples" / "incident.toml"
+    code, out = _run(capsys, "check-config", "--config", str(config), "--json")
+    assert code == 1
+    _validate("check-config", out)
+    assert out["verdict"] == "unsafe" and out["protocol"]["variant"] == "incident"
+
+
+def test_variants_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = _run(capsys, "variants", "--json")
+    assert code == 0
+    _validate("variants", out)
+    assert out["variants"][0]["name"] == "reference"
+
+
+def test_harness_serve_json(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvhandoff", "harness-serve", "--listen", "127.0.0.1:0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        out = json.loads(line)
+        _validate("harness-serve", out)
+        assert out["backend"] == "inproc" and out["address"].startswith("127.0.0.1:")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
 
 
 def test_generate_exits_3_when_nothing_answers(capsys: pytest.CaptureFixture[str]) -> None:
