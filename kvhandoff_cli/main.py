@@ -43,6 +43,7 @@ COMMAND_MODULES = [
     "kvhandoff.cli.cmd_conform",
     "kvhandoff.cli.cmd_harness",
     "kvhandoff.cli.cmd_review",
+    "kvhandoff.cli.cmd_examples",
 ]
 
 

@@ -127,8 +127,10 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
     ).stdout.strip()
     # One top-level package, nothing generic (`spec`, `impl`) that a user's tree would clash with.
     with zipfile.ZipFile(wheel) as zf:
-        tops = {name.split("/")[0] for name in zf.namelist()}
+        names = set(zf.namelist())
+    tops = {name.split("/")[0] for name in names}
     assert tops == {"kvhandoff", wheel.name.split("-py")[0] + ".dist-info"}, tops
+    assert "kvhandoff/examples/variant_skip_digest.py" in names
     # Plain path lines (not site.addsitedir) so this venv's editable-install hook is not loaded:
     # `kvhandoff` must come from the wheel.
     (Path(site) / "zz_host_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -190,3 +192,22 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "VersionError" not in demo.stderr
     assert (work / "report" / "report.md").is_file()
+    # A pip user runs the guides' example commands after copying the examples out.
+    copied = subprocess.run(
+        [str(py), "-m", "kvhandoff", "examples", "--copy", "."],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert copied.returncode == 0, copied.stderr
+    check = subprocess.run(
+        [str(py), "-m", "kvhandoff", "check", "--variant", "examples/variant_skip_digest.py"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
+    assert "decode_reads_only_validated_pages" in check.stdout
