@@ -1,4 +1,5 @@
-"""`kvhandoff explain TRACE`: a trace as a narrative, a Mermaid sequence chart, or Markdown."""
+"""`kvhandoff explain TRACE`: a trace as a narrative, a Mermaid sequence chart (or its SVG
+picture), Markdown, or an offline HTML page."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ def register(sub: Any) -> None:
     p.add_argument("trace", metavar="TRACE", help="a JSON Lines trace file")
     p.add_argument(
         "--format",
-        choices=(*FORMATS, "html"),
+        choices=(*FORMATS, "svg", "html"),
         default="text",
-        help="text (narrative, default), mermaid (sequence chart), markdown (both) or html (an "
+        help="text (narrative, default), mermaid (sequence chart), svg (the same chart as one "
+        "SVG picture, drawn without a browser), markdown (narrative and chart) or html (an "
         "offline page to step through in a browser, with the reference on the same requests)",
     )
     p.add_argument(
@@ -112,6 +114,12 @@ def run_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"--against {args.against}: {exc}") from exc
     if args.format == "html":
         print(_html(story), end="")
+        return EXIT_OK
+    if args.format == "svg":
+        from kvhandoff.cli.svg_chart import mermaid_to_svg
+
+        title = f"{story.variant.name}: {story.property_name or 'trace'}"
+        print(mermaid_to_svg(render(story, "mermaid"), title), end="")
         return EXIT_OK
     print(render(story, args.format), end="")
     return EXIT_OK
