@@ -100,7 +100,80 @@ def load_story(path: str, variant_name: str | None = None) -> Story:
         raise UsageError(f"{path}: {_step_line(text, str(exc))}{changed}") from exc
 
 
+def _is_conformance_program(path: str) -> bool:
+    try:
+        header = load_header(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, TraceError):
+        return False  # load_story reports it
+    return header.get("kind") == "failure" and "mode" in header
+
+
+def conformance_story(path: str) -> tuple[Story, str]:
+    """A shrunk conformance program (`conform` writes it with header kind "failure"): a list of
+    the operations the campaign drove, not a spec trace (one operation can take several spec
+    steps on the target, say decode admitting and reserving). So it is driven again on the
+    in-process implementation in the recorded mode, and the story is the spec steps that explain
+    what the implementation did, up to the first thing nothing explains; that divergence is
+    returned with it. A remote or gRPC target's program is told as the in-process target runs it:
+    `kvhandoff replay` reproduces it on the target itself."""
+    from kvhandoff.conformance.campaign import make_target
+    from kvhandoff.conformance.lockstep import Divergence, Session, report_of
+    from kvhandoff.spec.actions import action_from_json
+    from kvhandoff.spec.variants import REFERENCE
+
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        trace = load_trace(text)
+    except TraceError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    mode = str(trace.header["mode"])
+    target = make_target("inproc")
+    target.shortfall = {int(r): int(n) for r, n in dict(trace.header.get("shortfall", {})).items()}
+    divergence: Divergence | None = None
+    session: Session | None = None
+    try:
+        try:
+            session = Session(target, trace.config, mode)
+            for action in trace.actions:
+                session.do(action)
+            session.finish()
+        except Divergence as exc:
+            divergence = exc
+        except ValueError as exc:  # an unknown mode, a config the target refuses
+            raise UsageError(f"{path}: cannot drive the program in mode {mode!r}: {exc}") from exc
+        report = report_of(divergence) if divergence is not None else None
+        if report is not None:
+            explained = tuple(action_from_json(a) for a in report.spec_actions)
+        else:
+            explained = session.explained_actions() if session is not None else ()
+    finally:
+        target.shutdown()
+    # "the implementation's run" rather than "counterexample": the program itself broke nothing
+    # in the spec; the implementation's next step is what the spec cannot explain.
+    story = build_story(REFERENCE, Trace(trace.config, explained, {"kind": f"{mode} run"}))
+    if divergence is None:
+        return story, (
+            f"the in-process implementation in mode {mode} now conforms on this program "
+            f"(recorded: {trace.header.get('message', 'a divergence')})"
+        )
+    return story, f"then {divergence.kind} ({divergence.property}): {divergence.message}"
+
+
 def run_explain(args: argparse.Namespace) -> int:
+    if args.variant is None and args.against is None and _is_conformance_program(args.trace):
+        story, ending = conformance_story(args.trace)
+        if args.format in ("text", "markdown"):
+            print(
+                f"conformance program {args.trace}: what the implementation did, as the "
+                "reference spec explains it, up to where nothing explains it"
+            )
+            print(render(story, args.format), end="")
+            print(ending)
+        else:
+            # A chart or page stays valid on stdout; the divergence goes to stderr.
+            print(_html(story) if args.format == "html" else _chart(story, args.format), end="")
+            print(f"kvhandoff explain: {ending}", file=sys.stderr)
+        return EXIT_OK
     story = load_story(args.trace, args.variant)
     if args.against:
         try:
@@ -115,14 +188,17 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.format == "html":
         print(_html(story), end="")
         return EXIT_OK
-    if args.format == "svg":
+    print(_chart(story, args.format), end="")
+    return EXIT_OK
+
+
+def _chart(story: Story, fmt: str) -> str:
+    if fmt == "svg":
         from kvhandoff.cli.svg_chart import mermaid_to_svg
 
         title = f"{story.variant.name}: {story.property_name or 'trace'}"
-        print(mermaid_to_svg(render(story, "mermaid"), title), end="")
-        return EXIT_OK
-    print(render(story, args.format), end="")
-    return EXIT_OK
+        return mermaid_to_svg(render(story, "mermaid"), title)
+    return render(story, fmt)
 
 
 def _html(story: Story) -> str:
