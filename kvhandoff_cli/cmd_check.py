@@ -71,8 +71,9 @@ def register(sub: Any) -> None:
         action="store_true",
         help="explicit search: also evaluate the proof's invariants (spec/invariants.py, the "
         "formulas kind and prove use) on every reachable state, and name any that fails with "
-        "its shortest run (they are the reference design's: a variant may break them). Costs "
-        "about half again the search time",
+        "its shortest run (they are the reference design's: a variant may break them); and "
+        "evaluate each safety property's formula (what the Z3 engines check) beside its Python "
+        "function, naming any that disagree. Roughly doubles the search time",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -200,6 +201,18 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
             )
         for name, where in failing.items():
             print(f"  invariant fails: {name} (first at depth {where['depth']})")
+        formulas = invariants.get("properties")
+        if formulas is not None:
+            if not formulas["disagreeing"]:
+                print(
+                    f"  property formulas: all {len(formulas['checked'])} agree with the Python "
+                    "functions on every reachable state (the formulas the Z3 engines check)"
+                )
+            for name, where in formulas["disagreeing"].items():
+                print(
+                    f"  property formula disagrees with its Python function: {name} (first at "
+                    f"depth {where['depth']}): a bug in spec/properties.py"
+                )
     if result.extra.get("response_bound") is not None:
         print(
             f"  bounded response: every request ends within {result.extra['response_bound']} "

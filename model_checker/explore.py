@@ -68,6 +68,10 @@ class StateGraph:
     invariant_failures: dict[str, int] | None = None
     """With `invariants=True`: the first state (by index) breaking each invariant of
     `spec/invariants.py` that some reachable state breaks."""
+    property_disagreements: dict[str, int] | None = None
+    """With `invariants=True`: the first state (by index) where the formula of an `always`
+    property (what the Z3 engines check) and its Python function (what the search checks)
+    disagree; empty unless one of the two is wrong."""
 
     def path_to(self, index: int) -> tuple[Action, ...]:
         actions: list[Action] = []
@@ -152,7 +156,8 @@ def build_graph(
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     """Breadth-first search. Returns the graph, the index of the first state violating each
     `always` property, and which witnesses were reached. With `invariants`, it also evaluates
-    every invariant of `spec/invariants.py` (the formulas kind and prove use) on every state."""
+    every invariant of `spec/invariants.py` (the formulas kind and prove use) on every state,
+    and every property's formula beside its Python function."""
     with _cyclic_gc_paused():
         return _search(variant, config, max_states, keep_edges, invariants)
 
@@ -189,14 +194,22 @@ def _search(
     invariant_failures: dict[str, int] = {}
     checked = invariants_of(variant) if check_invariants else ()
     unbroken = [(inv.name, inv.compiled()) for inv in checked]
+    disagreements: dict[str, int] = {}
+    # Each property's formula beside its Python function, on every state, until they disagree.
+    compared = [p for p in ALWAYS if p.formula is not None] if check_invariants else []
 
     def inspect(i: int, s: State) -> None:
-        nonlocal pending_witnesses, improvable, unbroken
+        nonlocal pending_witnesses, improvable, unbroken, compared
         if unbroken and not all(holds(s, config, drain) for _, holds in unbroken):
             for name, holds in unbroken:
                 if not holds(s, config, drain):
                     invariant_failures[name] = i
             unbroken = [(n, h) for n, h in unbroken if n not in invariant_failures]
+        if compared:
+            for prop in compared:
+                if prop.formula_holds(config, s) != prop.holds(config, s):
+                    disagreements[prop.name] = i
+            compared = [p for p in compared if p.name not in disagreements]
         for prop in always:
             if prop.name not in first_violation and not prop.holds(config, s):
                 first_violation[prop.name] = i
@@ -278,6 +291,7 @@ def _search(
         transitions,
         complete,
         invariant_failures if check_invariants else None,
+        disagreements if check_invariants else None,
     )
     return graph, first_violation, witnesses
 
@@ -403,7 +417,8 @@ def explore(
     variant: Variant, config: Config, max_states: int | None = None, invariants: bool = False
 ) -> CheckResult:
     """Check every property of `variant` on `config` by exhaustive search; with `invariants`,
-    also evaluate the proof's invariants on every state (`extra["invariants"]`)."""
+    also evaluate the proof's invariants, and the properties' formulas (what the Z3 engines
+    check) beside their Python functions, on every state (`extra["invariants"]`)."""
     started = time.perf_counter()
     graph, first_violation, witnesses = build_graph(
         variant, config, max_states, invariants=invariants
@@ -440,6 +455,17 @@ def explore(
                     "trace": [action_name(a) for a in graph.path_to(i)],
                 }
                 for name, i in sorted(graph.invariant_failures.items())
+            },
+            # The formulas of the `always` properties, evaluated beside the Python functions.
+            "properties": {
+                "checked": [p.name for p in ALWAYS if p.formula is not None],
+                "disagreeing": {
+                    name: {
+                        "depth": graph.depth_of[i],
+                        "trace": [action_name(a) for a in graph.path_to(i)],
+                    }
+                    for name, i in sorted((graph.property_disagreements or {}).items())
+                },
             },
         }
     return CheckResult(

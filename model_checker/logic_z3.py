@@ -1,13 +1,18 @@
 """The Z3 readings of `spec/logic.py` formulas: the same claim objects the explorer evaluates.
 
-`spec/invariants.py` writes each invariant once, over the symbols of `spec/vocabulary.py`. This
-module translates such a formula to Z3:
+`spec/invariants.py` writes each invariant once, and `spec/properties.py` each safety property,
+over the symbols of `spec/vocabulary.py`. This module translates such a formula to Z3:
 
 * `FixedReading`: over the fixed-configuration encoding (`z3_encoding.Encoding`): the sorts are
   the config's requests, pages and the one prefill rank it encodes, so quantifiers expand into
   finite conjunctions, and each symbol is one of the encoding's variables (or a small term over
   them, e.g. "page j is among the first p_wrote granted pages" is a count below j). Messages and
   writes in flight are the encoding's per-request slots.
+* `AnySizeReading`: over a state of the any-size model (`z3_prove`), whose requests and pages are
+  uninterpreted sorts: quantifiers stay quantifiers, and what the model does not keep is
+  untranslatable.
+
+`fixed_properties` and `any_size_properties` read the `ALWAYS` properties; the engines check those.
 
 A reading that has no meaning for a symbol raises `Untranslatable`, naming it, so an engine
 refuses a claim it cannot read instead of checking a different one.
@@ -39,6 +44,8 @@ from kvhandoff.spec.logic import (
     Var,
     clauses,
 )
+from kvhandoff.spec.properties import ALWAYS
+from kvhandoff.spec.state import OTHER_TENANT
 
 
 class Untranslatable(Exception):
@@ -168,6 +175,25 @@ class FixedReading(Reading):
             raise Untranslatable(f"no elements of sort {sort.name} in the fixed encoding")
         return self._domains[sort]
 
+    def tenant_id(self, name: str) -> Any:
+        """A tenant as the encoding's integer: its index among the config's tenants (-1: a tenant
+        of no request of the scenario)."""
+        names = self.enc.tenant_names
+        return self.enc.K(names.index(name) if name in names else -1)
+
+    def tenant_of_data(self, req: Any) -> Any:
+        """The tenant data of request `req` (a content tag's request) was written for: the
+        encoding derives a tag's tenant from its request (`Encoding._tag`); on the pull path,
+        request -1 is data from outside the scenario, labelled `OTHER_TENANT`. Any other value
+        names no request: no tenant (-1)."""
+        enc = self.enc
+        out = self.enc.K(-1)
+        if enc.pull:
+            out = z3.If(req == -1, self.tenant_id(OTHER_TENANT), out)
+        for r in reversed(range(enc.n)):
+            out = z3.If(req == r, self.tenant_id(enc.config.requests[r].tenant), out)
+        return out
+
     def apply(self, name: str, args: tuple[Any, ...]) -> Any:
         # A symbol applied to a symbolic request or page (e.g. d_gen(owner(q))): a case split
         # over the finite domain.
@@ -263,7 +289,8 @@ def _written(f: FixedReading, r: int, j: int) -> Any:
 _FIXED: dict[str, Callable[..., Any]] = {
     "submitted": _r("submitted"),
     "answered": _r("ans_set"),
-    "answered_ok": _r("ans_ok"),
+    # `ans_ok` means something only with `ans_set` (the spec's `ok` lives in the answer).
+    "answered_ok": lambda f, r: z3.And(f.s[f"r{r}.ans_set"], f.s[f"r{r}.ans_ok"]),
     "not_as_is": _r("not_as_is"),
     "p": _r("p"),
     "p_gen": _r("p_gen"),
@@ -291,6 +318,16 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "shard_req": lambda f, j, k: f.s[f"pg{j}.c_req"],
     "shard_gen": lambda f, j, k: f.s[f"pg{j}.c_gen"],
     "shard_outside": lambda f, j, k: (f.s[f"pg{j}.c_req"] == -1) if f.enc.pull else False,
+    # What decode read: one slot per page (`read_pages{j}`, and the tag it read there,
+    # `rc{j}_...`), meaningful once `read_set`. One rank: the page is its one shard.
+    "read_page": lambda f, r, j: z3.And(f.s[f"r{r}.read_set"], f.s[f"r{r}.read_pages{j}"]),
+    "read_has": lambda f, r, j, k: f.s[f"r{r}.rc{j}_has"],
+    "read_req": lambda f, r, j, k: f.s[f"r{r}.rc{j}_req"],
+    "read_gen": lambda f, r, j, k: f.s[f"r{r}.rc{j}_gen"],
+    "read_tenant": lambda f, r, j, k: f.tenant_of_data(f.s[f"r{r}.rc{j}_req"]),
+    "accepted_full": _r("acc_full"),
+    "tenant": lambda f, r: f.tenant_id(f.enc.config.requests[r].tenant),
+    "late_landing": lambda f: f.s["gh.late_landing"],
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: 1,
@@ -333,7 +370,10 @@ class AnySizeReading(Reading):
     def apply(self, name: str, args: tuple[Any, ...]) -> Any:
         reader = _ANY_SIZE.get(name)
         if reader is None:
-            raise Untranslatable(f"symbol {name!r} is not in the any-size model")
+            why = _NOT_IN_ANY_SIZE.get(name, "")
+            raise Untranslatable(
+                f"symbol {name!r} is not in the any-size model" + (f": {why}" if why else "")
+            )
         return reader(self.s, *args)
 
     def in_flight(
@@ -375,7 +415,32 @@ _ANY_SIZE: dict[str, Callable[..., Any]] = {
     "shard_outside": lambda s, q, k: False,  # push path only
     "next_gen": lambda s: s.next_gen,
     "prefill_ranks": lambda s: 1,
+    "tenant": lambda s, r: s.tenant(r),
+    # The spec's ghost flag and the model's are set by the same event: a write landing in a page
+    # not owned by the write's own grant (the model names a grant by its request, the spec by
+    # room and generation; generations are unique, so they agree).
+    "late_landing": lambda s: s.late,
 }
+
+_READ = (
+    "the model keeps no record of what decode read: a bad read sets its history flags bad_read "
+    "(not the request's own data) and bad_tenant (another tenant's data) when decode generates"
+)
+_ACCEPTED = (
+    "the model keeps no record of what decode accepted: accepting a completion that does not "
+    "cover every granted page with the request's own data sets its history flag bad_cover"
+)
+_NOT_IN_ANY_SIZE: dict[str, str] = {
+    "read_page": _READ,
+    "read_has": _READ,
+    "read_req": _READ,
+    "read_gen": _READ,
+    "read_tenant": _READ,
+    "accepted_set": _ACCEPTED,
+    "accepted_full": _ACCEPTED,
+    "p_wrote": "the model keeps which pages prefill wrote (`wrote`), not how many",
+}
+"""Why some symbols have no any-size reading (named when a claim is refused)."""
 
 
 def any_size_clauses(formula: Term, st: Any) -> tuple[list[Any], list[str]]:
@@ -389,3 +454,35 @@ def any_size_clauses(formula: Term, st: Any) -> tuple[list[Any], list[str]]:
         except Untranslatable as exc:
             left.append(str(exc))
     return kept, left
+
+
+# --- the safety properties -----------------------------------------------------------------------
+
+
+def fixed_properties(enc: Encoding, s: SymState) -> dict[str, Any]:
+    """The `ALWAYS` properties over one state of the fixed encoding: the formulas of
+    `spec/properties.py` themselves (`Encoding.properties`, which bmc, kind, spacer and the
+    fixed-configuration prove check)."""
+    reading = FixedReading(enc, s)
+    return {p.name: translate(_formula(p.name), reading) for p in ALWAYS}
+
+
+def any_size_properties(st: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The `ALWAYS` properties the any-size model can read, translated over its state `st`, and
+    why each other one cannot be read. A property is read whole or not at all: it is a claim to
+    prove, and half of it would be a weaker claim under the same name."""
+    read: dict[str, Any] = {}
+    why: dict[str, str] = {}
+    for p in ALWAYS:
+        try:
+            read[p.name] = translate(_formula(p.name), AnySizeReading(st))
+        except Untranslatable as exc:
+            why[p.name] = str(exc)
+    return read, why
+
+
+def _formula(name: str) -> Term:
+    prop = next(p for p in ALWAYS if p.name == name)
+    if prop.formula is None:
+        raise Untranslatable(f"{name} has no formula")
+    return prop.formula

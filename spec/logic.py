@@ -11,8 +11,9 @@ be *run*; written here, as a term of this language, it can be run and translated
 
 The language is the one of mypyvy and Ivy, cut to what the handoff needs:
 
-* **Sorts**: requests (`REQ`) and decode's pages (`PAGE`), phases (`P_PHASE`, `D_PHASE`: a finite
-  set of names), integers and booleans.
+* **Sorts**: requests (`REQ`), decode's pages (`PAGE`), prefill ranks (`RANK`), tenants
+  (`TENANT`, compared only), phases (`P_PHASE`, `D_PHASE`: a finite set of names), integers and
+  booleans.
 * **Symbols**: the state's functions and relations, each declared once in `spec/vocabulary.py`
   with its sorts and what it means (`d_gen(r)`: the generation decode holds for request r).
 * **Formulas**: `And`, `Or`, `Not`, `Implies`, comparisons, `forall`/`exists` over a sort, and
@@ -48,6 +49,9 @@ REQ = Sort("Req")
 PAGE = Sort("Page")
 RANK = Sort("Rank")
 """A prefill rank: with several, each writes one shard of every page (with one, the page)."""
+TENANT = Sort("Tenant")
+"""A tenant: claims only compare tenants (whose data is this? whose request?), never count or
+quantify over them, so no reading needs to list the tenants."""
 INT = Sort("Int")
 BOOL = Sort("Bool")
 P_PHASE = Sort("PrefillPhase", PREFILL_PHASES)

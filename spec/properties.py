@@ -14,6 +14,14 @@ differs from one where a property held only in parts it does not read (or, for a
 per-page claim, only in other requests or pages) satisfies it too (`check_always_after`). A test
 checks these declarations on every reachable state of small scenarios.
 
+**Written once, read by every checker.** Each `always` property is also a formula of
+`spec/logic.py` over the symbols of `spec/vocabulary.py` (`Property.formula`), the claim itself:
+the Z3 engines read that very object (`model_checker/logic_z3.py`: bmc, kind, spacer and the
+fixed-configuration `prove` over the encoding's variables; the any-size `prove` where its model
+keeps what the formula reads), and `kvhandoff check --invariants` evaluates it on every reachable
+state next to the Python function, which stays: it is the explorer's fast path (per request,
+per page, and skipped where the state did not change), and a test keeps the two in agreement.
+
 Deployment-level properties are plain functions of the `Config`: they are what `check-config`
 checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
 default scenario breaks both on purpose), which is why they are reported apart from the verdict.
@@ -21,11 +29,34 @@ default scenario breaks both on purpose), which is why they are reported apart f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvhandoff.spec.config import Config
+from kvhandoff.spec.logic import PAGE, RANK, REQ, And, Implies, Not, Term, forall
 from kvhandoff.spec.state import PageState, ReqState, State, Tag, changed_positions
+from kvhandoff.spec.vocabulary import (
+    accepted_full,
+    accepted_set,
+    answered_ok,
+    compile_claim,
+    d_gen,
+    d_holds,
+    late_landing,
+    not_as_is,
+    owned,
+    owner,
+    owner_gen,
+    p_wrote,
+    read_gen,
+    read_has,
+    read_page,
+    read_req,
+    read_tenant,
+    shard_has,
+    tenant,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +75,21 @@ class Property:
     each_page: Callable[[Config, PageState], bool] | None = None
     """For a claim about each page on its own: the claim about one page, which reads only that
     `PageState` and the config. `holds` is then this claim for every page."""
+    formula: Term | None = dataclasses.field(default=None, compare=False)
+    """The claim as a formula over the vocabulary: what the Z3 engines check. `holds` computes
+    the same truth value on every state (a test checks it on every reachable state of several
+    variants); None for a graph property (`every_request_terminates`)."""
+    _compiled: list[Callable[[State, Config, bool], bool]] = dataclasses.field(
+        default_factory=list, repr=False, compare=False
+    )
+
+    def formula_holds(self, config: Config, state: State) -> bool:
+        """The formula on one concrete state (compiled once to a Python function)."""
+        if self.formula is None:
+            raise ValueError(f"{self.name} has no formula: it is a graph property")
+        if not self._compiled:
+            self._compiled.append(compile_claim(self.formula, self.name))
+        return self._compiled[0](state, config, True)  # no property reads a design flag
 
 
 @dataclass(frozen=True)
@@ -154,6 +200,108 @@ def freed_pages_hold_no_readable_data(config: Config, state: State) -> bool:
     return all(page_free_holds_nothing(config, page) for page in state.pages)
 
 
+# --- the same claims, as formulas ---------------------------------------------------------------
+# One function per property, over the vocabulary. Each says what the Python function above says,
+# in the form every engine reads; the comments say how the two correspond where it is not plain.
+
+
+def reads_only_own_data() -> Term:
+    """`decode_reads_only_validated_pages`: every shard of every page decode read for r held
+    data, written by r itself, for r's current generation (and labelled r's tenant: the spec
+    compares whole tags). A shard still zeroed is not r's data, hence `read_has`."""
+    return forall(
+        REQ,
+        lambda r: forall(
+            PAGE,
+            lambda q: Implies(
+                read_page(r, q),
+                forall(
+                    RANK,
+                    lambda k: And(
+                        read_has(r, q, k),
+                        read_req(r, q, k) == r,
+                        read_gen(r, q, k) == d_gen(r),
+                        read_tenant(r, q, k) == tenant(r),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def reads_no_other_tenant() -> Term:
+    """`no_cross_tenant_read`: a shard decode read for r is empty or was written for r's tenant
+    (pull path: data from outside the scenario is labelled with a tenant of its own)."""
+    return forall(
+        REQ,
+        lambda r: forall(
+            PAGE,
+            lambda q: Implies(
+                read_page(r, q),
+                forall(
+                    RANK,
+                    lambda k: Implies(read_has(r, q, k), read_tenant(r, q, k) == tenant(r)),
+                ),
+            ),
+        ),
+    )
+
+
+def accepted_only_full_coverage() -> Term:
+    """`accepted_completion_implies_full_coverage`: the ghost `accepted_full` is None until decode
+    accepts a completion, then whether it covered every page; it must never be False."""
+    return forall(REQ, lambda r: Implies(accepted_set(r), accepted_full(r)))
+
+
+def not_as_is_gets_error() -> Term:
+    """`rejected_request_gets_error_not_output`: fail closed. Nothing written (prefill's count
+    of written pages stays 0) and no output for a request not admitted as sent; an error, or no
+    answer yet, is fine."""
+    return forall(
+        REQ,
+        lambda r: Implies(not_as_is(r), And(p_wrote(r) == 0, Not(answered_ok(r)))),
+    )
+
+
+def single_owner() -> Term:
+    """`page_has_single_owner`: decode's page table (`owner`, `owner_gen`) and the pages its
+    requests hold (`d_holds`) tell the same story. A held page is owned by its holder under the
+    holder's generation, by one holder only; an owned page is held. The Python function says "is
+    held by some request"; "is held by its owner" says the same given the first clause, and needs
+    no existential (which the any-size proof would have to instantiate)."""
+    return forall(
+        PAGE,
+        lambda q: And(
+            forall(
+                REQ,
+                lambda r: Implies(
+                    d_holds(r, q), And(owned(q), owner(q) == r, owner_gen(q) == d_gen(r))
+                ),
+            ),
+            forall(
+                REQ,
+                lambda r: forall(
+                    REQ, lambda r2: Implies(And(d_holds(r, q), d_holds(r2, q)), r == r2)
+                ),
+            ),
+            Implies(owned(q), d_holds(owner(q), q)),
+        ),
+    )
+
+
+def no_late_landing() -> Term:
+    """`no_late_write_lands_in_reallocated_page`: a ghost flag the spec sets when a write lands
+    in a page not owned by its (room, generation); the claim is that it never gets set."""
+    return Not(late_landing())
+
+
+def free_pages_hold_nothing() -> Term:
+    """`freed_pages_hold_no_readable_data`: a page no request owns is zeroed, every shard."""
+    return forall(
+        PAGE, lambda q: Implies(Not(owned(q)), forall(RANK, lambda k: Not(shard_has(q, k))))
+    )
+
+
 # --- sometimes ----------------------------------------------------------------------------------
 
 
@@ -219,6 +367,7 @@ ALWAYS: tuple[Property, ...] = (
         "can_complete_handoff",
         reads=("requests",),
         each_request=request_reads_only_validated_pages,
+        formula=reads_only_own_data(),
     ),
     Property(
         "no_cross_tenant_read",
@@ -227,6 +376,7 @@ ALWAYS: tuple[Property, ...] = (
         "can_reuse_page_across_tenants",
         reads=("requests",),
         each_request=request_reads_no_other_tenant,
+        formula=reads_no_other_tenant(),
     ),
     Property(
         "accepted_completion_implies_full_coverage",
@@ -235,6 +385,7 @@ ALWAYS: tuple[Property, ...] = (
         "can_accept_completion",
         reads=("requests",),
         each_request=request_accepted_only_full_coverage,
+        formula=accepted_only_full_coverage(),
     ),
     Property(
         "rejected_request_gets_error_not_output",
@@ -243,6 +394,7 @@ ALWAYS: tuple[Property, ...] = (
         "can_reject_oversized_prompt",
         reads=("requests",),
         each_request=request_not_as_is_gets_error,
+        formula=not_as_is_gets_error(),
     ),
     Property(
         "page_has_single_owner",
@@ -250,6 +402,7 @@ ALWAYS: tuple[Property, ...] = (
         page_has_single_owner,
         "can_reuse_freed_page",
         reads=("requests.d_pages", "requests.d_gen", "pages.owner"),
+        formula=single_owner(),
     ),
     Property(
         "no_late_write_lands_in_reallocated_page",
@@ -257,6 +410,7 @@ ALWAYS: tuple[Property, ...] = (
         no_late_write_lands_in_reallocated_page,
         "can_refuse_or_fence_late_write",
         reads=("ghost",),
+        formula=no_late_landing(),
     ),
     Property(
         "freed_pages_hold_no_readable_data",
@@ -265,6 +419,7 @@ ALWAYS: tuple[Property, ...] = (
         "can_scrub_written_page",
         reads=("pages",),
         each_page=page_free_holds_nothing,
+        formula=free_pages_hold_nothing(),
     ),
 )
 

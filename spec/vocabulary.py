@@ -7,7 +7,7 @@ A claim written with these symbols (`spec/invariants.py`) is therefore one objec
 checker evaluates; a symbol a reading lacks is named when it refuses a claim.
 
 Sorts: requests `r`, decode pages `q`, prefill ranks `k` (a page is one shard per rank: with one
-rank, the page itself). The names follow the state's fields (`spec/state.py`); where a symbol
+rank, the page itself), tenants (only compared). The names follow the state's fields (`spec/state.py`); where a symbol
 summarises a field (a set of pages as a relation, a count), its meaning says how.
 """
 
@@ -23,6 +23,7 @@ from kvhandoff.spec.logic import (
     PAGE,
     RANK,
     REQ,
+    TENANT,
     PythonReading,
     Sort,
     Symbol,
@@ -30,7 +31,7 @@ from kvhandoff.spec.logic import (
     Var,
     compile_python,
 )
-from kvhandoff.spec.state import PageState, Tag
+from kvhandoff.spec.state import PageState, ReqState, Tag
 
 
 def _sym(name: str, args: tuple[Sort, ...], result: Sort, meaning: str) -> Symbol:
@@ -86,6 +87,34 @@ shard_outside = _sym(
     "the shard holds data from outside the scenario (pull path: a reused source block)",
 )
 
+# What decode read when it generated, and what it accepted: ghost history the safety properties
+# are about (`ReqState.read`, `ReqState.accepted_full`). The read is a sequence of shards, page by
+# page; the vocabulary names it by page and rank, like the page it came from.
+read_page = _sym("read_page", (REQ, PAGE), BOOL, "decode read page q for r when it generated")
+read_has = _sym(
+    "read_has", (REQ, PAGE, RANK), BOOL, "rank k's shard of page q held data when decode read it"
+)
+read_req = _sym("read_req", (REQ, PAGE, RANK), REQ, "... whose data it was (ghost)")
+read_gen = _sym("read_gen", (REQ, PAGE, RANK), INT, "... for which generation (ghost)")
+read_tenant = _sym(
+    "read_tenant", (REQ, PAGE, RANK), TENANT, "... and the tenant it was written for (ghost)"
+)
+accepted_full = _sym(
+    "accepted_full",
+    (REQ,),
+    BOOL,
+    "when decode accepted r's completion, every granted page held r's own data (ghost; read "
+    "only where accepted_set)",
+)
+tenant = _sym("tenant", (REQ,), TENANT, "the tenant request r belongs to (rigid: the config)")
+late_landing = _sym(
+    "late_landing",
+    (),
+    BOOL,
+    "some write has landed in a page not owned by its own (room, generation) (ghost; once set, "
+    "stays set)",
+)
+
 next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -101,11 +130,31 @@ SYMBOLS: tuple[Symbol, ...] = tuple(v for v in list(globals().values()) if isins
 
 _REQ = "S.requests[{0}]"
 _SHARD = "_shard(S.pages[{0}], {1})"
+_READ = "_read_shard(S.requests[{0}], {1}, {2}, C.prefill_ranks)"
 
 
 def _shard(page: PageState, k: int) -> Tag | None:
     shards = page.shards
     return shards[k] if k < len(shards) else None
+
+
+def _read_pages(req: ReqState, ranks: int) -> tuple[int, ...] | range:
+    """The pages decode read for a request, in order. The state keeps the read as a sequence of
+    shards (`ReqState.read`, `ranks` per page); while decode holds the pages they are the pages
+    it read (`decode_generate` reads `d_pages` in order, and they change only when released).
+    Once released, only the sequence matters: it is placed on the first pages, as the Z3
+    encoding does (`Encoding.abstract`)."""
+    if req.read is None:
+        return ()
+    return req.d_pages or range(len(req.read) // ranks)
+
+
+def _read_shard(req: ReqState, q: int, k: int, ranks: int) -> Tag | None:
+    """Rank k's shard of page q as decode read it for `req` (None: empty, or not read)."""
+    pages = _read_pages(req, ranks)
+    if req.read is None or q not in pages:
+        return None
+    return req.read[pages.index(q) * ranks + k]
 
 
 CONCRETE = PythonReading(
@@ -142,6 +191,14 @@ CONCRETE = PythonReading(
         "shard_req": "getattr(" + _SHARD + ", 'request', 0)",
         "shard_gen": "getattr(" + _SHARD + ", 'generation', 0)",
         "shard_outside": "getattr(" + _SHARD + ", 'request', 0) == -1",
+        "read_page": "{1} in _read_pages(" + _REQ + ", C.prefill_ranks)",
+        "read_has": _READ + " is not None",
+        "read_req": "getattr(" + _READ + ", 'request', 0)",
+        "read_gen": "getattr(" + _READ + ", 'generation', 0)",
+        "read_tenant": "getattr(" + _READ + ", 'tenant', None)",
+        "accepted_full": _REQ + ".accepted_full is True",
+        "tenant": "C.requests[{0}].tenant",
+        "late_landing": "S.ghost.late_landing",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",
@@ -188,5 +245,5 @@ def compile_claim(
 ) -> Callable[..., bool]:
     """The claim as a Python function `(state, config, drain_fence, *params) -> bool`."""
     fn = compile_python(claim, CONCRETE, name, params)
-    fn.__globals__["_shard"] = _shard
+    fn.__globals__.update(_shard=_shard, _read_pages=_read_pages, _read_shard=_read_shard)
     return fn
