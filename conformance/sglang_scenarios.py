@@ -1,0 +1,195 @@
+"""The catalogue's scenarios played on SGLang's disaggregation classes, each judged by the spec.
+
+    python -m conformance.sglang_scenarios --out docs/findings/sglang
+
+For each scenario (a short program of client operations and crashes on the default campaign
+scenario: tenants a and b, request 1 too long for prefill, a three-page decode pool) it drives
+`SglangTarget`, saves the program as a replayable trace (`NAME.trace.jsonl`: `kvhandoff explain`
+narrates what the spec does with it, `kvhandoff replay ... --target sglang` plays it again) and
+SGLang's mapped event log (`NAME.log.jsonl`: `kvhandoff validate-log` judges it), and judges
+the log three times: against the reference spec (the conformance verdict); against the reference
+with freed pages not zeroed (the catalogue's m20 option: SGLang's allocators); and against the
+reference with all of SGLang's known design choices (no digest, no check before generating, no
+scrub), so that what SGLang does after those first differences is judged too.
+Exit 0 when every scenario ran (whatever the verdicts), 3 when the target failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.grpc_target import log_headers, split_by_server
+from conformance.target import Target, TargetError
+from conformance.validate import search_logs
+from spec.actions import Action, ClientCancelRequest, PrefillRestart, RouterSubmitRequest
+from spec.config import Config
+from spec.trace import dump_trace
+from spec.variants import REFERENCE, Variant
+
+UNSCRUBBED = REFERENCE.derive(
+    "reference_unscrubbed",
+    "The reference, except that freed pages are not zeroed (SGLang's allocators).",
+    scrub=False,
+)
+SGLANG_DESIGN = REFERENCE.derive(
+    "sglang_design",
+    "The reference with SGLang's known design choices: no digest sent, decode checks nothing "
+    "before it generates, freed pages not zeroed.",
+    scrub=False,
+    prefill_sends_digest=False,
+    validation="none",
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    program: tuple[Action, ...]
+    pause_s: float = 0.0
+    """Wait this long after each step (lets a transfer start before a cancel or crash)."""
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("handoff", "one request, nothing goes wrong", (RouterSubmitRequest(0),)),
+    Scenario(
+        "oversize",
+        "a prompt over prefill's limit but within decode's (request 1)",
+        (RouterSubmitRequest(1),),
+    ),
+    Scenario(
+        "cancel",
+        "the client cancels while the transfer is set up (decode aborts, prefill is told)",
+        (RouterSubmitRequest(0), ClientCancelRequest(0)),
+    ),
+    Scenario(
+        "timeout",
+        "decode's pool is held by request 1 (which prefill refused), so request 2's destination "
+        "pages are not sent in time: prefill's bootstrap timeout fires",
+        (RouterSubmitRequest(1), RouterSubmitRequest(2)),
+        pause_s=0.2,
+    ),
+    Scenario(
+        "crash",
+        "prefill is killed (SIGKILL) while requests 1 and 2 are in flight, and restarts",
+        (RouterSubmitRequest(1), RouterSubmitRequest(2), PrefillRestart()),
+        pause_s=0.5,
+    ),
+)
+
+
+def default_scenario_config() -> Config:
+    from conformance.campaign import campaign_config
+
+    return campaign_config()
+
+
+def play(target: Target, config: Config, scenario: Scenario) -> tuple[list[Any], list[Any]]:
+    """Run one scenario; returns (headers, events)."""
+    target.start(config, "reference")
+    for action in scenario.program:
+        if isinstance(action, RouterSubmitRequest):
+            target.submit(action.request)
+        elif isinstance(action, ClientCancelRequest):
+            target.cancel(action.request)
+        elif isinstance(action, PrefillRestart):
+            target.restart_prefill()
+        if scenario.pause_s:
+            time.sleep(scenario.pause_s)
+    target.settle()
+    events = target.take_events()
+    return log_headers(target, config), events
+
+
+def verdict(
+    headers: list[Any], events: list[Any], variant: Variant, settled: bool
+) -> tuple[str, str]:
+    report = search_logs(headers, split_by_server(events), variant)
+    if not report.ok:
+        return "diverges", report.message.splitlines()[0]
+    if not settled:
+        return "diverges", "the run did not settle (every_request_terminates)"
+    return "conforms", ""
+
+
+def run(
+    out: Path, target: Target, names: list[str] | None = None, echo: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
+    config = default_scenario_config()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for scenario in SCENARIOS:
+        if names and scenario.name not in names:
+            continue
+        headers, events = play(target, config, scenario)
+        answers = target.answers()
+        settled = target.quiescent()
+        trace = out / f"{scenario.name}.trace.jsonl"
+        trace.write_text(
+            dump_trace(config, scenario.program, kind="scenario", mode="reference", target="sglang")
+        )
+        log = out / f"{scenario.name}.log.jsonl"
+        log.write_text(
+            json.dumps({**headers[0], "server": "merged"}, sort_keys=True)
+            + "\n"
+            + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
+        )
+        ref, ref_why = verdict(headers, events, REFERENCE, settled)
+        uns, uns_why = verdict(headers, events, UNSCRUBBED, settled)
+        des, des_why = verdict(headers, events, SGLANG_DESIGN, settled)
+        row = {
+            "scenario": scenario.name,
+            "what": scenario.what,
+            "reference": ref,
+            "reference_first_divergence": ref_why,
+            "unscrubbed": uns,
+            "unscrubbed_first_divergence": uns_why,
+            "sglang_design": des,
+            "sglang_design_first_divergence": des_why,
+            "answers": {
+                target.request_id(r): ("ok" if a.ok else f"error {a.code}")
+                for r, a in sorted(answers.items())
+            },
+            "settled": settled,
+            "trace": str(trace),
+            "log": str(log),
+        }
+        rows.append(row)
+        echo(
+            f"{scenario.name}: reference {ref}{': ' + ref_why if ref_why else ''}; "
+            f"unscrubbed {uns}{': ' + uns_why if uns_why else ''}; "
+            f"sglang_design {des}{': ' + des_why if des_why else ''}; answers {row['answers']}"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from conformance.sglang_target import SglangTarget
+
+    p = argparse.ArgumentParser(prog="python -m conformance.sglang_scenarios")
+    p.add_argument("--out", default="kvhandoff-report/sglang", help="where traces and logs go")
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON list")
+    p.add_argument("names", nargs="*", help="scenarios to run (default: all)")
+    args = p.parse_args(argv)
+    target = SglangTarget()
+    try:
+        rows = run(Path(args.out), target, args.names, echo=lambda s: print(s, flush=True))
+    except TargetError as exc:
+        print(f"sglang scenarios: the target failed: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        target.shutdown()
+    if args.json:
+        print(json.dumps(rows, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
