@@ -331,9 +331,12 @@ def run_coarse_campaign(
     config: Config,
     out: Path,
     crash_in_flight: bool = False,
+    variant: Any = None,
 ) -> Any:
     """Random (seeded) request-level programs; each judged on its merged event log, answers and
     canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`.
+    `variant`: the spec the logs are judged against (default the reference; the SGLang runs
+    also judge against the reference with SGLang's known design choices, docs/sglang.md).
     Any coarse target works (ours, or an engine behind the harness service): it is driven and
     judged through the `Target` API only, its servers' log headers read from `last_headers`."""
     from conformance.campaign import CampaignReport, Failure
@@ -387,7 +390,7 @@ def run_coarse_campaign(
             done += 1
             events = target.take_events()
             headers = log_headers(target, scenario)
-            problem = _judge(target, submitted, headers, events)
+            problem = _judge(target, submitted, headers, events, variant)
             if problem is not None:
                 kind, prop, message = problem
                 out.mkdir(parents=True, exist_ok=True)
@@ -469,8 +472,13 @@ def _judge(
     submitted: list[int],
     headers: list[dict[str, Any]],
     events: list[Event],
+    variant: Any = None,
 ) -> tuple[str, str, str] | None:
-    report = search_logs(headers, split_by_server(events))
+    report = (
+        search_logs(headers, split_by_server(events))
+        if variant is None
+        else search_logs(headers, split_by_server(events), variant)
+    )
     answers = target.answers()
     for r, ans in answers.items():
         for writer, tenant in ans.foreign:

@@ -317,16 +317,8 @@ class SglangEngine(Target):
         with self.lock:
             self.reqs[r] = req
             self.by_rid[req.rid] = req
-            self.emit(
-                "router",
-                "router_submit_request",
-                request_id=req.rid,
-                tenant=q.tenant,
-                room=room,
-                prompt_tokens=tokens,
-                max_tokens=tokens,
-            )
             if tokens > c.context_window * c.page_size:
+                # Refused at the door: logged as the reject alone (no submit line).
                 self.emit(
                     "router",
                     "router_reject_request",
@@ -341,6 +333,15 @@ class SglangEngine(Target):
                 self.results[r] = TargetAnswer(False, "OUT_OF_RANGE", "over the context window")
                 req.state, req.prefill_done, req.decode_done = "done", True, True
                 return
+            self.emit(
+                "router",
+                "router_submit_request",
+                request_id=req.rid,
+                tenant=q.tenant,
+                room=room,
+                prompt_tokens=tokens,
+                max_tokens=tokens,
+            )
         assert self.prefill is not None
         self.prefill.send(
             op="admit",

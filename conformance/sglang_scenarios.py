@@ -4,9 +4,10 @@
 
 For each scenario (a short program of client operations and crashes on the default campaign
 scenario: tenants a and b, request 1 too long for prefill, a three-page decode pool) it drives
-`SglangTarget`, saves the program as a replayable trace (`NAME.trace.jsonl`: `kvhandoff explain`
-narrates what the spec does with it, `kvhandoff replay ... --target sglang` plays it again) and
-SGLang's mapped event log (`NAME.log.jsonl`: `kvhandoff validate-log` judges it), and judges
+`SglangTarget`, saves the program (`NAME.trace.jsonl`: `kvhandoff replay ... --target sglang`
+plays it again), SGLang's mapped event log (`NAME.log.jsonl`: `kvhandoff validate-log` judges
+it) and the spec behaviour that explains that log up to its first divergence
+(`NAME.spec.jsonl`: `kvhandoff explain` narrates it), and judges
 the log three times: against the reference spec (the conformance verdict); against the reference
 with freed pages not zeroed (the catalogue's m20 option: SGLang's allocators); and against the
 reference with all of SGLang's known design choices (no digest, no check before generating, no
@@ -43,6 +44,14 @@ SGLANG_DESIGN = REFERENCE.derive(
     "The reference with SGLang's known design choices: no digest sent, decode checks nothing "
     "before it generates, freed pages not zeroed.",
     scrub=False,
+    prefill_sends_digest=False,
+    validation="none",
+)
+
+NO_DIGEST = REFERENCE.derive(
+    "sglang_no_digest",
+    "The reference with SGLang's transfer check: no digest sent, decode checks nothing before "
+    "it generates (freed pages zeroed: run with KVHANDOFF_SGLANG_SCRUB=1).",
     prefill_sends_digest=False,
     validation="none",
 )
@@ -119,6 +128,34 @@ def verdict(
     return "conforms", ""
 
 
+def write_spec_trace(log: Path, out: Path, variant: Variant = REFERENCE) -> Path:
+    """The spec behaviour that explains `log` up to its first divergence, as a trace that
+    `kvhandoff explain` narrates (config as the validator reads it from the log)."""
+    from conformance.validate import _submissions_merged, config_from_logs, read_log
+
+    header, events = read_log(log)
+    logs = split_by_server(events)
+    report = search_logs([header], logs, variant)
+    config, _ = config_from_logs([header], _submissions_merged([list(q) for q in logs]))
+    head = {
+        "kvhandoff_trace": 1,
+        "kind": "scenario",
+        "variant": variant.name,
+        "target": "sglang",
+        "note": (
+            f"the spec behaviour explaining {report.explained} of {report.events} events of "
+            f"{log.name}" + ("" if report.ok else "; the next event is the first divergence")
+        ),
+        "config": config.to_json(),
+    }
+    lines = [json.dumps(head, sort_keys=True)]
+    lines += [
+        json.dumps({"step": i + 1, **a}, sort_keys=True) for i, a in enumerate(report.spec_actions)
+    ]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def run(
     out: Path, target: Target, names: list[str] | None = None, echo: Callable[[str], None] = print
 ) -> list[dict[str, Any]]:
@@ -141,6 +178,7 @@ def run(
             + "\n"
             + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
         )
+        write_spec_trace(log, out / f"{scenario.name}.spec.jsonl")
         ref, ref_why = verdict(headers, events, REFERENCE, settled)
         uns, uns_why = verdict(headers, events, UNSCRUBBED, settled)
         des, des_why = verdict(headers, events, SGLANG_DESIGN, settled)
@@ -170,14 +208,73 @@ def run(
     return rows
 
 
+def deep_campaign(out: Path, traces: int, steps: int, seed: int) -> int:
+    """`kvhandoff conform --target sglang`'s campaign, judged against NO_DIGEST with the
+    harness's allocator zeroing freed pages: what SGLang does past its two known differences.
+    Exit 0 conforms, 1 diverges, 3 target failed."""
+    import os
+
+    from conformance.campaign import campaign_config
+    from conformance.grpc_target import run_coarse_campaign
+    from conformance.sglang_target import SglangTarget
+
+    os.environ["KVHANDOFF_SGLANG_SCRUB"] = "1"  # read by the harness process at its start
+    target = SglangTarget()
+    try:
+        report = run_coarse_campaign(
+            target,
+            "sglang",
+            "reference",
+            traces,
+            steps,
+            seed,
+            campaign_config(),
+            out,
+            variant=NO_DIGEST,
+        )
+    except TargetError as exc:
+        print(f"sglang campaign: the target failed: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        target.shutdown()
+    print(
+        f"target sglang (judged against {NO_DIGEST.name}): {report.traces} traces of up to "
+        f"{steps} steps in {report.seconds:.1f} s: {report.verdict}"
+    )
+    for f in report.failures:
+        print(f"  {f.kind} ({f.property}): {f.message}")
+        print(f"  log: {f.trace_file}")
+    return 0 if report.conforms else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from conformance.sglang_target import SglangTarget
 
     p = argparse.ArgumentParser(prog="python -m conformance.sglang_scenarios")
     p.add_argument("--out", default="kvhandoff-report/sglang", help="where traces and logs go")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list")
+    p.add_argument(
+        "--campaign",
+        type=int,
+        metavar="TRACES",
+        help="instead: a random campaign of TRACES programs judged against the reference with "
+        "SGLang's transfer check (no digest, no validation), the harness zeroing freed pages",
+    )
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--spec-traces",
+        action="store_true",
+        help="only (re)write NAME.spec.jsonl from the logs already in --out (no SGLang needed)",
+    )
     p.add_argument("names", nargs="*", help="scenarios to run (default: all)")
     args = p.parse_args(argv)
+    if args.campaign:
+        return deep_campaign(Path(args.out), args.campaign, args.steps, args.seed)
+    if args.spec_traces:
+        for log in sorted(Path(args.out).glob("*.log.jsonl")):
+            print(write_spec_trace(log, log.with_name(log.name.replace(".log.", ".spec."))))
+        return 0
     target = SglangTarget()
     try:
         rows = run(Path(args.out), target, args.names, echo=lambda s: print(s, flush=True))

@@ -77,6 +77,22 @@ def test_committed_findings_are_judged_as_documented(row: dict[str, object]) -> 
     assert (FINDINGS / f"{row['scenario']}.trace.jsonl").exists()
 
 
+@pytest.mark.parametrize("row", VERDICTS, ids=[r["scenario"] for r in VERDICTS])
+def test_committed_spec_traces_are_what_explain_narrates(
+    row: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NAME.spec.jsonl is the spec behaviour the validator found for the log (written again
+    here from the log, it is the same file) and `kvhandoff explain` replays it."""
+    from conformance.sglang_scenarios import write_spec_trace
+    from kvhandoff_cli.main import main
+
+    committed = FINDINGS / f"{row['scenario']}.spec.jsonl"
+    again = write_spec_trace(FINDINGS / f"{row['scenario']}.log.jsonl", tmp_path / "spec.jsonl")
+    assert again.read_text() == committed.read_text()
+    assert main(["explain", str(committed)]) == 0
+    assert "verdict: no property violated" in capsys.readouterr().out
+
+
 def test_every_scenario_has_a_committed_finding() -> None:
     assert sorted(r["scenario"] for r in VERDICTS) == sorted(s.name for s in SCENARIOS)
 
