@@ -419,6 +419,9 @@ class SglangEngine(Target):
             for req in self.reqs.values():
                 req.prefill_done = True  # whatever prefill held died with it
         old.kill()
+        # KVHANDOFF_SGLANG_DOWN_S: how long prefill stays dead before its new process serves
+        # (0: at once, from a standby that has imported SGLang already).
+        time.sleep(float(os.environ.get("KVHANDOFF_SGLANG_DOWN_S", "0")))
         self._start_prefill()
         with self.lock:
             self._restarted = True

@@ -83,6 +83,9 @@ class PrefillSide:
         self.reqs: dict[str, _Req] = {}
         self.lock = threading.Lock()
         self.out_lock = threading.Lock()
+        # The scheduler is one thread in SGLang: a command (admit, abort) and a step of the
+        # loop never interleave (else a cancel could fall between a grant and its writes).
+        self.sched = threading.RLock()
 
     def emit(self, event: str, **args: Any) -> None:
         with self.out_lock:
@@ -92,6 +95,10 @@ class PrefillSide:
     # ------------------------------------------------------------------ commands
 
     def admit(self, cmd: dict[str, Any]) -> None:
+        with self.sched:
+            self._admit(cmd)
+
+    def _admit(self, cmd: dict[str, Any]) -> None:
         from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
 
         rid, room, tokens = str(cmd["rid"]), int(cmd["room"]), int(cmd["tokens"])
@@ -136,6 +143,10 @@ class PrefillSide:
         )
 
     def abort(self, rid: str) -> None:
+        with self.sched:
+            self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
         with self.lock:
             req = self.reqs.get(rid)
         if req is None or req.state == "done":
@@ -147,44 +158,50 @@ class PrefillSide:
     # ------------------------------------------------------------------ the scheduler's loop
 
     def step(self) -> None:
-        from sglang.srt.disaggregation.base.conn import KVPoll
-
         with self.lock:
             reqs = [r for r in self.reqs.values() if r.state != "done"]
         for req in reqs:
-            status = req.sender.poll()
-            if req.state == "bootstrapping" and status == KVPoll.WaitingForInput:
-                info = self.manager.transfer_infos.get(req.room, {})
-                grant: list[int] = []
-                for ti in info.values():
-                    if not getattr(ti, "is_dummy", False):
-                        grant = [int(x) for x in ti.dst_kv_indices]
-                req.grant = grant
-                self.emit(
-                    "prefill_receive_grant",
-                    request_id=req.rid,
-                    room=req.room,
-                    pages=grant,
-                    page_count=len(grant),
-                    prompt_tokens=req.tokens,
-                    outcome="matched",
-                )
-                self._send(req)
-            elif status == KVPoll.Success and req.state == "sending":
-                self.emit(
-                    "prefill_send_completion",
-                    request_id=req.rid,
-                    room=req.room,
-                    page_count=len(req.pages),
-                    pages_written=min(len(req.pages), len(req.grant)),
-                    prompt_tokens=req.tokens,
-                    digest="",
-                )
-                self._finish(req, "ok")
-            elif status == KVPoll.Failed:
-                with self.manager.failure_lock:
-                    reason = self.manager.failure_records.get(req.room, "failed")
-                self._finish(req, "error", reason)
+            with self.sched:
+                self._step(req)
+
+    def _step(self, req: _Req) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if req.state == "done":
+            return
+        status = req.sender.poll()
+        if req.state == "bootstrapping" and status == KVPoll.WaitingForInput:
+            info = self.manager.transfer_infos.get(req.room, {})
+            grant: list[int] = []
+            for ti in info.values():
+                if not getattr(ti, "is_dummy", False):
+                    grant = [int(x) for x in ti.dst_kv_indices]
+            req.grant = grant
+            self.emit(
+                "prefill_receive_grant",
+                request_id=req.rid,
+                room=req.room,
+                pages=grant,
+                page_count=len(grant),
+                prompt_tokens=req.tokens,
+                outcome="matched",
+            )
+            self._send(req)
+        elif status == KVPoll.Success and req.state == "sending":
+            self.emit(
+                "prefill_send_completion",
+                request_id=req.rid,
+                room=req.room,
+                page_count=len(req.pages),
+                pages_written=min(len(req.pages), len(req.grant)),
+                prompt_tokens=req.tokens,
+                digest="",
+            )
+            self._finish(req, "ok")
+        elif status == KVPoll.Failed:
+            with self.manager.failure_lock:
+                reason = self.manager.failure_records.get(req.room, "failed")
+            self._finish(req, "error", reason)
 
     def _send(self, req: _Req) -> None:
         import numpy as np

@@ -64,6 +64,9 @@ class Scenario:
     program: tuple[Action, ...]
     pause_s: float = 0.0
     """Wait this long after each step (lets a transfer start before a cancel or crash)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Settings of the harness process (scenarios with other settings get a harness of their
+    own)."""
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -90,6 +93,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         "prefill is killed (SIGKILL) while requests 1 and 2 are in flight, and restarts",
         (RouterSubmitRequest(1), RouterSubmitRequest(2), PrefillRestart()),
         pause_s=0.5,
+    ),
+    Scenario(
+        "crash_down",
+        "as crash, but prefill stays dead for 5 s (longer than decode's heartbeat allows) "
+        "before its new process serves",
+        (RouterSubmitRequest(1), RouterSubmitRequest(2), PrefillRestart()),
+        pause_s=0.5,
+        env=(("KVHANDOFF_SGLANG_DOWN_S", "5"),),
     ),
 )
 
@@ -157,55 +168,79 @@ def write_spec_trace(log: Path, out: Path, variant: Variant = REFERENCE) -> Path
 
 
 def run(
-    out: Path, target: Target, names: list[str] | None = None, echo: Callable[[str], None] = print
+    out: Path,
+    make_target: Callable[[], Target],
+    names: list[str] | None = None,
+    echo: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
+    """Play the scenarios (all, or `names`); one target per distinct `env`, made by
+    `make_target` with those settings in os.environ and shut down after its scenarios."""
+    import os
+
     config = default_scenario_config()
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for scenario in SCENARIOS:
-        if names and scenario.name not in names:
-            continue
-        headers, events = play(target, config, scenario)
-        answers = target.answers()
-        settled = target.quiescent()
-        trace = out / f"{scenario.name}.trace.jsonl"
-        trace.write_text(
-            dump_trace(config, scenario.program, kind="scenario", mode="reference", target="sglang")
-        )
-        log = out / f"{scenario.name}.log.jsonl"
-        log.write_text(
-            json.dumps({**headers[0], "server": "merged"}, sort_keys=True)
-            + "\n"
-            + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
-        )
-        write_spec_trace(log, out / f"{scenario.name}.spec.jsonl")
-        ref, ref_why = verdict(headers, events, REFERENCE, settled)
-        uns, uns_why = verdict(headers, events, UNSCRUBBED, settled)
-        des, des_why = verdict(headers, events, SGLANG_DESIGN, settled)
-        row = {
-            "scenario": scenario.name,
-            "what": scenario.what,
-            "reference": ref,
-            "reference_first_divergence": ref_why,
-            "unscrubbed": uns,
-            "unscrubbed_first_divergence": uns_why,
-            "sglang_design": des,
-            "sglang_design_first_divergence": des_why,
-            "answers": {
-                target.request_id(r): ("ok" if a.ok else f"error {a.code}")
-                for r, a in sorted(answers.items())
-            },
-            "settled": settled,
-            "trace": str(trace),
-            "log": str(log),
-        }
-        rows.append(row)
-        echo(
-            f"{scenario.name}: reference {ref}{': ' + ref_why if ref_why else ''}; "
-            f"unscrubbed {uns}{': ' + uns_why if uns_why else ''}; "
-            f"sglang_design {des}{': ' + des_why if des_why else ''}; answers {row['answers']}"
-        )
+    chosen = [s for s in SCENARIOS if not names or s.name in names]
+    for env in dict.fromkeys(s.env for s in chosen):
+        saved = {k: os.environ.get(k) for k, _ in env}
+        os.environ.update(dict(env))
+        target = make_target()
+        try:
+            for scenario in (s for s in chosen if s.env == env):
+                rows.append(_one(out, target, config, scenario, echo))
+        finally:
+            target.shutdown()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return rows
+
+
+def _one(
+    out: Path, target: Target, config: Config, scenario: Scenario, echo: Callable[[str], None]
+) -> dict[str, Any]:
+    headers, events = play(target, config, scenario)
+    answers = target.answers()
+    settled = target.quiescent()
+    trace = out / f"{scenario.name}.trace.jsonl"
+    trace.write_text(
+        dump_trace(config, scenario.program, kind="scenario", mode="reference", target="sglang")
+    )
+    log = out / f"{scenario.name}.log.jsonl"
+    log.write_text(
+        json.dumps({**headers[0], "server": "merged"}, sort_keys=True)
+        + "\n"
+        + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
+    )
+    write_spec_trace(log, out / f"{scenario.name}.spec.jsonl")
+    ref, ref_why = verdict(headers, events, REFERENCE, settled)
+    uns, uns_why = verdict(headers, events, UNSCRUBBED, settled)
+    des, des_why = verdict(headers, events, SGLANG_DESIGN, settled)
+    row = {
+        "scenario": scenario.name,
+        "what": scenario.what,
+        "reference": ref,
+        "reference_first_divergence": ref_why,
+        "unscrubbed": uns,
+        "unscrubbed_first_divergence": uns_why,
+        "sglang_design": des,
+        "sglang_design_first_divergence": des_why,
+        "answers": {
+            target.request_id(r): ("ok" if a.ok else f"error {a.code}")
+            for r, a in sorted(answers.items())
+        },
+        "settled": settled,
+        "trace": str(trace),
+        "log": str(log),
+    }
+    echo(
+        f"{scenario.name}: reference {ref}{': ' + ref_why if ref_why else ''}; "
+        f"unscrubbed {uns}{': ' + uns_why if uns_why else ''}; "
+        f"sglang_design {des}{': ' + des_why if des_why else ''}; answers {row['answers']}"
+    )
+    return row
 
 
 def deep_campaign(out: Path, traces: int, steps: int, seed: int) -> int:
@@ -239,7 +274,7 @@ def deep_campaign(out: Path, traces: int, steps: int, seed: int) -> int:
         target.shutdown()
     print(
         f"target sglang (judged against {NO_DIGEST.name}): {report.traces} traces of up to "
-        f"{steps} steps in {report.seconds:.1f} s: {report.verdict}"
+        f"{steps} steps ({report.step_count} in all) in {report.seconds:.1f} s: {report.verdict}"
     )
     for f in report.failures:
         print(f"  {f.kind} ({f.property}): {f.message}")
@@ -275,14 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         for log in sorted(Path(args.out).glob("*.log.jsonl")):
             print(write_spec_trace(log, log.with_name(log.name.replace(".log.", ".spec."))))
         return 0
-    target = SglangTarget()
     try:
-        rows = run(Path(args.out), target, args.names, echo=lambda s: print(s, flush=True))
+        rows = run(Path(args.out), SglangTarget, args.names, echo=lambda s: print(s, flush=True))
     except TargetError as exc:
         print(f"sglang scenarios: the target failed: {exc}", file=sys.stderr)
         return 3
-    finally:
-        target.shutdown()
     if args.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
     return 0

@@ -136,11 +136,7 @@ def test_scenarios_reproduce_the_behaviours_table(tmp_path: Path) -> None:
     """The catalogue's scenarios on SGLang again: each verdict is the documented one."""
     from conformance import sglang_scenarios
 
-    target = SglangTarget()
-    try:
-        rows = sglang_scenarios.run(tmp_path, target, echo=lambda s: None)
-    finally:
-        target.shutdown()
+    rows = sglang_scenarios.run(tmp_path, SglangTarget, echo=lambda s: None)
     got = {r["scenario"]: (r["reference"], r["unscrubbed"], r["sglang_design"]) for r in rows}
     want = {r["scenario"]: (r["reference"], r["unscrubbed"], r["sglang_design"]) for r in VERDICTS}
     assert got == want
