@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow test-render lint typecheck proto clean mooncake-libs
+.PHONY: venv demo test test-slow test-render lint typecheck proto clean mooncake-libs venv-sglang \
+	test-engines
 
 venv: $(STAMP)
 
@@ -47,6 +48,23 @@ test-slow: venv
 test-render: venv
 	$(BIN)/python -m pytest -q -m slow tests/render
 
+# SGLang 0.5.23 as a conformance target (docs/sglang.md), in an environment of its own, outside
+# `make test`: about 2.6 GB and 3-6 minutes on two cores. Every package is pinned and installed
+# --no-deps (tests/engines/sglang-requirements.txt): SGLang's own requirements pull CUDA torch.
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+
+venv-sglang: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): tests/engines/sglang-requirements.txt $(STAMP)
+	test -x $(SGLANG_VENV)/bin/python || $(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -r tests/engines/sglang-requirements.txt
+	touch $(SGLANG_STAMP)
+
+# The engines' smoke campaigns against the spec (SGLang: docs/sglang.md).
+test-engines: venv venv-sglang
+	$(BIN)/python -m pytest -q -m slow tests/engines
+
 # Regenerate the committed gRPC code under impl/proto/gen and conformance/proto/gen (the harness
 # service); tests check both are up to date.
 proto: venv
@@ -54,4 +72,4 @@ proto: venv
 	$(BIN)/python -m kvhandoff.conformance.proto.build
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache
+	rm -rf $(VENV) $(SGLANG_VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache

@@ -43,7 +43,8 @@ class UnknownTarget(ValueError):
 
 
 def make_target(name: str) -> Target:
-    """`inproc`, `grpc` (real servers on loopback), or `HOST:PORT` (a harness service: a
+    """`inproc`, `grpc` (real servers on loopback), `sglang` (SGLang's classes, `make
+    venv-sglang`), or `HOST:PORT` (a harness service: a
     `conformance.remote_target.RemoteTarget`; a malformed address is an `UnknownTarget`)."""
     if name == "inproc":
         from kvhandoff.conformance.inproc import InProcTarget
@@ -53,6 +54,11 @@ def make_target(name: str) -> Target:
         from kvhandoff.conformance.grpc_target import GrpcTarget
 
         return GrpcTarget()
+    if name == "sglang":
+        # SGLang's disaggregation classes, in their own environment (docs/sglang.md).
+        from kvhandoff.conformance.sglang_target import SglangTarget
+
+        return SglangTarget()
     if ":" in name:
         from kvhandoff.conformance.remote_target import AddressError, RemoteTarget
 
@@ -61,9 +67,9 @@ def make_target(name: str) -> Target:
             return RemoteTarget(name)
         except AddressError as exc:
             raise UnknownTarget(
-                f"target {exc} (targets: inproc, grpc, HOST:PORT of a harness service)"
+                f"target {exc} (targets: inproc, grpc, sglang, HOST:PORT of a harness service)"
             ) from exc
-    raise UnknownTarget(f"unknown target {name!r}; targets: inproc, grpc, HOST:PORT")
+    raise UnknownTarget(f"unknown target {name!r}; targets: inproc, grpc, sglang, HOST:PORT")
 
 
 class _TargetFailed(BaseException):

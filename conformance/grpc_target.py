@@ -355,9 +355,12 @@ def run_coarse_campaign(
     config: Config,
     out: Path,
     crash_in_flight: bool = False,
+    variant: Any = None,
 ) -> Any:
     """Random (seeded) request-level programs; each judged on its merged event log, answers and
     canaries. No shrinking: a failing trace's event log is saved for `kvhandoff validate-log`.
+    `variant`: the spec the logs are judged against (default the reference; the SGLang runs
+    also judge against the reference with SGLang's known design choices, docs/sglang.md).
     Any coarse target works (ours, or an engine behind the harness service): it is driven and
     judged through the `Target` API only, its servers' log headers read from `last_headers`."""
     from kvhandoff.conformance.campaign import CampaignReport, Coverage, Failure
@@ -415,7 +418,7 @@ def run_coarse_campaign(
             done += 1
             events = target.take_events()
             headers = log_headers(target, scenario)
-            problem = _judge(target, submitted, headers, events, coverage)
+            problem = _judge(target, submitted, headers, events, coverage, variant)
             adversary_round = getattr(target, "adversary_round", None)
             in_round = False
             if problem is None and adversary_round is not None:
@@ -521,8 +524,13 @@ def _judge(
     headers: list[dict[str, Any]],
     events: list[Event],
     coverage: Any = None,
+    variant: Any = None,
 ) -> tuple[str, str, str] | None:
-    report = search_logs(headers, split_by_server(events))
+    report = (
+        search_logs(headers, split_by_server(events))
+        if variant is None
+        else search_logs(headers, split_by_server(events), variant)
+    )
     if coverage is not None and report.ok:
         coverage.add_log(events, report.spec_actions)
     answers = target.answers()
