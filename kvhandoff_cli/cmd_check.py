@@ -72,8 +72,8 @@ def register(sub: Any) -> None:
         help="explicit search: also evaluate the proof's invariants (spec/invariants.py, the "
         "formulas kind and prove use) on every reachable state, and name any that fails with "
         "its shortest run (they are the reference design's: a variant may break them); and "
-        "evaluate each safety property's formula (what the Z3 engines check) beside its Python "
-        "function, naming any that disagree. Roughly doubles the search time",
+        "evaluate each safety property's and witness's formula (what the Z3 engines check) "
+        "beside its Python function, naming any that disagree. Roughly doubles the search time",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -211,6 +211,18 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
             for name, where in formulas["disagreeing"].items():
                 print(
                     f"  property formula disagrees with its Python function: {name} (first at "
+                    f"depth {where['depth']}): a bug in spec/properties.py"
+                )
+        witness_formulas = invariants.get("witnesses")
+        if witness_formulas is not None:
+            if not witness_formulas["disagreeing"]:
+                print(
+                    f"  witness formulas: all {len(witness_formulas['checked'])} agree with the "
+                    "Python functions on every reachable state (what the Z3 engines search for)"
+                )
+            for name, where in witness_formulas["disagreeing"].items():
+                print(
+                    f"  witness formula disagrees with its Python function: {name} (first at "
                     f"depth {where['depth']}): a bug in spec/properties.py"
                 )
     if result.extra.get("response_bound") is not None:

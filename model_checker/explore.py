@@ -72,6 +72,9 @@ class StateGraph:
     """With `invariants=True`: the first state (by index) where the formula of an `always`
     property (what the Z3 engines check) and its Python function (what the search checks)
     disagree; empty unless one of the two is wrong."""
+    witness_disagreements: dict[str, int] | None = None
+    """The same for the `sometimes` witnesses: the first state where a witness's formula (what
+    the Z3 engines search for) and its Python function disagree."""
 
     def path_to(self, index: int) -> tuple[Action, ...]:
         actions: list[Action] = []
@@ -157,7 +160,7 @@ def build_graph(
     """Breadth-first search. Returns the graph, the index of the first state violating each
     `always` property, and which witnesses were reached. With `invariants`, it also evaluates
     every invariant of `spec/invariants.py` (the formulas kind and prove use) on every state,
-    and every property's formula beside its Python function."""
+    and every property's and witness's formula beside its Python function."""
     with _cyclic_gc_paused():
         return _search(variant, config, max_states, keep_edges, invariants)
 
@@ -197,9 +200,11 @@ def _search(
     disagreements: dict[str, int] = {}
     # Each property's formula beside its Python function, on every state, until they disagree.
     compared = [p for p in ALWAYS if p.formula is not None] if check_invariants else []
+    witness_disagreements: dict[str, int] = {}
+    compared_witnesses = [w for w in SOMETIMES if w.formula is not None] if check_invariants else []
 
     def inspect(i: int, s: State) -> None:
-        nonlocal pending_witnesses, improvable, unbroken, compared
+        nonlocal pending_witnesses, improvable, unbroken, compared, compared_witnesses
         if unbroken and not all(holds(s, config, drain) for _, holds in unbroken):
             for name, holds in unbroken:
                 if not holds(s, config, drain):
@@ -210,6 +215,13 @@ def _search(
                 if prop.formula_holds(config, s) != prop.holds(config, s):
                     disagreements[prop.name] = i
             compared = [p for p in compared if p.name not in disagreements]
+        if compared_witnesses:
+            for w in compared_witnesses:
+                if w.formula_holds(config, s) != w.reached(config, s):
+                    witness_disagreements[w.name] = i
+            compared_witnesses = [
+                w for w in compared_witnesses if w.name not in witness_disagreements
+            ]
         for prop in always:
             if prop.name not in first_violation and not prop.holds(config, s):
                 first_violation[prop.name] = i
@@ -292,6 +304,7 @@ def _search(
         complete,
         invariant_failures if check_invariants else None,
         disagreements if check_invariants else None,
+        witness_disagreements if check_invariants else None,
     )
     return graph, first_violation, witnesses
 
@@ -417,8 +430,9 @@ def explore(
     variant: Variant, config: Config, max_states: int | None = None, invariants: bool = False
 ) -> CheckResult:
     """Check every property of `variant` on `config` by exhaustive search; with `invariants`,
-    also evaluate the proof's invariants, and the properties' formulas (what the Z3 engines
-    check) beside their Python functions, on every state (`extra["invariants"]`)."""
+    also evaluate the proof's invariants, and the formulas of the properties and witnesses
+    (what the Z3 engines check) beside their Python functions, on every state
+    (`extra["invariants"]`)."""
     started = time.perf_counter()
     graph, first_violation, witnesses = build_graph(
         variant, config, max_states, invariants=invariants
@@ -465,6 +479,17 @@ def explore(
                         "trace": [action_name(a) for a in graph.path_to(i)],
                     }
                     for name, i in sorted((graph.property_disagreements or {}).items())
+                },
+            },
+            # The same for the formulas of the `sometimes` witnesses.
+            "witnesses": {
+                "checked": [w.name for w in SOMETIMES if w.formula is not None],
+                "disagreeing": {
+                    name: {
+                        "depth": graph.depth_of[i],
+                        "trace": [action_name(a) for a in graph.path_to(i)],
+                    }
+                    for name, i in sorted((graph.witness_disagreements or {}).items())
                 },
             },
         }

@@ -13,6 +13,8 @@ over the symbols of `spec/vocabulary.py`. This module translates such a formula 
   untranslatable.
 
 `fixed_properties` and `any_size_properties` read the `ALWAYS` properties; the engines check those.
+`fixed_witnesses` and `any_size_witnesses` read the `SOMETIMES` witnesses, which
+`z3_witnesses` searches for to show each model can move.
 
 A reading that has no meaning for a symbol raises `Untranslatable`, naming it, so an engine
 refuses a claim it cannot read instead of checking a different one.
@@ -26,7 +28,7 @@ from typing import Any
 
 import z3
 
-from kvhandoff.model_checker.z3_encoding import SLOT, D, Encoding, P, SymState
+from kvhandoff.model_checker.z3_encoding import REASON, SLOT, D, Encoding, P, SymState
 from kvhandoff.spec.logic import (
     D_PHASE,
     P_PHASE,
@@ -44,7 +46,7 @@ from kvhandoff.spec.logic import (
     Var,
     clauses,
 )
-from kvhandoff.spec.properties import ALWAYS
+from kvhandoff.spec.properties import ALWAYS, SOMETIMES
 from kvhandoff.spec.state import OTHER_TENANT
 
 
@@ -286,6 +288,22 @@ def _written(f: FixedReading, r: int, j: int) -> Any:
     return z3.And(s[f"r{r}.p_pages{j}"], f.enc._rank(s, f"r{r}.p_pages", j) < s[f"r{r}.p_wrote"])
 
 
+_GHOST_FLAGS = (
+    "page_reuse",
+    "cross_tenant_reuse",
+    "refused_write",
+    "drain_acked",
+    "scrubbed_written_page",
+    "cancelled_mid_transfer",
+    "ok_after_crash",
+    "ok_after_loss",
+)
+
+
+def _ghost(flag: str) -> Callable[[FixedReading], Any]:
+    return lambda f: f.s[f"gh.{flag}"]
+
+
 _FIXED: dict[str, Callable[..., Any]] = {
     "submitted": _r("submitted"),
     "answered": _r("ans_set"),
@@ -328,6 +346,16 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "accepted_full": _r("acc_full"),
     "tenant": lambda f, r: f.tenant_id(f.enc.config.requests[r].tenant),
     "late_landing": lambda f: f.s["gh.late_landing"],
+    # The witnesses' ghost flags and fault count: the encoding keeps each as a variable of its own
+    # (`gh.FLAG`, `f.timeouts`), set by the same steps as the spec's.
+    **{flag: _ghost(flag) for flag in _GHOST_FLAGS},
+    "timeouts_spent": lambda f: f.s["f.timeouts"],
+    # An answer's reason is an index into `REASONS`, meaningful only with `ans_set`.
+    "timed_out_waiting": lambda f, r: z3.And(
+        f.s[f"r{r}.ans_set"], f.s[f"r{r}.ans_reason"] == REASON["timed out waiting for prefill"]
+    ),
+    # Rigid: a Python bool, fixed by the config (the expansion drops the requests it rules out).
+    "over_prefill_limit": lambda f, r: f.enc.lens[r] > f.enc.config.prefill_max_prompt,
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: 1,
@@ -420,6 +448,8 @@ _ANY_SIZE: dict[str, Callable[..., Any]] = {
     # not owned by the write's own grant (the model names a grant by its request, the spec by
     # room and generation; generations are unique, so they agree).
     "late_landing": lambda s: s.late,
+    # Rigid in both: the model's own comparison of the prompt with prefill's limit.
+    "over_prefill_limit": lambda s, r: s.too_long_for_prefill(r),
 }
 
 _READ = (
@@ -439,6 +469,20 @@ _NOT_IN_ANY_SIZE: dict[str, str] = {
     "accepted_set": _ACCEPTED,
     "accepted_full": _ACCEPTED,
     "p_wrote": "the model keeps which pages prefill wrote (`wrote`), not how many",
+    **{
+        flag: "the model keeps no ghost flags for the witnesses: its witness unrolling "
+        "(z3_witnesses) reads the history they record off the path's earlier states"
+        for flag in ("page_reuse", "cross_tenant_reuse", "scrubbed_written_page", "ok_after_crash")
+    },
+    "refused_write": "the model has no refused write: a write that does not match its page "
+    "never lands",
+    "drain_acked": "the model has no drain ack: it keeps no aborts or their acknowledgements",
+    "cancelled_mid_transfer": "the model folds client cancels into decode_fail, prefill_stop "
+    "and router_answer_error",
+    "ok_after_loss": "the model keeps every sent message (loss is delay): no message is lost",
+    "timeouts_spent": "the model keeps no fault budget",
+    "timed_out_waiting": "the model keeps no answer's reason, and folds decode's waiting "
+    "timeout into decode_fail",
 }
 """Why some symbols have no any-size reading (named when a claim is refused)."""
 
@@ -486,3 +530,33 @@ def _formula(name: str) -> Term:
     if prop.formula is None:
         raise Untranslatable(f"{name} has no formula")
     return prop.formula
+
+
+# --- the witnesses -------------------------------------------------------------------------------
+
+
+def fixed_witnesses(enc: Encoding, s: SymState) -> dict[str, Any]:
+    """The `SOMETIMES` witnesses over one state of the fixed encoding: the formulas of
+    `spec/properties.py` themselves (what `z3_witnesses.fixed_movement` searches for)."""
+    reading = FixedReading(enc, s)
+    return {w.name: translate(_witness_formula(w.name), reading) for w in SOMETIMES}
+
+
+def any_size_witnesses(st: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The `SOMETIMES` witnesses the any-size model can read at its state `st`, and why each
+    other one cannot be read (its unrolling then states the witness in its own terms)."""
+    read: dict[str, Any] = {}
+    why: dict[str, str] = {}
+    for w in SOMETIMES:
+        try:
+            read[w.name] = translate(_witness_formula(w.name), AnySizeReading(st))
+        except Untranslatable as exc:
+            why[w.name] = str(exc)
+    return read, why
+
+
+def _witness_formula(name: str) -> Term:
+    witness = next(w for w in SOMETIMES if w.name == name)
+    if witness.formula is None:
+        raise Untranslatable(f"{name} has no formula")
+    return witness.formula

@@ -21,6 +21,8 @@ fixed-configuration `prove` over the encoding's variables; the any-size `prove` 
 keeps what the formula reads), and `kvhandoff check --invariants` evaluates it on every reachable
 state next to the Python function, which stays: it is the explorer's fast path (per request,
 per page, and skipped where the state did not change), and a test keeps the two in agreement.
+So is each `sometimes` witness (`Witness.formula`): the Z3 engines search for that formula to
+show their model can move (`model_checker/z3_witnesses.py`).
 
 Deployment-level properties are plain functions of the `Config`: they are what `check-config`
 checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
@@ -34,28 +36,40 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvhandoff.spec.config import Config
-from kvhandoff.spec.logic import PAGE, RANK, REQ, And, Implies, Not, Term, forall
+from kvhandoff.spec.logic import PAGE, RANK, REQ, And, Implies, Not, Or, Term, exists, forall
 from kvhandoff.spec.state import PageState, ReqState, State, Tag, changed_positions
 from kvhandoff.spec.vocabulary import (
     accepted_full,
     accepted_set,
+    answered,
     answered_ok,
+    cancelled_mid_transfer,
     compile_claim,
+    cross_tenant_reuse,
     d_gen,
     d_holds,
+    drain_acked,
     late_landing,
     not_as_is,
+    ok_after_crash,
+    ok_after_loss,
+    over_prefill_limit,
     owned,
     owner,
     owner_gen,
     p_wrote,
+    page_reuse,
     read_gen,
     read_has,
     read_page,
     read_req,
     read_tenant,
+    refused_write,
+    scrubbed_written_page,
     shard_has,
     tenant,
+    timed_out_waiting,
+    timeouts_spent,
 )
 
 
@@ -97,6 +111,21 @@ class Witness:
     name: str
     claim: str
     reached: Callable[[Config, State], bool]
+    formula: Term | None = dataclasses.field(default=None, compare=False)
+    """The state the witness names, as a formula over the vocabulary: what the Z3 engines look
+    for (`logic_z3.fixed_witnesses`). `reached` computes the same truth value on every state (a
+    test checks it on every reachable state of several variants)."""
+    _compiled: list[Callable[[State, Config, bool], bool]] = dataclasses.field(
+        default_factory=list, repr=False, compare=False
+    )
+
+    def formula_holds(self, config: Config, state: State) -> bool:
+        """The formula on one concrete state (compiled once to a Python function)."""
+        if self.formula is None:
+            raise ValueError(f"{self.name} has no formula")
+        if not self._compiled:
+            self._compiled.append(compile_claim(self.formula, self.name))
+        return self._compiled[0](state, config, True)  # no witness reads a design flag
 
 
 class PropertyViolation(AssertionError):
@@ -359,6 +388,81 @@ def can_time_out_waiting(config: Config, state: State) -> bool:
     )
 
 
+# --- the witnesses, as formulas -----------------------------------------------------------------
+# One function per witness, over the vocabulary, saying what the Python function above says. A
+# witness is an existential claim ("some request got output"), the dual of a property: the engines
+# search for a state where it holds, where for a property they search for one where it fails.
+# Most read a ghost flag: the history a witness is about (a page granted *again*, output *after* a
+# crash) is kept in the state by the step where it happens (see `spec/vocabulary.py`), so each
+# witness is a claim about one state.
+
+
+def some_output() -> Term:
+    """`can_complete_handoff`: some request got output (an answer that is not an error)."""
+    return exists(REQ, lambda r: answered_ok(r))
+
+
+def some_page_reused_across_tenants() -> Term:
+    """`can_reuse_page_across_tenants`: the ghost flag set when decode grants a page whose last
+    grant was to another tenant: the state `no_cross_tenant_read` is about."""
+    return cross_tenant_reuse()
+
+
+def some_completion_accepted() -> Term:
+    """`can_accept_completion`: decode accepted some completion (the ghost `accepted_full` is set
+    then, whether or not the completion covered every page: `accepted_set`)."""
+    return exists(REQ, lambda r: accepted_set(r))
+
+
+def some_oversized_prompt_refused() -> Term:
+    """`can_reject_oversized_prompt`: a prompt over prefill's limit was not admitted as sent, and
+    ended in an error. `over_prefill_limit` is rigid (the config): for a scenario with no such
+    prompt the witness is false in every state, as the Python function is."""
+    return exists(
+        REQ,
+        lambda r: And(not_as_is(r), answered(r), Not(answered_ok(r)), over_prefill_limit(r)),
+    )
+
+
+def some_freed_page_reused() -> Term:
+    """`can_reuse_freed_page`: the ghost flag set when decode grants a page that was granted
+    before and freed."""
+    return page_reuse()
+
+
+def some_late_write_refused_or_fenced() -> Term:
+    """`can_refuse_or_fence_late_write`: a stale write was refused (ownership check, revoked key)
+    or an abort's drain ack released a fenced reservation; which of the two a design shows depends
+    on its fence, so the witness is either."""
+    return Or(refused_write(), drain_acked())
+
+
+def some_written_page_scrubbed() -> Term:
+    """`can_scrub_written_page`: a page that held data was zeroed when it was released."""
+    return scrubbed_written_page()
+
+
+def some_cancel_mid_transfer() -> Term:
+    """`can_cancel_mid_transfer`: a client cancelled while its pages were being written."""
+    return cancelled_mid_transfer()
+
+
+def some_output_after_crash() -> Term:
+    """`can_recover_from_crash`: some request got output after a crash."""
+    return ok_after_crash()
+
+
+def some_output_after_loss() -> Term:
+    """`can_recover_from_message_loss`: some request got output after a message was lost."""
+    return ok_after_loss()
+
+
+def some_wait_timed_out() -> Term:
+    """`can_time_out_waiting`: a timeout was spent, and some request's answer is decode's
+    "timed out waiting for prefill" error."""
+    return And(timeouts_spent() > 0, exists(REQ, lambda r: timed_out_waiting(r)))
+
+
 ALWAYS: tuple[Property, ...] = (
     Property(
         "decode_reads_only_validated_pages",
@@ -432,46 +536,71 @@ TERMINATION = Property(
 )
 
 SOMETIMES: tuple[Witness, ...] = (
-    Witness("can_complete_handoff", "some request gets an answer", can_complete_handoff),
+    Witness(
+        "can_complete_handoff",
+        "some request gets an answer",
+        can_complete_handoff,
+        formula=some_output(),
+    ),
     Witness(
         "can_reuse_page_across_tenants",
         "a page used for one tenant is granted to another",
         can_reuse_page_across_tenants,
+        formula=some_page_reused_across_tenants(),
     ),
-    Witness("can_accept_completion", "decode accepts a completion", can_accept_completion),
+    Witness(
+        "can_accept_completion",
+        "decode accepts a completion",
+        can_accept_completion,
+        formula=some_completion_accepted(),
+    ),
     Witness(
         "can_reject_oversized_prompt",
         "a prompt over prefill's limit ends in an error",
         can_reject_oversized_prompt,
+        formula=some_oversized_prompt_refused(),
     ),
-    Witness("can_reuse_freed_page", "a freed page is granted again", can_reuse_freed_page),
+    Witness(
+        "can_reuse_freed_page",
+        "a freed page is granted again",
+        can_reuse_freed_page,
+        formula=some_freed_page_reused(),
+    ),
     Witness(
         "can_refuse_or_fence_late_write",
         "a stale write is refused, or fenced by a drain ack",
         can_refuse_or_fence_late_write,
+        formula=some_late_write_refused_or_fenced(),
     ),
     Witness(
-        "can_scrub_written_page", "a written page is zeroed on release", can_scrub_written_page
+        "can_scrub_written_page",
+        "a written page is zeroed on release",
+        can_scrub_written_page,
+        formula=some_written_page_scrubbed(),
     ),
     Witness(
         "can_cancel_mid_transfer",
         "a client cancels while pages are being written",
         can_cancel_mid_transfer,
+        formula=some_cancel_mid_transfer(),
     ),
     Witness(
         "can_recover_from_crash",
         "a request is answered after a crash",
         can_recover_from_crash,
+        formula=some_output_after_crash(),
     ),
     Witness(
         "can_recover_from_message_loss",
         "a request is answered after a lost message",
         can_recover_from_message_loss,
+        formula=some_output_after_loss(),
     ),
     Witness(
         "can_time_out_waiting",
         "decode times out waiting for prefill",
         can_time_out_waiting,
+        formula=some_wait_timed_out(),
     ),
 )
 

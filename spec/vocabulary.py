@@ -115,6 +115,80 @@ late_landing = _sym(
     "stays set)",
 )
 
+# What the witnesses read. A witness (`SOMETIMES` in spec/properties.py) names a state that must
+# be reachable, so that a property holding only because nothing happens is caught. Most of what
+# makes such a state interesting is *history*: a page granted again after being freed, an answer
+# after a crash. A formula reads one state, so the spec keeps that history in monotone ghost flags
+# (`spec.state.Ghost`), each set by the very step where the event happens and never cleared; the
+# witness is then a one-state claim, "the flag is set", which every reading can check at one
+# state of a path. (The any-size model keeps no such flags: its witness unrolling states the
+# history over the path's earlier states instead; see model_checker/z3_witnesses.py.)
+page_reuse = _sym("page_reuse", (), BOOL, "a freed page has been granted again (ghost; stays set)")
+cross_tenant_reuse = _sym(
+    "cross_tenant_reuse",
+    (),
+    BOOL,
+    "a page granted to one tenant has later been granted to another (ghost; stays set)",
+)
+refused_write = _sym(
+    "refused_write",
+    (),
+    BOOL,
+    "decode's ownership check (or a revoked key) has refused a stale write (ghost; stays set)",
+)
+drain_acked = _sym(
+    "drain_acked",
+    (),
+    BOOL,
+    "an abort's drain ack has released a fenced reservation (ghost; stays set)",
+)
+scrubbed_written_page = _sym(
+    "scrubbed_written_page",
+    (),
+    BOOL,
+    "a page that held data has been zeroed on release (ghost; stays set)",
+)
+cancelled_mid_transfer = _sym(
+    "cancelled_mid_transfer",
+    (),
+    BOOL,
+    "a client has cancelled a request while its pages were being written (ghost; stays set)",
+)
+ok_after_crash = _sym(
+    "ok_after_crash",
+    (),
+    BOOL,
+    "some request got output after a crash had happened (ghost; stays set)",
+)
+ok_after_loss = _sym(
+    "ok_after_loss",
+    (),
+    BOOL,
+    "some request got output after a message had been lost (ghost; stays set)",
+)
+timeouts_spent = _sym(
+    "timeouts_spent", (), INT, "how many timeouts the fault budget has spent so far"
+)
+# The language has no strings, so an answer's reason is not a term: the one reason a claim needs
+# is a predicate of its own. (A finite sort of reasons, like the phases, would do too; one
+# predicate keeps the vocabulary to what is read.)
+timed_out_waiting = _sym(
+    "timed_out_waiting",
+    (REQ,),
+    BOOL,
+    "r's answer is the error 'timed out waiting for prefill' (decode gave up waiting)",
+)
+# Rigid, like `tenant`: a fact of the configuration, not of the state. It is a predicate rather
+# than two numbers (the prompt's length and prefill's limit) because the any-size model has no
+# lengths, only this comparison (its rigid `too_long_for_prefill`), and a claim written with the
+# predicate is one it can read.
+over_prefill_limit = _sym(
+    "over_prefill_limit",
+    (REQ,),
+    BOOL,
+    "r's prompt has more pages than prefill admits (rigid: the config)",
+)
+
 next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -199,6 +273,18 @@ CONCRETE = PythonReading(
         "accepted_full": _REQ + ".accepted_full is True",
         "tenant": "C.requests[{0}].tenant",
         "late_landing": "S.ghost.late_landing",
+        "page_reuse": "S.ghost.page_reuse",
+        "cross_tenant_reuse": "S.ghost.cross_tenant_reuse",
+        "refused_write": "S.ghost.refused_write",
+        "drain_acked": "S.ghost.drain_acked",
+        "scrubbed_written_page": "S.ghost.scrubbed_written_page",
+        "cancelled_mid_transfer": "S.ghost.cancelled_mid_transfer",
+        "ok_after_crash": "S.ghost.ok_after_crash",
+        "ok_after_loss": "S.ghost.ok_after_loss",
+        "timeouts_spent": "S.faults.timeouts",
+        "timed_out_waiting": f"{_REQ}.answer is not None"
+        f" and {_REQ}.answer.reason == 'timed out waiting for prefill'",
+        "over_prefill_limit": "C.requests[{0}].pages > C.prefill_max_prompt",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",
