@@ -114,18 +114,43 @@ def default_scenario_config() -> Config:
 def play(target: Target, config: Config, scenario: Scenario) -> tuple[list[Any], list[Any]]:
     """Run one scenario; returns (headers, events)."""
     target.start(config, "reference")
+    events: list[Any] = []
     for action in scenario.program:
         if isinstance(action, RouterSubmitRequest):
             target.submit(action.request)
         elif isinstance(action, ClientCancelRequest):
+            # A cancel *while the transfer is set up*: wait until decode has reserved the pages.
+            # On a loaded machine the cancel could otherwise come first, leaving nothing
+            # reserved to release, and the scenario would not show what it is there to show.
+            events += _until_reserved(target, target.request_id(action.request))
             target.cancel(action.request)
         elif isinstance(action, PrefillRestart):
             target.restart_prefill()
         if scenario.pause_s:
             time.sleep(scenario.pause_s)
     target.settle()
-    events = target.take_events()
+    events += target.take_events()
     return log_headers(target, config), events
+
+
+def _until_reserved(target: Target, request_id: str, timeout_s: float = 30.0) -> list[Any]:
+    """The events up to decode's `decode_reserve_pages` for `request_id` (taken from the
+    target, so the caller keeps them); a TargetError if it does not come in time."""
+    taken: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        taken += target.take_events()
+        if any(
+            e["event"] == "decode_reserve_pages" and e["args"].get("request_id") == request_id
+            for e in taken
+        ):
+            return taken
+        if time.monotonic() > deadline:
+            raise TargetError(
+                f"decode reserved no pages for {request_id} within {timeout_s:.0f} s "
+                f"({len(taken)} events so far): the cancel scenario needs a reservation"
+            )
+        time.sleep(0.05)
 
 
 def verdict(
