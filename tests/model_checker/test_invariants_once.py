@@ -18,26 +18,14 @@ from kvhandoff.model_checker.logic_z3 import AnySizeReading, FixedReading, Untra
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_invariants import fixed_invariants, legacy_fixed_invariants
 from kvhandoff.spec import invariants_py
-from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 from kvhandoff.spec.logic import REQ, And, Implies, Or, clauses, forall
 from kvhandoff.spec.trace import replay
 from kvhandoff.spec.variants import REFERENCE, get_variant
 from kvhandoff.spec.vocabulary import d, d_awaiting_ack, d_gen, p_gen
-
-SMALL = Config(
-    decode_pages=2,
-    requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
-    context_window=2,
-    prefill_max_prompt=1,
-    decode_max_prompt=2,
-)
-
-
-def _valid(claim: z3.ExprRef, *assumptions: z3.ExprRef) -> bool:
-    solver = z3.Solver()
-    solver.add(*assumptions, z3.Not(claim))
-    return solver.check() == z3.unsat
+from tests.model_checker.small import SMALL
+from tests.model_checker.small import valid as _valid
 
 
 def test_every_engine_reads_the_same_invariant_objects() -> None:

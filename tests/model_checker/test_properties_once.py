@@ -37,21 +37,10 @@ from kvhandoff.spec.config import Config, RequestSpec
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.state import PageState, State
 from kvhandoff.spec.variants import REFERENCE, get_variant
+from tests.model_checker.small import SMALL
+from tests.model_checker.small import valid as _valid
 
-SMALL = Config(
-    decode_pages=2,
-    requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
-    context_window=2,
-    prefill_max_prompt=1,
-    decode_max_prompt=2,
-)
 NAMES = [p.name for p in ALWAYS]
-
-
-def _valid(claim: z3.ExprRef, *assumptions: z3.ExprRef) -> bool:
-    solver = z3.Solver()
-    solver.add(*assumptions, z3.Not(claim))
-    return solver.check() == z3.unsat
 
 
 def test_every_property_has_a_formula_and_the_engines_read_it() -> None:

@@ -44,24 +44,13 @@ from kvhandoff.model_checker.z3_witnesses import (
     legacy_any_size_witnesses,
     legacy_fixed_witnesses,
 )
-from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import SOMETIMES
 from kvhandoff.spec.variants import REFERENCE, get_variant
+from tests.model_checker.small import SMALL
+from tests.model_checker.small import valid as _valid
 
-SMALL = Config(
-    decode_pages=2,
-    requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
-    context_window=2,
-    prefill_max_prompt=1,
-    decode_max_prompt=2,
-)
 NAMES = [w.name for w in SOMETIMES]
-
-
-def _valid(claim: z3.ExprRef, *assumptions: z3.ExprRef) -> bool:
-    solver = z3.Solver()
-    solver.add(*assumptions, z3.Not(claim))
-    return solver.check() == z3.unsat
 
 
 def test_every_witness_has_a_formula_and_the_fixed_engines_read_it() -> None:

@@ -10,18 +10,11 @@ import pytest
 from kvhandoff.model_checker.explore import explore
 from kvhandoff.model_checker.z3_encoding import Encoding, EncodingError
 from kvhandoff.model_checker.z3_engines import bmc, replay_counterexample
-from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.trace import replay
 from kvhandoff.spec.variants import REFERENCE, get_variant
-
-SMALL = Config(
-    decode_pages=2,
-    requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
-    context_window=2,
-    prefill_max_prompt=1,
-    decode_max_prompt=2,
-)
+from tests.model_checker.small import SMALL
 
 
 def test_bmc_finds_the_incident_counterexamples_with_the_explorers_lengths() -> None:

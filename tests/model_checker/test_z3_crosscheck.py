@@ -15,22 +15,15 @@ from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, constants,
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import bmc
 from kvhandoff.model_checker.z3_invariants import fixed_invariants
-from kvhandoff.spec.config import Config, RequestSpec
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 from kvhandoff.spec.machine import enabled
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.state import PageState
 from kvhandoff.spec.variants import REFERENCE, VARIANTS, get_variant
+from tests.model_checker.small import SMALL
 
 PULL_VARIANTS = [v for v in VARIANTS if v.design.transfer == "pull"]
-
-SMALL = Config(
-    decode_pages=2,
-    requests=(RequestSpec("a", 1, 1), RequestSpec("b", 2, 1)),
-    context_window=2,
-    prefill_max_prompt=1,
-    decode_max_prompt=2,
-)
 
 
 def _sample(states: list, k: int) -> list:  # type: ignore[type-arg]
