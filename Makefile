@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test test-slow test-render lint typecheck proto clean mooncake-libs venv-sglang \
-	test-engines
+	venv-vllm test-engines
 
 venv: $(STAMP)
 
@@ -61,8 +61,22 @@ $(SGLANG_STAMP): tests/engines/sglang-requirements.txt $(STAMP)
 	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -r tests/engines/sglang-requirements.txt
 	touch $(SGLANG_STAMP)
 
-# The engines' smoke campaigns against the spec (SGLang: docs/sglang.md).
-test-engines: venv venv-sglang
+# vLLM 0.33.0's scheduler and the NIXL connector's scheduler side as a conformance target
+# (docs/vllm.md), in an environment of its own, outside `make test`: every package pinned and
+# installed --no-deps (tests/engines/vllm-requirements.txt), CPU torch; vLLM's own requirements
+# pull CUDA torch and GPU kernels.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): tests/engines/vllm-requirements.txt $(STAMP)
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r tests/engines/vllm-requirements.txt
+	touch $(VLLM_STAMP)
+
+# The engines' smoke campaigns against the spec (SGLang: docs/sglang.md; vLLM: docs/vllm.md).
+test-engines: venv venv-sglang venv-vllm
 	$(BIN)/python -m pytest -q -m slow tests/engines
 
 # Regenerate the committed gRPC code under impl/proto/gen and conformance/proto/gen (the harness
@@ -72,4 +86,4 @@ proto: venv
 	$(BIN)/python -m kvhandoff.conformance.proto.build
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache
+	rm -rf $(VENV) $(SGLANG_VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache .render-cache

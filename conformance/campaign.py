@@ -44,7 +44,7 @@ class UnknownTarget(ValueError):
 
 def make_target(name: str) -> Target:
     """`inproc`, `grpc` (real servers on loopback), `sglang` (SGLang's classes, `make
-    venv-sglang`), or `HOST:PORT` (a harness service: a
+    venv-sglang`), `vllm` (vLLM's schedulers, `make venv-vllm`), or `HOST:PORT` (a harness service: a
     `conformance.remote_target.RemoteTarget`; a malformed address is an `UnknownTarget`)."""
     if name == "inproc":
         from kvhandoff.conformance.inproc import InProcTarget
@@ -59,6 +59,11 @@ def make_target(name: str) -> Target:
         from kvhandoff.conformance.sglang_target import SglangTarget
 
         return SglangTarget()
+    if name == "vllm":
+        # vLLM's scheduler and the NIXL connector's scheduler side (docs/vllm.md).
+        from kvhandoff.conformance.vllm_target import VllmTarget
+
+        return VllmTarget()
     if ":" in name:
         from kvhandoff.conformance.remote_target import AddressError, RemoteTarget
 
@@ -67,9 +72,9 @@ def make_target(name: str) -> Target:
             return RemoteTarget(name)
         except AddressError as exc:
             raise UnknownTarget(
-                f"target {exc} (targets: inproc, grpc, sglang, HOST:PORT of a harness service)"
+                f"target {exc} (targets: inproc, grpc, sglang, vllm, HOST:PORT of a harness service)"
             ) from exc
-    raise UnknownTarget(f"unknown target {name!r}; targets: inproc, grpc, sglang, HOST:PORT")
+    raise UnknownTarget(f"unknown target {name!r}; targets: inproc, grpc, sglang, vllm, HOST:PORT")
 
 
 class _TargetFailed(BaseException):

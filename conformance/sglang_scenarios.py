@@ -164,7 +164,9 @@ def verdict(
     return "conforms", ""
 
 
-def write_spec_trace(log: Path, out: Path, variant: Variant = REFERENCE) -> Path:
+def write_spec_trace(
+    log: Path, out: Path, variant: Variant = REFERENCE, target: str = "sglang"
+) -> Path:
     """The spec behaviour that explains `log` up to its first divergence, as a trace that
     `kvhandoff explain` narrates (config as the validator reads it from the log)."""
     from kvhandoff.conformance.validate import _submissions_merged, config_from_logs, read_log
@@ -177,7 +179,7 @@ def write_spec_trace(log: Path, out: Path, variant: Variant = REFERENCE) -> Path
         "kvhandoff_trace": 1,
         "kind": "scenario",
         "variant": variant.name,
-        "target": "sglang",
+        "target": target,
         "note": (
             f"the spec behaviour explaining {report.explained} of {report.events} events of "
             f"{log.name}" + ("" if report.ok else "; the next event is the first divergence")

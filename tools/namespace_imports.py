@@ -56,6 +56,7 @@ SKIP_DIRS = {
     ".git",
     ".venv",
     ".venv-sglang",
+    ".venv-vllm",
     "__pycache__",
     "build",
     "dist",
