@@ -68,7 +68,8 @@ def test_serve_all_prints_addresses_and_incident_shaped_limits_then_stops_on_sig
     served: tuple[subprocess.Popen[str], dict[str, object]], tmp_path: Path
 ) -> None:
     proc, info = served
-    assert set(info) == {"router", "prefill", "decode", "limits", "pki"}
+    assert set(info) == {"schema", "router", "prefill", "decode", "limits", "pki"}
+    assert info["schema"] == "kvhandoff.serve-all/1"
     assert info["pki"] and Path(str(info["pki"]), "ca.crt").is_file()  # throwaway CA
     limits = info["limits"]
     assert isinstance(limits, dict)
