@@ -36,6 +36,7 @@ from kvhandoff.spec.logic import (
     RANK,
     REQ,
     App,
+    Count,
     Field,
     InFlight,
     Lit,
@@ -86,6 +87,10 @@ class Reading:
         an item."""
         raise NotImplementedError
 
+    def count(self, parts: Sequence[Any]) -> Any:
+        """The number of true formulas among `parts` (the expansion of a `count`)."""
+        raise Untranslatable("this reading has no counts")
+
 
 def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> Any:
     """The Z3 term (or Python value, where everything it reads is fixed) of `t`."""
@@ -113,8 +118,16 @@ def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> A
             parts = []
             for x in reading.domain(t.var.sort):
                 env[id(t.var)] = x
+                parts.append(go(t.body))
+            return _and(parts) if t.every else _or(parts)
+        if isinstance(t, Count):
+            if reading.bound(t.var.sort) is not None:
+                raise Untranslatable(f"cannot count the elements of sort {t.var.sort.name}")
+            parts = []
+            for x in reading.domain(t.var.sort):
+                env[id(t.var)] = x
                 parts.append(_bool(go(t.body)))
-            return z3.And(parts) if t.every else z3.Or(parts)
+            return reading.count(parts)
         if isinstance(t, InFlight):
             parts = []
             for bound_vars, present, fields in reading.in_flight(t.what, t.kinds):
@@ -129,15 +142,37 @@ def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> A
     return _bool(go(t))
 
 
+def _and(xs: Sequence[Any]) -> Any:
+    """`z3.And`, with what a reading settled as a Python bool folded away (a rigid fact of the
+    scenario, a request the expansion rules out): the formula Z3 gets is the one a person would
+    have written for this configuration."""
+    if any(x is False for x in xs):
+        return False
+    rest = [x for x in xs if x is not True]
+    return True if not rest else rest[0] if len(rest) == 1 else z3.And(rest)
+
+
+def _or(xs: Sequence[Any]) -> Any:
+    """`z3.Or`, folded like `_and`."""
+    if any(x is True for x in xs):
+        return True
+    rest = [x for x in xs if x is not False]
+    return False if not rest else rest[0] if len(rest) == 1 else z3.Or(rest)
+
+
 def _op(t: Op, a: list[Any]) -> Any:
     op = t.op
     if op == "and":
-        return z3.And([_bool(x) for x in a])
+        return _and(a)
     if op == "or":
-        return z3.Or([_bool(x) for x in a])
+        return _or(a)
     if op == "not":
-        return z3.Not(_bool(a[0]))
+        return (not a[0]) if isinstance(a[0], bool) else z3.Not(a[0])
     if op == "implies":
+        if a[0] is False or a[1] is True:
+            return True
+        if a[0] is True:
+            return a[1]
         return z3.Implies(_bool(a[0]), _bool(a[1]))
     if op == "ite":
         return z3.If(_bool(a[0]), a[1], a[2])
@@ -176,6 +211,9 @@ class FixedReading(Reading):
         if sort not in self._domains:
             raise Untranslatable(f"no elements of sort {sort.name} in the fixed encoding")
         return self._domains[sort]
+
+    def count(self, parts: Sequence[Any]) -> Any:
+        return self.enc._count(parts)
 
     def tenant_id(self, name: str) -> Any:
         """A tenant as the encoding's integer: its index among the config's tenants (-1: a tenant
@@ -356,6 +394,18 @@ _FIXED: dict[str, Callable[..., Any]] = {
     ),
     # Rigid: a Python bool, fixed by the config (the expansion drops the requests it rules out).
     "over_prefill_limit": lambda f, r: f.enc.lens[r] > f.enc.config.prefill_max_prompt,
+    # What the guards read: the encoding's own variables, and the scenario's limits as Python
+    # values (rigid: the expansion settles them per request).
+    "p_len": _r("p_len"),
+    "d_cancel": _r("d_cancel"),
+    "p_cancel": _r("p_cancel"),
+    "prefill_epoch": lambda f: f.s["prefill_epoch"],
+    "decode_seen_prefill_epoch": lambda f: f.s["dsp"],
+    "prefill_seen_decode_epoch": lambda f: f.s["psd"],
+    "prompt_pages": lambda f, r: f.enc.lens[r],
+    "over_decode_limit": lambda f, r: f.enc.lens[r] > f.enc.config.decode_max_prompt,
+    "max_active": lambda f: f.enc.config.max_active,
+    "waits_for": lambda f, r, q: f.enc.config.submit_in_order and q == r - 1,
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: 1,

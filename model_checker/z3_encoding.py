@@ -4,7 +4,9 @@ This is the encoding behind the `bmc`, `kind` and `spacer` engines. DESIGN.md §
 its meaning from `spec/`; here each spec action has a hand-written encoder with the same snake_case
 name (`decode_reserve_pages`, ...), reading the variant's `Design` options exactly where
 `spec/machine.py` reads them, and a test compares the encoded transition relation with every edge of
-the explicit explorer's graph.
+the explicit explorer's graph. The guards of the protocol steps of one request (or of none) are
+not the encoders' but the spec's formulas (`spec.machine.rule_guard`), translated (`rule`); the
+encoders' own guards for them stay for `legacy_guards=True`, the differential test's path.
 
 State (one copy per time step, named `r{i}.field`, `pg{j}.field` and plain global names):
 
@@ -79,6 +81,8 @@ from kvhandoff.spec.actions import (
     snake_case,
 )
 from kvhandoff.spec.config import Config
+from kvhandoff.spec.logic import GuardFormula
+from kvhandoff.spec.machine import RULE_GUARDS, rule_guard
 from kvhandoff.spec.state import (
     OTHER_TENANT,
     Answer,
@@ -222,6 +226,7 @@ class Encoding:
         config: Config,
         width: int | None = 5,
         legacy_properties: bool = False,
+        legacy_guards: bool = False,
     ) -> None:
         if not variant.is_pure_design:
             raise CannotEncode(
@@ -241,6 +246,19 @@ class Encoding:
         """Check the hand-written twins of the properties (`legacy_properties`) instead of the
         spec's formulas: for the differential test and the benchmark only."""
         self.formula_guards = variant.formula_guards()
+        self.use_legacy_guards = legacy_guards
+        """Use the hand-written guards of the encoders below for every action, instead of the
+        spec's formulas (`spec.machine.rule_guard`): for the differential test and the
+        benchmark only. A variant's own formula guards apply either way."""
+        self.guard_formulas: dict[str, GuardFormula] = (
+            {}
+            if legacy_guards
+            else {name: rule_guard(variant.design, name) for name in RULE_GUARDS}
+        )
+        """The guard each action's instances take, as a formula: the rulebook's (written once in
+        `spec/machine.py`) where it has one, a variant's formula guard where it replaces it.
+        The other actions keep the guard their encoder below builds."""
+        self.guard_formulas.update({n: h.formula for n, h in self.formula_guards.items()})
         self.pull = variant.design.transfer == "pull"
         self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
         """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
@@ -1142,18 +1160,26 @@ class Encoding:
     # --- the transition relation ----------------------------------------------------------------
 
     def rule(self, s: SymState, i: int) -> tuple[Any, dict[str, Any]]:
-        """Guard and updated variables of instance i on state s. A variant's formula guard
-        (`spec.logic.guard`) replaces the rulebook's guard: it is translated, not re-coded."""
+        """Guard and updated variables of instance i on state s. Where the action's guard is a
+        formula (`guard_formulas`: the rulebook's, or a variant's `spec.logic.guard`), it is
+        translated, not re-coded; the encoder's own guard is then unused."""
         inst = self.instances[i]
         guard, e = self._rules[inst.name](s, *inst.args)
-        replaced = self.formula_guards.get(inst.name)
-        if replaced is not None:
-            from kvhandoff.model_checker.logic_z3 import FixedReading, translate
-
-            params = replaced.formula.params
-            env = {id(p): a for p, a in zip(params, inst.args, strict=True)}
-            guard = translate(replaced.formula.formula, FixedReading(self, s), env)
+        formula = self.guard_formulas.get(inst.name)
+        if formula is not None:
+            guard = self._translated_guard(formula, s, inst)
         return guard, e.new
+
+    def _translated_guard(self, formula: GuardFormula, s: SymState, inst: Instance) -> Any:
+        from kvhandoff.model_checker.logic_z3 import FixedReading, translate
+
+        env = {id(p): a for p, a in zip(formula.params, inst.args, strict=True)}
+        return translate(formula.formula, FixedReading(self, s), env)
+
+    def hand_written_guard(self, s: SymState, i: int) -> Any:
+        """The guard instance i's encoder builds (the legacy path; the differential test)."""
+        inst = self.instances[i]
+        return self._rules[inst.name](s, *inst.args)[0]
 
     def _rules_on(self, s: SymState) -> list[tuple[Any, dict[str, Any]]]:
         """`rule(s, i)` for every instance; on the template state, computed once."""

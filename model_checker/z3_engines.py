@@ -142,6 +142,7 @@ def bmc(
     timeout: float | None = None,
     first: bool = False,
     legacy_properties: bool = False,
+    legacy_guards: bool = False,
 ) -> CheckResult:
     """Bounded model checking with the narrowest bit-vector width at which the interval analysis
     bounds every integer within the depth, each step's integers narrowed further to the bits
@@ -149,11 +150,14 @@ def bmc(
     integer gets one width, 5 bits, widened and rerun whenever the solver finds that some value
     could leave the range within the bound. `first`: stop at the first depth where some property
     fails (the shortest counterexample of all). `legacy_properties`: check the hand-written Z3
-    twins of the properties instead of the spec's formulas (the differential test, the
-    benchmark)."""
+    twins of the properties instead of the spec's formulas, `legacy_guards` the encoders'
+    hand-written guards instead of the spec's formula guards (the differential tests, the
+    benchmarks)."""
     started = time.perf_counter()
     bound = DEFAULT_BMC_DEPTH if depth is None else depth
-    result = _bmc_widths(variant, config, bound, timeout, first, started, legacy_properties)
+    result = _bmc_widths(
+        variant, config, bound, timeout, first, started, legacy_properties, legacy_guards
+    )
     # Every action fires and every witness holds within the bound, where the spec's do.
     result = with_movement(result, variant, config, bound, timeout)
     result.seconds = time.perf_counter() - started
@@ -168,14 +172,16 @@ def _bmc_widths(
     first: bool,
     started: float,
     legacy_properties: bool = False,
+    legacy_guards: bool = False,
 ) -> CheckResult:
+    legacy = {"legacy_properties": legacy_properties, "legacy_guards": legacy_guards}
     for width in WIDTHS:
-        enc = Encoding(variant, config, width=width, legacy_properties=legacy_properties)
+        enc = Encoding(variant, config, width=width, **legacy)
         if enc.narrow(bound):
             return _bmc(enc, bound, timeout, first, started, narrowed=True)
     for width in WIDTHS:
         try:
-            enc = Encoding(variant, config, width=width, legacy_properties=legacy_properties)
+            enc = Encoding(variant, config, width=width, **legacy)
             return _bmc(enc, bound, timeout, first, started, narrowed=False)
         except _WidthTooSmall:
             continue

@@ -175,6 +175,21 @@ class Quant(Term):
     def __init__(self, every: bool, var: Var, body: Term) -> None:
         self.every, self.var, self.body, self.sort = every, var, body, BOOL
 
+    def __repr__(self) -> str:
+        return f"{'forall' if self.every else 'exists'}({self.var!r}: {self.body!r})"
+
+
+class Count(Term):
+    """`count(sort, body)`: how many elements of a finite sort satisfy the body (an integer).
+    Only readings that list the sort's elements can count (the explorer, the fixed
+    configuration); over an uninterpreted sort there is no number to give."""
+
+    def __init__(self, var: Var, body: Term) -> None:
+        self.var, self.body, self.sort = var, body, INT
+
+    def __repr__(self) -> str:
+        return f"count({self.var!r}: {self.body!r})"
+
 
 # What a message or write in flight exposes to a claim (the fields of spec.state.Message/Write
 # that the claims need), with each field's sort.
@@ -249,6 +264,7 @@ def lift(x: object) -> Term:
 
 
 TRUE = Lit(True, BOOL)
+FALSE = Lit(False, BOOL)
 
 
 def And(*xs: Term) -> Term:
@@ -280,6 +296,13 @@ def forall(sort: Sort, body: Callable[[Var], Term]) -> Term:
 def exists(sort: Sort, body: Callable[[Var], Term]) -> Term:
     v = Var(sort, sort.name[0].lower())
     return Quant(False, v, body(v))
+
+
+def count(sort: Sort, body: Callable[[Var], Term]) -> Term:
+    """How many elements of `sort` satisfy the body: `count(PAGE, lambda q: Not(owned(q)))` is
+    the number of free pages."""
+    v = Var(sort, sort.name[0].lower())
+    return Count(v, body(v))
 
 
 def each_message(kinds: Sequence[str], body: Callable[[Bound], Term]) -> Term:
@@ -355,7 +378,7 @@ def symbols_of(t: Term) -> set[str]:
         return {t.symbol.name}.union(*(symbols_of(a) for a in t.args))
     if isinstance(t, Op):
         return set().union(*(symbols_of(a) for a in t.args))
-    if isinstance(t, Quant):
+    if isinstance(t, (Quant, Count)):
         return symbols_of(t.body)
     if isinstance(t, InFlight):
         names = {f"message:{k}" for k in t.kinds} if t.what == "message" else {t.what}
@@ -408,6 +431,10 @@ def python_source(t: Term, reading: PythonReading) -> str:
             body = go(t.body)
             fn = "all" if t.every else "any"
             return f"{fn}({body} for {t.var.name} in {reading.domains[t.var.sort]})"
+        if isinstance(t, Count):
+            names[id(t.var)] = t.var.name
+            body = go(t.body)
+            return f"sum(1 for {t.var.name} in {reading.domains[t.var.sort]} if {body})"
         if isinstance(t, InFlight):
             names[id(t.var)] = t.var.name
             source = reading.in_flight[t.what].format(kinds=repr(t.kinds))

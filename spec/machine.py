@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from functools import cache
 from typing import Any, TypeVar
 
 from kvhandoff.spec.actions import (
@@ -81,6 +82,19 @@ from kvhandoff.spec.actions import (
     snake_case,
 )
 from kvhandoff.spec.config import Config
+from kvhandoff.spec.logic import (
+    FALSE,
+    PAGE,
+    REQ,
+    And,
+    GuardFormula,
+    Implies,
+    Not,
+    count,
+    exists,
+    forall,
+    guard,
+)
 from kvhandoff.spec.state import (
     OTHER_TENANT,
     PREFILL_LIVE,
@@ -97,6 +111,29 @@ from kvhandoff.spec.state import (
     initial_state,
 )
 from kvhandoff.spec.variants import REFERENCE, Design, Variant
+from kvhandoff.spec.vocabulary import (
+    answered,
+    d,
+    d_awaiting_ack,
+    d_cancel,
+    d_holds,
+    decode_epoch,
+    decode_seen_prefill_epoch,
+    max_active,
+    over_decode_limit,
+    over_prefill_limit,
+    owned,
+    p,
+    p_cancel,
+    p_granted_count,
+    p_len,
+    p_wrote,
+    prefill_epoch,
+    prefill_seen_decode_epoch,
+    prompt_pages,
+    submitted,
+    waits_for,
+)
 
 T = TypeVar("T")
 
@@ -213,9 +250,9 @@ def _digest_of_shards(
     request's data for the same generation, which is what the tag records.
     """
     out = []
-    for p in pages:
-        content = state.pages[p].shards[rank]
-        out.append((p, -1, -1) if content is None else (p, content.request, content.generation))
+    for q in pages:
+        content = state.pages[q].shards[rank]
+        out.append((q, -1, -1) if content is None else (q, content.request, content.generation))
     return tuple(out)
 
 
@@ -224,6 +261,14 @@ def _digest_of_shards(
 # One guard per rule: each function below lists the actions of its kind that are enabled in a
 # state (admission's admit-or-reject is one decision, so one guard lists both). `enabled` is their
 # concatenation in the rulebook's order; `is_enabled` asks only the guard of the action's kind.
+#
+# Beside the Python guard of each protocol step of one request (or of none) stands the same guard
+# as a formula over the vocabulary (`spec/vocabulary.py`), `_..._guard(design)`: that formula is
+# the rule's statement, the one the Z3 encodings translate (`rule_guard`, at the end of this
+# section). The Python function is the explorer's fast path: it lists the enabled requests in one
+# pass over the state. tests/spec/test_guards_once.py pins the two to each other on every
+# reachable state of several variants. Design options are Python `if`s evaluated when the formula
+# is built: a design's guard is a different formula, not a run-time branch.
 
 
 def _messages(state: State) -> list[Message]:
@@ -247,6 +292,21 @@ def _router_submits(d: Design, c: Config, s: State) -> list[Action]:
     return out
 
 
+def _router_submit_guard(design: Design) -> GuardFormula:
+    # The router submits each request once, and bounds its own load: fewer than `max_active`
+    # requests in progress (submitted, not yet answered). Where the scenario submits in list
+    # order (`waits_for`), a request goes in only after the one before it: small scenarios stay
+    # small without losing any interleaving of the steps that follow.
+    in_progress = count(REQ, lambda q: And(submitted(q), Not(answered(q))))
+    return guard(
+        lambda r: And(
+            Not(submitted(r)),
+            in_progress < max_active(),
+            forall(REQ, lambda q: Implies(waits_for(r, q), submitted(q))),
+        )
+    )
+
+
 def _prefill_admits_or_rejects(d: Design, c: Config, s: State) -> list[Action]:
     # Prefill admits what fits its limit; the design decides what it does with the rest.
     out: list[Action] = []
@@ -259,6 +319,19 @@ def _prefill_admits_or_rejects(d: Design, c: Config, s: State) -> list[Action]:
     return out
 
 
+# Admission is one decision with two outcomes: which one a prompt gets is fixed by its length
+# against the worker's own limit (a rigid fact of the scenario). What prefill's rejection *does*
+# (reject, placeholder, truncate) is a design option of the effect, not of the guard.
+
+
+def _prefill_admit_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: And(p(r) == "received", Not(over_prefill_limit(r))))
+
+
+def _prefill_reject_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: And(p(r) == "received", over_prefill_limit(r)))
+
+
 def _decode_admits_or_rejects(d: Design, c: Config, s: State) -> list[Action]:
     out: list[Action] = []
     for r, req in enumerate(s.requests):
@@ -268,6 +341,14 @@ def _decode_admits_or_rejects(d: Design, c: Config, s: State) -> list[Action]:
             else:
                 out.append(DecodeRejectRequest(r))
     return out
+
+
+def _decode_admit_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: And(d(r) == "received", Not(over_decode_limit(r))))
+
+
+def _decode_reject_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: And(d(r) == "received", over_decode_limit(r)))
 
 
 def _decode_reserves(d: Design, c: Config, s: State) -> list[Action]:
@@ -282,6 +363,14 @@ def _decode_reserves(d: Design, c: Config, s: State) -> list[Action]:
     return out
 
 
+def _decode_reserve_guard(design: Design) -> GuardFormula:
+    # Decode grants every page the prompt needs at once, under one fresh generation, or waits
+    # (stays `admitted`) until enough are free: a partial grant would leave prefill nowhere to
+    # put the rest of the prompt. Free means granted to no request.
+    free = count(PAGE, lambda q: Not(owned(q)))
+    return guard(lambda r: And(d(r) == "admitted", free >= prompt_pages(r)))
+
+
 def _prefill_receives_grants(d: Design, c: Config, s: State) -> list[Action]:
     if not s.network:
         return []
@@ -294,6 +383,17 @@ def _prefill_writes(d: Design, c: Config, s: State) -> list[Action]:
         if req.p == "granted" and req.p_wrote < _prefill_target_pages(d, req):
             out.append(PrefillWritePage(r))
     return out
+
+
+def _prefill_write_guard(design: Design) -> GuardFormula:
+    # Prefill writes its granted pages one at a time, in grant order, while it has data for the
+    # next one (its own view of the prompt, `p_len`, which a placeholder or a truncation
+    # shortens) and a granted page to put it in: `p_wrote < min(p_len, granted)`, the
+    # `_prefill_target_pages` of the Python guard. Where the two views differ, the pages past
+    # the shorter one are never written: what the completion then claims is the design's.
+    return guard(
+        lambda r: And(p(r) == "granted", p_wrote(r) < p_len(r), p_wrote(r) < p_granted_count(r))
+    )
 
 
 def _decode_receives_writes(d: Design, c: Config, s: State) -> list[Action]:
@@ -335,12 +435,32 @@ def _prefill_receives_cancels(d: Design, c: Config, s: State) -> list[Action]:
     return [PrefillReceiveCancel(r) for r, req in enumerate(s.requests) if req.p_cancel]
 
 
+# A cancel reaches each worker by a call of its own, whenever the router's word is on its way
+# (the router answered the client at once). The guard asks nothing else: a worker that has
+# already finished with the request receives the cancel too, and its effect does nothing.
+
+
+def _decode_receive_cancel_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: d_cancel(r))
+
+
+def _prefill_receive_cancel_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: p_cancel(r))
+
+
 def _decode_generates(d: Design, c: Config, s: State) -> list[Action]:
     out: list[Action] = []
     for r, req in enumerate(s.requests):
         if req.d == "validated":
             out.append(DecodeGenerate(r))
     return out
+
+
+def _decode_generate_guard(design: Design) -> GuardFormula:
+    # Decode reads the pages only once it has validated the completion: the guard that
+    # `decode_reads_only_validated_pages` checks is never bypassed. (What validation checks is
+    # the design's, in `decode_receive_completion`.)
+    return guard(lambda r: d(r) == "validated")
 
 
 def _decode_answers(d: Design, c: Config, s: State) -> list[Action]:
@@ -351,12 +471,30 @@ def _decode_answers(d: Design, c: Config, s: State) -> list[Action]:
     return out
 
 
+def _decode_answer_guard(design: Design) -> GuardFormula:
+    return guard(lambda r: d(r) == "generated")
+
+
 def _decode_releases(d: Design, c: Config, s: State) -> list[Action]:
     out: list[Action] = []
     for r, req in enumerate(s.requests):
         if req.d in ("answered", "failed") and req.d_pages and not req.d_awaiting_ack:
             out.append(DecodeReleasePages(r))
     return out
+
+
+def _decode_release_guard(design: Design) -> GuardFormula:
+    # Decode returns a request's pages once it is done with them (answered, or given up), and
+    # not while it waits for prefill's drain ack after an abort: on the one-sided path that wait
+    # is the only fence against a late write landing in a page granted again (M7, sglang
+    # #24527). Dropping the last clause is examples/variant_replace_guard.py.
+    return guard(
+        lambda r: And(
+            d(r).is_in("answered", "failed"),
+            exists(PAGE, lambda q: d_holds(r, q)),
+            Not(d_awaiting_ack(r)),
+        )
+    )
 
 
 def _prefill_receives_aborts(d: Design, c: Config, s: State) -> list[Action]:
@@ -393,12 +531,32 @@ def _decode_release_timeouts(d: Design, c: Config, s: State) -> list[Action]:
     return out
 
 
+def _decode_release_timeout_guard(design: Design) -> GuardFormula:
+    # Only a design that lets a timeout stand in for the drain ack has this step (M8: a timeout
+    # cannot prove a one-sided write stopped). Elsewhere it is never enabled.
+    if design.release_fence != "ack_or_timeout":
+        return guard(lambda r: FALSE)
+    return guard(lambda r: d_awaiting_ack(r))
+
+
 def _decode_detects_prefill_restart(d: Design, c: Config, s: State) -> list[Action]:
     return [DecodeDetectPrefillRestart()] if s.decode_sees_prefill_epoch != s.prefill_epoch else []
 
 
 def _prefill_detects_decode_restart(d: Design, c: Config, s: State) -> list[Action]:
     return [PrefillDetectDecodeRestart()] if s.prefill_sees_decode_epoch != s.decode_epoch else []
+
+
+# A worker learns of its peer's restart from the health check: the epoch it reports differs from
+# the one last seen. (The restart itself is a fault; noticing it is a protocol step.)
+
+
+def _decode_detect_prefill_restart_guard(design: Design) -> GuardFormula:
+    return guard(lambda: decode_seen_prefill_epoch() != prefill_epoch())
+
+
+def _prefill_detect_decode_restart_guard(design: Design) -> GuardFormula:
+    return guard(lambda: prefill_seen_decode_epoch() != decode_epoch())
 
 
 def _retransmits(d: Design, c: Config, s: State) -> list[Action]:
@@ -508,6 +666,36 @@ FAULT_GUARDS: dict[Guard, tuple[type, ...]] = {
     _drops: (NetworkDropMessage,),
     _duplicates: (NetworkDuplicateMessage,),
 }
+RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
+    "router_submit_request": _router_submit_guard,
+    "prefill_admit_request": _prefill_admit_guard,
+    "prefill_reject_request": _prefill_reject_guard,
+    "decode_admit_request": _decode_admit_guard,
+    "decode_reject_request": _decode_reject_guard,
+    "decode_reserve_pages": _decode_reserve_guard,
+    "prefill_write_page": _prefill_write_guard,
+    "decode_receive_cancel": _decode_receive_cancel_guard,
+    "prefill_receive_cancel": _prefill_receive_cancel_guard,
+    "decode_generate": _decode_generate_guard,
+    "decode_answer": _decode_answer_guard,
+    "decode_release_pages": _decode_release_guard,
+    "decode_release_timeout": _decode_release_timeout_guard,
+    "decode_detect_prefill_restart": _decode_detect_prefill_restart_guard,
+    "prefill_detect_decode_restart": _prefill_detect_decode_restart_guard,
+}
+"""The guards written as formulas: every protocol step of one request (or of none). The steps
+that receive a message, write or acknowledge per rank, and the faults keep only their Python
+guard (and the Z3 encodings their hand-written one) for now: see docs/one-semantics.md."""
+
+
+@cache
+def rule_guard(design: Design, name: str) -> GuardFormula:
+    """The guard of protocol step `name` (snake_case) under `design`, as a formula: what the Z3
+    encodings translate (`Encoding.rule`), pinned to the Python guard by
+    tests/spec/test_guards_once.py. Built once per design."""
+    return RULE_GUARDS[name](design)
+
+
 _GUARD_OF: dict[type, Guard] = {
     kind: guard
     for guards in (PROTOCOL_GUARDS, FAULT_GUARDS)
@@ -521,19 +709,19 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
     d = variant.design
     out: list[Action] = []
     replaced = variant.guard_overrides
-    for guard, kinds in PROTOCOL_GUARDS.items():
+    for lists, kinds in PROTOCOL_GUARDS.items():
         if replaced:
-            out += _guard_with_overrides(variant, config, state, guard, kinds)
+            out += _guard_with_overrides(variant, config, state, lists, kinds)
         else:
-            out += guard(d, config, state)
+            out += lists(d, config, state)
     if variant.extra_actions is not None:
         out += variant.extra_actions(config, state)
     if state.faults.total < config.max_faults:
-        for guard, kinds in FAULT_GUARDS.items():
+        for lists, kinds in FAULT_GUARDS.items():
             if replaced:
-                out += _guard_with_overrides(variant, config, state, guard, kinds)
+                out += _guard_with_overrides(variant, config, state, lists, kinds)
             else:
-                out += guard(d, config, state)
+                out += lists(d, config, state)
     return out
 
 
@@ -857,14 +1045,14 @@ def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> St
     req = s.requests[r]
     pages = list(s.pages)
     ghost = s.ghost
-    for p in req.d_pages:
-        page = pages[p]
+    for q in req.d_pages:
+        page = pages[q]
         if d.scrub:
             if any(shard is not None for shard in page.shards):
                 ghost = evolve(ghost, scrubbed_written_page=True)
-            pages[p] = page.zeroed()
+            pages[q] = page.zeroed()
         else:
-            pages[p] = evolve(page, owner=None)
+            pages[q] = evolve(page, owner=None)
     req = evolve(req, d="released", d_pages=(), d_awaiting_ack=False, d_acks=())
     return evolve(_set_req(s, r, req), pages=tuple(pages), ghost=ghost)
 
@@ -1109,10 +1297,12 @@ _STEP = {
 
 __all__ = [
     "REFERENCE",
+    "RULE_GUARDS",
     "ActionNotEnabled",
     "checked_step",
     "enabled",
     "init",
     "is_enabled",
+    "rule_guard",
     "step",
 ]

@@ -189,6 +189,49 @@ over_prefill_limit = _sym(
     "r's prompt has more pages than prefill admits (rigid: the config)",
 )
 
+# What the guards of the protocol steps read (`spec/machine.py`, the `*_guard` formulas beside
+# each Python guard). A guard reads only what the acting component knows: its own phase and
+# counters, the messages it was handed, and the scenario's fixed limits.
+p_len = _sym(
+    "p_len", (REQ,), INT, "prefill's view of r's prompt length in pages (what it has data for)"
+)
+d_cancel = _sym("d_cancel", (REQ,), BOOL, "the router's word of r's cancel is on its way to decode")
+p_cancel = _sym(
+    "p_cancel", (REQ,), BOOL, "the router's word of r's cancel is on its way to prefill"
+)
+prefill_epoch = _sym("prefill_epoch", (), INT, "prefill's boot epoch")
+decode_seen_prefill_epoch = _sym(
+    "decode_seen_prefill_epoch",
+    (),
+    INT,
+    "the prefill epoch decode last saw in prefill's health check",
+)
+prefill_seen_decode_epoch = _sym(
+    "prefill_seen_decode_epoch",
+    (),
+    INT,
+    "the decode epoch prefill last saw in decode's health check",
+)
+# Rigid facts of the scenario (`Config`), like `tenant` and `over_prefill_limit`: the guards of
+# admission and submission compare the state with them.
+prompt_pages = _sym("prompt_pages", (REQ,), INT, "how many pages r's prompt needs (rigid)")
+over_decode_limit = _sym(
+    "over_decode_limit",
+    (REQ,),
+    BOOL,
+    "r's prompt has more pages than decode admits (rigid: the config)",
+)
+max_active = _sym(
+    "max_active", (), INT, "how many requests the router lets be in progress at once (rigid)"
+)
+waits_for = _sym(
+    "waits_for",
+    (REQ, REQ),
+    BOOL,
+    "the router submits r only after q: the config submits in list order and q is just "
+    "before r (rigid)",
+)
+
 next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -285,6 +328,16 @@ CONCRETE = PythonReading(
         "timed_out_waiting": f"{_REQ}.answer is not None"
         f" and {_REQ}.answer.reason == 'timed out waiting for prefill'",
         "over_prefill_limit": "C.requests[{0}].pages > C.prefill_max_prompt",
+        "p_len": _REQ + ".p_len",
+        "d_cancel": _REQ + ".d_cancel",
+        "p_cancel": _REQ + ".p_cancel",
+        "prefill_epoch": "S.prefill_epoch",
+        "decode_seen_prefill_epoch": "S.decode_sees_prefill_epoch",
+        "prefill_seen_decode_epoch": "S.prefill_sees_decode_epoch",
+        "prompt_pages": "C.requests[{0}].pages",
+        "over_decode_limit": "C.requests[{0}].pages > C.decode_max_prompt",
+        "max_active": "C.max_active",
+        "waits_for": "C.submit_in_order and {1} == {0} - 1",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",

@@ -1,0 +1,131 @@
+"""The guards of the single-request protocol steps are written once, as formulas.
+
+`spec/machine.py` states the guard of every protocol step of one request (or of none) as a formula
+over the vocabulary (`rule_guard(design, name)`, beside each Python guard), and the Z3 encoding
+translates those formulas (tests/model_checker/test_guards_once.py). The explorer keeps the Python
+guards, its fast path. These tests pin the two together on concrete states:
+
+* the formulas cover exactly the protocol steps whose action takes one request or nothing;
+* on every reachable state of the small scenario, for variants that between them take every value
+  of the design options these guards (or the states they see) depend on, and for a scenario with
+  a prompt over decode's limit, parallel submission and two prefill ranks, the requests for which
+  each formula holds are exactly those its Python guard lists;
+* each formula is true somewhere and false somewhere (a guard that never fires, or always does,
+  would agree with a broken twin too easily).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import pytest
+
+from kvhandoff.model_checker.explore import build_graph
+from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS
+from kvhandoff.spec.config import Config, parse_set
+from kvhandoff.spec.machine import _GUARD_OF, PROTOCOL_GUARDS, RULE_GUARDS, rule_guard
+from kvhandoff.spec.variants import FormulaGuard, get_variant
+from tests.explored import SMALL
+
+# Variants and the design options they bring to the guards (or to the states the guards see):
+VARIANTS = [
+    "reference",
+    "incident",  # placeholder (prefill's p_len shrinks), local completion, no validation
+    "m6_asymmetric_truncation",  # truncate
+    "m7_release_before_drain",  # one-sided, no fence
+    "one_sided_fenced",  # one-sided, drain-ack fence: release waits for the ack
+    "m8_release_on_timeout",  # ack_or_timeout: the release timeout step exists
+    "reference_pull",  # pull path
+    "m14_silent_receive_failure_pull",
+    "m10_stale_status_adopted",  # matching by room alone
+    "first_rank_completion_accepted",  # two prefill ranks (its catalogue config)
+]
+WIDE = [
+    "requests=a:1:1,b:3:2,c:1:1",
+    "decode_pages=2",
+    "prefill_max_prompt=1",
+    "decode_max_prompt=2",
+    "context_window=3",
+    "max_active=2",
+    "submit_in_order=false",
+    "max_faults=0",
+]
+"""A prompt decode rejects, two of three requests in progress at once, submitted in any order
+(no faults: the small scenario has them; with them this one is many times larger)."""
+
+Seen = dict[str, set[bool]]
+
+
+def _one_request_or_none(kind: type) -> bool:
+    return [f.name for f in dataclasses.fields(kind)] in (["request"], [])
+
+
+def test_the_formulas_cover_the_protocol_steps_of_one_request_or_none() -> None:
+    protocol = {k for kinds in PROTOCOL_GUARDS.values() for k in kinds}
+    expected = {
+        name
+        for name, kind in ACTIONS_BY_NAME.items()
+        if kind in protocol and kind not in FAULT_ACTIONS and _one_request_or_none(kind)
+    }
+    assert set(RULE_GUARDS) == expected
+
+
+def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
+    """Formula and Python guard on every reachable state; records where each formula held."""
+    variant = get_variant(variant_name)
+    config = parse_set(variant.scenario(Config()), sets)
+    design = variant.design
+    formulas = {
+        name: FormulaGuard(name, ACTIONS_BY_NAME[name], rule_guard(design, name), design)
+        for name in RULE_GUARDS
+    }
+    states = build_graph(variant, config)[0].states
+    for state in states:
+        for name, formula in formulas.items():
+            kind = formula.kind
+            listed = [a for a in _GUARD_OF[kind](design, config, state) if isinstance(a, kind)]
+            held = formula(config, state)
+            assert held == listed, (variant_name, name, state)
+            if formula.formula.params:
+                n = len(state.requests)
+                seen[name].update({True} if held else set())
+                seen[name].update({False} if len(held) < n else set())
+            else:
+                seen[name].add(bool(held))
+    return len(states)
+
+
+@pytest.fixture(scope="module")
+def seen() -> Seen:
+    return defaultdict(set)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_formula_and_python_guard_enable_the_same_requests(name: str, seen: Seen) -> None:
+    assert _agree(name, SMALL, seen) > 500
+
+
+def test_they_agree_with_a_prompt_over_decode_s_limit_and_parallel_submission(
+    seen: Seen,
+) -> None:
+    assert _agree("reference", WIDE, seen) > 500
+
+
+def test_each_formula_is_enabled_somewhere_and_disabled_somewhere(seen: Seen) -> None:
+    if not seen:
+        for name in VARIANTS:
+            _agree(name, SMALL, seen)
+        _agree("reference", WIDE, seen)
+    assert {name: seen[name] for name in RULE_GUARDS} == {
+        name: {True, False} for name in RULE_GUARDS
+    }
+
+
+def test_a_design_without_the_step_has_a_guard_that_never_holds() -> None:
+    from kvhandoff.spec.logic import FALSE
+
+    reference = get_variant("reference").design
+    assert rule_guard(reference, "decode_release_timeout").formula is FALSE
+    timeout = get_variant("m8_release_on_timeout").design
+    assert rule_guard(timeout, "decode_release_timeout").formula is not FALSE
