@@ -58,7 +58,7 @@ def _is_loopback(host: str) -> bool:
 def run_harness_serve(args: argparse.Namespace) -> int:
     import sys
 
-    from kvhandoff.cli.cmd_serve import _wait_for_signal
+    from kvhandoff.cli.cmd_serve import _stop_on_signal, _wait_for
     from kvhandoff.conformance.harness_server import ListenError, serve
 
     try:
@@ -66,6 +66,7 @@ def run_harness_serve(args: argparse.Namespace) -> int:
     except ListenError as exc:
         raise UsageError(str(exc)) from exc
     try:
+        stop = _stop_on_signal()
         host = server.address.rpartition(":")[0]
         if not _is_loopback(host):
             print(
@@ -84,7 +85,7 @@ def run_harness_serve(args: argparse.Namespace) -> int:
                 f"(kvhandoff conform --target {server.address})",
                 flush=True,
             )
-        _wait_for_signal()
+        _wait_for(stop)
     finally:
         server.stop()
     return EXIT_OK

@@ -248,10 +248,17 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     ).resolved()
 
 
-def _wait_for_signal() -> None:
+def _stop_on_signal() -> threading.Event:
+    """An event that SIGINT or SIGTERM sets. Installed before a server prints its address: a
+    supervisor that reads the address and stops the server at once must get a clean stop (exit
+    0), not the signal's default action."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _wait_for(stop: threading.Event) -> None:
     while not stop.wait(0.5):
         pass
 
@@ -281,6 +288,7 @@ def run_serve(args: argparse.Namespace) -> int:
             try:
                 cluster.wait_healthy()
                 pki = str(config.pki) if config.pki is not None else None
+                stop = _stop_on_signal()
                 if args.json:
                     from kvhandoff.cli import output
 
@@ -302,7 +310,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             "--tenant T ...",
                             flush=True,
                         )
-                _wait_for_signal()
+                _wait_for(stop)
             finally:
                 cluster.stop()
                 if throwaway is not None:
@@ -397,6 +405,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
     runtime = Runtime()
     try:
         runtime.run(server.start())
+        stop = _stop_on_signal()
         line: dict[str, Any] = {args.role: server.address, "limits": limits.as_json()}
         if server.metrics_port is not None:
             line["metrics"] = f"{args.host}:{server.metrics_port}"
@@ -406,7 +415,7 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
             output.print_json("serve", line)
         else:
             print(f"kvhandoff serve {args.role}: {server.address}", flush=True)
-        _wait_for_signal()
+        _wait_for(stop)
         runtime.run(server.stop(grace=1.0))
     finally:
         runtime.close()
