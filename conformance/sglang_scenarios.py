@@ -67,6 +67,9 @@ class Scenario:
     env: tuple[tuple[str, str], ...] = ()
     """Settings of the harness process (scenarios with other settings get a harness of their
     own)."""
+    cancel_after: str | None = None
+    """A log event of the cancelled request to wait for before the cancel (a cancel *while* a
+    step is under way must not overtake that step on a loaded machine)."""
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -80,6 +83,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "cancel",
         "the client cancels while the transfer is set up (decode aborts, prefill is told)",
         (RouterSubmitRequest(0), ClientCancelRequest(0)),
+        cancel_after="decode_reserve_pages",
     ),
     Scenario(
         "timeout",
@@ -119,10 +123,9 @@ def play(target: Target, config: Config, scenario: Scenario) -> tuple[list[Any],
         if isinstance(action, RouterSubmitRequest):
             target.submit(action.request)
         elif isinstance(action, ClientCancelRequest):
-            # A cancel *while the transfer is set up*: wait until decode has reserved the pages.
-            # On a loaded machine the cancel could otherwise come first, leaving nothing
-            # reserved to release, and the scenario would not show what it is there to show.
-            events += _until_reserved(target, target.request_id(action.request))
+            if scenario.cancel_after is not None:
+                rid = target.request_id(action.request)
+                events += _until_logged(target, scenario.cancel_after, rid)
             target.cancel(action.request)
         elif isinstance(action, PrefillRestart):
             target.restart_prefill()
@@ -133,22 +136,21 @@ def play(target: Target, config: Config, scenario: Scenario) -> tuple[list[Any],
     return log_headers(target, config), events
 
 
-def _until_reserved(target: Target, request_id: str, timeout_s: float = 30.0) -> list[Any]:
-    """The events up to decode's `decode_reserve_pages` for `request_id` (taken from the
-    target, so the caller keeps them); a TargetError if it does not come in time."""
+def _until_logged(
+    target: Target, event: str, request_id: str, timeout_s: float = 30.0
+) -> list[Any]:
+    """The events up to and including `event` for `request_id` (taken from the target, so the
+    caller keeps them); a TargetError if it is not logged in time."""
     taken: list[Any] = []
     deadline = time.monotonic() + timeout_s
     while True:
         taken += target.take_events()
-        if any(
-            e["event"] == "decode_reserve_pages" and e["args"].get("request_id") == request_id
-            for e in taken
-        ):
+        if any(e["event"] == event and e["args"].get("request_id") == request_id for e in taken):
             return taken
         if time.monotonic() > deadline:
             raise TargetError(
-                f"decode reserved no pages for {request_id} within {timeout_s:.0f} s "
-                f"({len(taken)} events so far): the cancel scenario needs a reservation"
+                f"no {event} for {request_id} within {timeout_s:.0f} s ({len(taken)} events so "
+                "far): the scenario cancels only after it"
             )
         time.sleep(0.05)
 
