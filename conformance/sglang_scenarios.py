@@ -202,21 +202,42 @@ def run(
     names: list[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """Play the scenarios (all, or `names`); one target per distinct `env`, made by
-    `make_target` with those settings in os.environ and shut down after its scenarios."""
+    """Play SGLang's scenarios (all, or `names`), judged against the reference, the reference
+    without scrubbing, and SGLang's design."""
+    variants = (
+        ("reference", REFERENCE),
+        ("unscrubbed", UNSCRUBBED),
+        ("sglang_design", SGLANG_DESIGN),
+    )
+    return run_scenarios(SCENARIOS, "sglang", variants, out, make_target, names, echo)
+
+
+def run_scenarios(
+    scenarios: tuple[Scenario, ...],
+    engine: str,
+    variants: tuple[tuple[str, Variant], ...],
+    out: Path,
+    make_target: Callable[[], Target],
+    names: list[str] | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Play an engine's scenarios (all, or `names`); one target per distinct `env`, made by
+    `make_target` with those settings in os.environ and shut down after its scenarios. Each
+    scenario leaves its trace, merged log and spec trace in `out` and a row of verdicts, one
+    per (key, variant) of `variants`."""
     import os
 
     config = default_scenario_config()
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    chosen = [s for s in SCENARIOS if not names or s.name in names]
+    chosen = [s for s in scenarios if not names or s.name in names]
     for env in dict.fromkeys(s.env for s in chosen):
         saved = {k: os.environ.get(k) for k, _ in env}
         os.environ.update(dict(env))
         target = make_target()
         try:
             for scenario in (s for s in chosen if s.env == env):
-                rows.append(_one(out, target, config, scenario, echo))
+                rows.append(_one(out, target, config, scenario, engine, variants, echo))
         finally:
             target.shutdown()
             for k, v in saved.items():
@@ -228,14 +249,20 @@ def run(
 
 
 def _one(
-    out: Path, target: Target, config: Config, scenario: Scenario, echo: Callable[[str], None]
+    out: Path,
+    target: Target,
+    config: Config,
+    scenario: Scenario,
+    engine: str,
+    variants: tuple[tuple[str, Variant], ...],
+    echo: Callable[[str], None],
 ) -> dict[str, Any]:
     headers, events = play(target, config, scenario)
     answers = target.answers()
     settled = target.quiescent()
     trace = out / f"{scenario.name}.trace.jsonl"
     trace.write_text(
-        dump_trace(config, scenario.program, kind="scenario", mode="reference", target="sglang")
+        dump_trace(config, scenario.program, kind="scenario", mode="reference", target=engine)
     )
     log = out / f"{scenario.name}.log.jsonl"
     log.write_text(
@@ -243,32 +270,24 @@ def _one(
         + "\n"
         + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
     )
-    write_spec_trace(log, out / f"{scenario.name}.spec.jsonl")
-    ref, ref_why = verdict(headers, events, REFERENCE, settled)
-    uns, uns_why = verdict(headers, events, UNSCRUBBED, settled)
-    des, des_why = verdict(headers, events, SGLANG_DESIGN, settled)
-    row = {
-        "scenario": scenario.name,
-        "what": scenario.what,
-        "reference": ref,
-        "reference_first_divergence": ref_why,
-        "unscrubbed": uns,
-        "unscrubbed_first_divergence": uns_why,
-        "sglang_design": des,
-        "sglang_design_first_divergence": des_why,
-        "answers": {
-            target.request_id(r): ("ok" if a.ok else f"error {a.code}")
-            for r, a in sorted(answers.items())
-        },
-        "settled": settled,
-        "trace": str(trace),
-        "log": str(log),
+    write_spec_trace(log, out / f"{scenario.name}.spec.jsonl", target=engine)
+    row: dict[str, Any] = {"scenario": scenario.name, "what": scenario.what}
+    parts = []
+    for key, variant in variants:
+        v, why = verdict(headers, events, variant, settled)
+        row[key], row[f"{key}_first_divergence"] = v, why
+        parts.append(f"{key} {v}{': ' + why if why else ''}")
+    row["answers"] = {
+        target.request_id(r): ("ok" if a.ok else f"error {a.code}")
+        for r, a in sorted(answers.items())
     }
-    echo(
-        f"{scenario.name}: reference {ref}{': ' + ref_why if ref_why else ''}; "
-        f"unscrubbed {uns}{': ' + uns_why if uns_why else ''}; "
-        f"sglang_design {des}{': ' + des_why if des_why else ''}; answers {row['answers']}"
-    )
+    row["foreign"] = {
+        target.request_id(r): a.foreign for r, a in sorted(answers.items()) if a.foreign
+    }
+    row["settled"] = settled
+    row["trace"] = str(trace)
+    row["log"] = str(log)
+    echo(f"{scenario.name}: " + "; ".join(parts) + f"; answers {row['answers']}")
     return row
 
 

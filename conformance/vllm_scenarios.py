@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,15 +23,11 @@ from typing import Any
 from kvhandoff.conformance.sglang_scenarios import (
     UNSCRUBBED,
     Scenario,
-    default_scenario_config,
-    play,
-    verdict,
+    run_scenarios,
     write_spec_trace,
 )
 from kvhandoff.conformance.target import Target, TargetError
 from kvhandoff.spec.actions import ClientCancelRequest, RouterSubmitRequest
-from kvhandoff.spec.config import Config
-from kvhandoff.spec.trace import dump_trace
 from kvhandoff.spec.variants import REFERENCE
 
 VLLM_DESIGN = REFERENCE.derive(
@@ -97,67 +92,13 @@ def run(
     names: list[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """Play the scenarios (all, or `names`); one harness per distinct `env`."""
-    config = default_scenario_config()
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    chosen = [s for s in SCENARIOS if not names or s.name in names]
-    for env in dict.fromkeys(s.env for s in chosen):
-        saved = {k: os.environ.get(k) for k, _ in env}
-        os.environ.update(dict(env))
-        target = make_target()
-        try:
-            for scenario in (s for s in chosen if s.env == env):
-                rows.append(_one(out, target, config, scenario, echo))
-        finally:
-            target.shutdown()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return rows
-
-
-def _one(
-    out: Path, target: Target, config: Config, scenario: Scenario, echo: Callable[[str], None]
-) -> dict[str, Any]:
-    headers, events = play(target, config, scenario)
-    answers = target.answers()
-    settled = target.quiescent()
-    trace = out / f"{scenario.name}.trace.jsonl"
-    trace.write_text(
-        dump_trace(config, scenario.program, kind="scenario", mode="reference", target="vllm")
-    )
-    log = out / f"{scenario.name}.log.jsonl"
-    log.write_text(
-        json.dumps({**headers[0], "server": "merged"}, sort_keys=True)
-        + "\n"
-        + "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
-    )
-    write_spec_trace(log, out / f"{scenario.name}.spec.jsonl", target="vllm")
-    row: dict[str, Any] = {"scenario": scenario.name, "what": scenario.what}
-    parts = []
-    for key, variant in (
+    """Play vLLM's scenarios (all, or `names`); one harness per distinct `env`."""
+    variants = (
         ("reference", REFERENCE),
         ("unscrubbed", UNSCRUBBED),
         ("vllm_design", VLLM_DESIGN),
-    ):
-        v, why = verdict(headers, events, variant, settled)
-        row[key], row[f"{key}_first_divergence"] = v, why
-        parts.append(f"{key} {v}{': ' + why if why else ''}")
-    row["answers"] = {
-        target.request_id(r): ("ok" if a.ok else f"error {a.code}")
-        for r, a in sorted(answers.items())
-    }
-    row["foreign"] = {
-        target.request_id(r): a.foreign for r, a in sorted(answers.items()) if a.foreign
-    }
-    row["settled"] = settled
-    row["trace"] = str(trace)
-    row["log"] = str(log)
-    echo(f"{scenario.name}: " + "; ".join(parts) + f"; answers {row['answers']}")
-    return row
+    )
+    return run_scenarios(SCENARIOS, "vllm", variants, out, make_target, names, echo)
 
 
 def main(argv: list[str] | None = None) -> int:
