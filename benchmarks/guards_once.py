@@ -1,5 +1,6 @@
-"""What writing the guards of the single-request steps once costs: the spec's formula guards,
-translated by the Z3 encoding, against the encoders' hand-written guards.
+"""What writing the guards (or, with `--part effects`, the effects) of the single-request steps
+once costs: the spec's formulas, translated by the Z3 encoding, against the encoders' hand-written
+guards (effects).
 
 Same run, same machine, CPU seconds (`time.process_time`, steadier than wall time on a shared
 machine), best of `--repeat`, the two sides alternating (after one warm-up BMC on a small
@@ -13,7 +14,11 @@ scenario, so neither side pays the first imports and caches):
   for this tree and, with `--against PATH` (a checkout of another tree, e.g. `git archive main`
   unpacked), for that tree, each in a fresh subprocess.
 
-    python benchmarks/guards_once.py [--repeat 3] [--against /tmp/main]
+    python benchmarks/guards_once.py [--part guards|effects] [--repeat 3] [--against /tmp/main]
+
+With `--part effects` the two sides are `Encoding` (the spec's effects) and
+`Encoding(..., legacy_effects=True)` (the encoders' own), both with the spec's guards; the
+explorer keeps the Python effects too.
 """
 
 from __future__ import annotations
@@ -97,23 +102,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best is kept)")
     parser.add_argument("--against", type=Path, help="another tree to time the explorer of")
+    parser.add_argument(
+        "--part",
+        choices=("guards", "effects"),
+        default="guards",
+        help="which half of the rules to compare: the formula guards or the formula effects",
+    )
     args = parser.parse_args()
+    legacy_flag = {f"legacy_{args.part}": True}
+    part = args.part[:-1]
     config = Config()
     incident = get_variant("incident")
 
     small = parse_set(config, SMALL)
     bmc(incident, small, depth=8)
-    bmc(incident, small, depth=8, legacy_guards=True)
+    bmc(incident, small, depth=8, **legacy_flag)
 
     derived, d_result, legacy, l_result = _pair(
         lambda: bmc(incident, config),
-        lambda: bmc(incident, config, legacy_guards=True),
+        lambda: bmc(incident, config, **legacy_flag),
         args.repeat,
     )
     same = _lengths(d_result) == _lengths(l_result)
     print(f"bmc, incident, default scenario (depth {d_result.extra['max_depth']}):")
-    print(f"  derived guards      {derived:6.2f} s  {d_result.verdict}")
-    print(f"  hand-written guards {legacy:6.2f} s  {l_result.verdict}")
+    print(f"  derived {args.part:7s}      {derived:6.2f} s  {d_result.verdict}")
+    print(f"  hand-written {args.part:7s} {legacy:6.2f} s  {l_result.verdict}")
     print(f"  ratio derived/hand-written {derived / legacy:6.2f}")
     print(f"  verdicts and counterexample lengths identical: {same}")
     for line in _lengths(d_result):
@@ -124,7 +137,7 @@ def main() -> None:
         variant = get_variant(name)
         t_d, r_d, t_l, r_l = _pair(
             lambda v=variant: bmc(v, config),
-            lambda v=variant: bmc(v, config, legacy_guards=True),
+            lambda v=variant: bmc(v, config, **legacy_flag),
             args.repeat,
         )
         same = _lengths(r_d) == _lengths(r_l)
@@ -135,7 +148,7 @@ def main() -> None:
 
     here = Path(__file__).resolve().parents[1]
     trees = [("this tree", here)] + ([("--against", args.against)] if args.against else [])
-    print("explorer (Python guards), reference, default scenario:")
+    print(f"explorer (Python {part}s), reference, default scenario:")
     for label, tree in trees:
         states, seconds = _explore(tree, args.repeat)
         print(

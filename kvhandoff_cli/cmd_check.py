@@ -192,7 +192,9 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
             line += f" (not reached: {', '.join(missing)})"
         print(line)
     invariants = result.extra.get("invariants")
-    if invariants is not None:
+    # The explorer's `--invariants` report (a dict); k-induction's `invariants` is the list of
+    # the invariants it was strengthened with, printed with its verdicts above.
+    if isinstance(invariants, dict):
         failing = invariants["failing"]
         if not failing:
             print(

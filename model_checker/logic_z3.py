@@ -406,11 +406,179 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "over_decode_limit": lambda f, r: f.enc.lens[r] > f.enc.config.decode_max_prompt,
     "max_active": lambda f: f.enc.config.max_active,
     "waits_for": lambda f, r, q: f.enc.config.submit_in_order and q == r - 1,
+    "d_epoch": _r("d_epoch"),
+    "page_used": _pg("lt_set"),
+    "last_tenant": _pg("lt"),
+    "crashes_spent": lambda f: f.s["f.crashes"],
+    "drops_spent": lambda f: f.s["f.drops"],
+    "over_context_window": lambda f, r: f.enc.lens[r] > f.enc.config.context_window,
+    "truncated_len": lambda f: max(1, f.enc.config.prefill_max_prompt),
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: 1,
     "drain_fence": lambda f: f.drain,
 }
+
+
+# --- effects over the fixed encoding -------------------------------------------------------------
+#
+# An effect (`spec/effects.py`) assigns entries of state symbols; over the fixed encoding each
+# entry is one variable, so the effect becomes the new value of each variable it may change:
+# `If(when, value, old)`, where `old` is what an earlier update of the same effect left (or the
+# variable itself). Every value is translated over the state *before* the step.
+
+
+def _request_var(field: str) -> Callable[[int], str]:
+    return lambda r: f"r{r}.{field}"
+
+
+_FIXED_VARS: dict[str, Callable[..., str]] = {
+    **{
+        name: _request_var(field)
+        for name, field in {
+            "submitted": "submitted",
+            "not_as_is": "not_as_is",
+            "p": "p",
+            "p_len": "p_len",
+            "p_gen": "p_gen",
+            "p_wrote": "p_wrote",
+            "p_epoch": "p_epoch",
+            "d": "d",
+            "d_gen": "d_gen",
+            "d_epoch": "d_epoch",
+            "d_awaiting_ack": "d_awaiting",
+            "d_cancel": "d_cancel",
+            "p_cancel": "p_cancel",
+            "read_done": "read_set",
+        }.items()
+    },
+    "d_holds": lambda r, j: f"r{r}.d_pages{j}",
+    "p_granted": lambda r, j: f"r{r}.p_pages{j}",
+    "read_page": lambda r, j: f"r{r}.read_pages{j}",
+    "read_has": lambda r, j, k: f"r{r}.rc{j}_has",
+    "read_req": lambda r, j, k: f"r{r}.rc{j}_req",
+    "read_gen": lambda r, j, k: f"r{r}.rc{j}_gen",
+    "owned": lambda j: f"pg{j}.own",
+    "owner": lambda j: f"pg{j}.own_req",
+    "owner_gen": lambda j: f"pg{j}.own_gen",
+    "page_used": lambda j: f"pg{j}.lt_set",
+    "last_tenant": lambda j: f"pg{j}.lt",
+    "shard_has": lambda j, k: f"pg{j}.has",
+    "shard_req": lambda j, k: f"pg{j}.c_req",
+    "shard_gen": lambda j, k: f"pg{j}.c_gen",
+    "next_gen": lambda: "next_gen",
+    "prefill_epoch": lambda: "prefill_epoch",
+    "decode_epoch": lambda: "decode_epoch",
+    "decode_seen_prefill_epoch": lambda: "dsp",
+    "prefill_seen_decode_epoch": lambda: "psd",
+    "late_landing": lambda: "gh.late_landing",
+    **{flag: (lambda f: lambda: f"gh.{f}")(flag) for flag in _GHOST_FLAGS},
+}
+"""The encoding's variable of each entry of a state symbol."""
+_NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack"})
+"""Rank sets the one-rank encoding does not keep (they stay empty): an effect may only clear them."""
+
+
+def _select(when: Any, value: Any, old: Any) -> Any:
+    if when is True or (_is_z3(when) and z3.is_true(when)):
+        return value
+    if when is False or (_is_z3(when) and z3.is_false(when)):
+        return old
+    return z3.If(when, value, old)
+
+
+def _exclusive(earlier: list[Any], when: Any) -> bool:
+    """No state satisfies `when` together with any of `earlier` (Z3 decides: a few atoms)."""
+    for other in earlier:
+        solver = z3.Solver()
+        solver.add(_bool(other), _bool(when))
+        if solver.check() != z3.unsat:
+            return False
+    return True
+
+
+def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """The variables `eff` (a `spec.effects.EffectFormula`) may change when taken with `args` in
+    state `s`, with their new values."""
+    from kvhandoff.spec.effects import Assign, Reply, Send
+
+    reading = FixedReading(enc, s)
+    new: dict[str, Any] = {}
+    sent: dict[str, list[Any]] = {}
+
+    def old(name: str) -> Any:
+        return new.get(name, s[name])
+
+    def value(x: Any) -> Any:
+        if isinstance(x, bool):
+            return z3.BoolVal(x)
+        if isinstance(x, int):
+            return enc.K(x)
+        return x
+
+    def put(name: str, when: Any, v: Any) -> None:
+        new[name] = _select(when, value(v), old(name))
+
+    for u in eff.updates:
+        for binding in itertools.product(*(reading.domain(v.sort) for v in u.over)):
+            env = {id(p): a for p, a in zip((*eff.params, *u.over), (*args, *binding), strict=True)}
+
+            def tr(t: Term, env: dict[int, Any] = env) -> Any:
+                return translate(t, reading, env)
+
+            when = tr(u.when)
+            if isinstance(u, Assign):
+                name = u.target.symbol.name
+                at = tuple(tr(a) for a in u.target.args)
+                if any(_is_z3(a) for a in at):
+                    raise Untranslatable(f"{name}: an update's target must name its entry")
+                if name in _NOT_KEPT:
+                    v = tr(u.value)
+                    if not (v is False or (_is_z3(v) and z3.is_false(v))):
+                        raise Untranslatable(f"{name} is not kept by the one-rank encoding")
+                    continue
+                if name not in _FIXED_VARS:
+                    raise Untranslatable(f"symbol {name!r} is not a variable of the fixed encoding")
+                put(_FIXED_VARS[name](*at), when, tr(u.value))
+            elif isinstance(u, Send):
+                r = tr(u.req)
+                k = SLOT[u.kind]
+                net = f"r{r}.{k}_net"
+                # A second send into the same slot under a condition that excludes the first
+                # (decode aborting a request it gives up on, or asking again for a drain ack)
+                # adds to the count *before* the step: the same value, and a form in which the
+                # step-bounds analysis sees that the step adds at most one.
+                base = s[net] if _exclusive(sent.get(net, []), when) else old(net)
+                put(net, when, base + 1)
+                sent.setdefault(net, []).append(when)
+                put(f"r{r}.{k}_gen", when, tr(u.gen))
+                if u.epoch is not None:
+                    put(f"r{r}.g_epoch", when, tr(u.epoch))
+                if u.page is not None and u.has_page is not None:
+                    for j in range(enc.np):
+                        env[id(u.page)] = j
+                        put(f"r{r}.g_pages{j}", when, translate(u.has_page, reading, env))
+                if u.kind == "failure":
+                    put(f"r{r}.f_aborted", when, u.reason == "aborted")
+            elif isinstance(u, Reply):
+                r = tr(u.req)
+                was = s[f"r{r}.ans_set"]
+                if u.ok:
+                    ok = z3.BoolVal(True)
+                    reason = enc.K(0)
+                else:
+                    ok = z3.BoolVal(False)
+                    reason = enc.K(REASON[u.reason])
+                put(f"r{r}.ans_ok", when, z3.If(was, s[f"r{r}.ans_ok"], ok))
+                put(f"r{r}.ans_reason", when, z3.If(was, s[f"r{r}.ans_reason"], reason))
+                put(f"r{r}.ans_set", when, True)
+            else:
+                r = tr(u.req)
+                for j in range(enc.np):
+                    env[id(u.page)] = j
+                    issued = translate(u.cond, reading, env)
+                    put(f"r{r}.w{j}", True, z3.Or(old(f"r{r}.w{j}"), issued))
+    return new
 
 
 # --- the any-size model --------------------------------------------------------------------------

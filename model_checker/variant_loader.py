@@ -28,7 +28,7 @@ from typing import Any
 
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.state import State
-from kvhandoff.spec.variants import VARIANTS, Variant, VariantError, get_variant
+from kvhandoff.spec.variants import VARIANTS, FormulaEffect, Variant, VariantError, get_variant
 
 
 class VariantLoadError(ValueError):
@@ -120,7 +120,12 @@ def _guarded(variant: Variant, path: str) -> Variant:
 
         return run
 
-    overrides = {k: step_hook(k, v) for k, v in variant.step_overrides.items()}
+    # A formula effect is the spec's own reading of a formula, not the file's code: kept as it is,
+    # so that the Z3 engines still see the formula.
+    overrides = {
+        k: v if isinstance(v, FormulaEffect) else step_hook(k, v)
+        for k, v in variant.step_overrides.items()
+    }
     extra = None if variant.extra_actions is None else enabled_hook(variant.extra_actions)
     return replace(variant, step_overrides=overrides, extra_actions=extra)
 

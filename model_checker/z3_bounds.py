@@ -319,6 +319,12 @@ def _leaves(node: Any, var: str) -> list[tuple[Any, ...]]:
     if node == ("v", var) or node == ("b", var):
         return [("add", 0)]
     if node[0] == "+":
+        # `ite(c, a, b) + k` is `a + k` or `b + k`: an update that adds under a condition to a
+        # value an earlier update chose (two sends of one slot in a step) still only adds.
+        for i, a in enumerate(node[1]):
+            if a is not None and a[0] == "ite":
+                rest = node[1][:i] + node[1][i + 1 :]
+                return _leaves(_sum([a[2], *rest]), var) + _leaves(_sum([a[3], *rest]), var)
         mine = [a for a in node[1] if a == ("v", var)]
         rest = [a for a in node[1] if a != ("v", var)]
         if len(mine) == 1 and all(a is not None and a[0] == "n" for a in rest):
@@ -328,6 +334,11 @@ def _leaves(node: Any, var: str) -> list[tuple[Any, ...]]:
     if node[0] in ("or", "and") and ("b", var) in node[1]:
         return [(node[0],)]
     return [("set", node)]
+
+
+def _sum(terms: list[Any]) -> Any:
+    """("+", terms), nested sums flattened (as `_Compiler` flattens them)."""
+    return ("+", [u for t in terms for u in (t[1] if t and t[0] == "+" else [t])])
 
 
 def _constant(leaf: tuple[Any, ...]) -> int | None:
@@ -429,7 +440,8 @@ class _Counts:
             for j in range(self.n):
                 leaves = self.effects[j].get(v, [])
                 if any(lf[0] != "add" for lf in leaves):
-                    ok = False
+                    ok = False  # some instance sets it outright: no consumer count
+                    break
                 drop = -min((lf[1] for lf in leaves), default=0)
                 guarded = any(
                     t == "lo" and n == v and isinstance(b, int) and b >= drop

@@ -81,8 +81,9 @@ from kvhandoff.spec.actions import (
     snake_case,
 )
 from kvhandoff.spec.config import Config
+from kvhandoff.spec.effects import EffectFormula
 from kvhandoff.spec.logic import GuardFormula
-from kvhandoff.spec.machine import RULE_GUARDS, rule_guard
+from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, rule_effect, rule_guard
 from kvhandoff.spec.state import (
     OTHER_TENANT,
     Answer,
@@ -227,6 +228,7 @@ class Encoding:
         width: int | None = 5,
         legacy_properties: bool = False,
         legacy_guards: bool = False,
+        legacy_effects: bool = False,
     ) -> None:
         if not variant.is_pure_design:
             raise CannotEncode(
@@ -259,6 +261,17 @@ class Encoding:
         `spec/machine.py`) where it has one, a variant's formula guard where it replaces it.
         The other actions keep the guard their encoder below builds."""
         self.guard_formulas.update({n: h.formula for n, h in self.formula_guards.items()})
+        self.effect_formulas: dict[str, EffectFormula] = (
+            {}
+            if legacy_effects
+            else {name: rule_effect(variant.design, name) for name in RULE_EFFECTS}
+        )
+        """The effect each action's instances take, as a formula: the rulebook's (written once
+        in `spec/machine.py`, `rule_effect`) where it has one; the other actions keep the effect
+        their encoder below builds. `legacy_effects=True` takes every encoder's own effect: for
+        the differential test and the benchmark only. A variant's own formula effects apply
+        either way."""
+        self.effect_formulas.update({n: h.formula for n, h in variant.formula_effects().items()})
         self.pull = variant.design.transfer == "pull"
         self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
         """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
@@ -1164,11 +1177,28 @@ class Encoding:
         formula (`guard_formulas`: the rulebook's, or a variant's `spec.logic.guard`), it is
         translated, not re-coded; the encoder's own guard is then unused."""
         inst = self.instances[i]
-        guard, e = self._rules[inst.name](s, *inst.args)
         formula = self.guard_formulas.get(inst.name)
+        effect = self.effect_formulas.get(inst.name)
+        if formula is not None and effect is not None:
+            return self._translated_guard(formula, s, inst), self._translated_effect(
+                effect, s, inst
+            )
+        guard, e = self._rules[inst.name](s, *inst.args)
         if formula is not None:
             guard = self._translated_guard(formula, s, inst)
+        if effect is not None:
+            return guard, self._translated_effect(effect, s, inst)
         return guard, e.new
+
+    def _translated_effect(self, effect: EffectFormula, s: SymState, inst: Instance) -> Any:
+        from kvhandoff.model_checker.logic_z3 import fixed_effect
+
+        return fixed_effect(self, s, effect, inst.args)
+
+    def hand_written_effect(self, s: SymState, i: int) -> dict[str, Any]:
+        """The new values instance i's encoder builds (the legacy path; the differential test)."""
+        inst = self.instances[i]
+        return self._rules[inst.name](s, *inst.args)[1].new
 
     def _translated_guard(self, formula: GuardFormula, s: SymState, inst: Instance) -> Any:
         from kvhandoff.model_checker.logic_z3 import FixedReading, translate

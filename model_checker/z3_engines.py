@@ -143,6 +143,7 @@ def bmc(
     first: bool = False,
     legacy_properties: bool = False,
     legacy_guards: bool = False,
+    legacy_effects: bool = False,
 ) -> CheckResult:
     """Bounded model checking with the narrowest bit-vector width at which the interval analysis
     bounds every integer within the depth, each step's integers narrowed further to the bits
@@ -151,13 +152,16 @@ def bmc(
     could leave the range within the bound. `first`: stop at the first depth where some property
     fails (the shortest counterexample of all). `legacy_properties`: check the hand-written Z3
     twins of the properties instead of the spec's formulas, `legacy_guards` the encoders'
-    hand-written guards instead of the spec's formula guards (the differential tests, the
-    benchmarks)."""
+    hand-written guards instead of the spec's formula guards, `legacy_effects` their hand-written
+    effects (the differential tests, the benchmarks)."""
     started = time.perf_counter()
     bound = DEFAULT_BMC_DEPTH if depth is None else depth
-    result = _bmc_widths(
-        variant, config, bound, timeout, first, started, legacy_properties, legacy_guards
-    )
+    legacy = {
+        "legacy_properties": legacy_properties,
+        "legacy_guards": legacy_guards,
+        "legacy_effects": legacy_effects,
+    }
+    result = _bmc_widths(variant, config, bound, timeout, first, started, legacy)
     # Every action fires and every witness holds within the bound, where the spec's do.
     result = with_movement(result, variant, config, bound, timeout)
     result.seconds = time.perf_counter() - started
@@ -171,10 +175,8 @@ def _bmc_widths(
     timeout: float | None,
     first: bool,
     started: float,
-    legacy_properties: bool = False,
-    legacy_guards: bool = False,
+    legacy: dict[str, bool],
 ) -> CheckResult:
-    legacy = {"legacy_properties": legacy_properties, "legacy_guards": legacy_guards}
     for width in WIDTHS:
         enc = Encoding(variant, config, width=width, **legacy)
         if enc.narrow(bound):

@@ -82,14 +82,31 @@ from kvhandoff.spec.actions import (
     snake_case,
 )
 from kvhandoff.spec.config import Config
+from kvhandoff.spec.effects import (
+    EffectFormula,
+    Updates,
+    answer_error,
+    answer_ok,
+    assign,
+    each,
+    effect,
+    issue_writes,
+    send,
+)
 from kvhandoff.spec.logic import (
     FALSE,
     PAGE,
+    RANK,
     REQ,
+    TRUE,
     And,
     GuardFormula,
+    If,
     Implies,
     Not,
+    Or,
+    Term,
+    Var,
     count,
     exists,
     forall,
@@ -113,25 +130,57 @@ from kvhandoff.spec.state import (
 from kvhandoff.spec.variants import REFERENCE, Design, Variant
 from kvhandoff.spec.vocabulary import (
     answered,
+    crashes_spent,
+    cross_tenant_reuse,
     d,
+    d_ack,
     d_awaiting_ack,
     d_cancel,
+    d_epoch,
+    d_gen,
     d_holds,
+    d_rank,
     decode_epoch,
     decode_seen_prefill_epoch,
+    drops_spent,
+    last_tenant,
     max_active,
+    next_gen,
+    not_as_is,
+    ok_after_crash,
+    ok_after_loss,
+    over_context_window,
     over_decode_limit,
     over_prefill_limit,
     owned,
+    owner,
+    owner_gen,
     p,
     p_cancel,
+    p_epoch,
+    p_gen,
+    p_granted,
     p_granted_count,
     p_len,
+    p_rank_done,
     p_wrote,
+    page_reuse,
+    page_used,
     prefill_epoch,
     prefill_seen_decode_epoch,
     prompt_pages,
+    read_done,
+    read_gen,
+    read_has,
+    read_page,
+    read_req,
+    scrubbed_written_page,
+    shard_gen,
+    shard_has,
+    shard_req,
     submitted,
+    tenant,
+    truncated_len,
     waits_for,
 )
 
@@ -228,6 +277,27 @@ def _decode_fail(
         awaiting = req.d == "reserved" and design.release_fence in ("drain_ack", "ack_or_timeout")
     req = evolve(_answer_error(req, reason), d="failed", d_awaiting_ack=awaiting, d_ranks=())
     return evolve(_set_req(state, r, req), network=network)
+
+
+def _decode_fail_effect(design: Design, r: Var, reason: str, when: Term, abort: Term) -> Updates:
+    """`_decode_fail` as updates, where `when` holds (`abort`: where it also sends the abort)."""
+    reserved = d(r) == "reserved"
+    fenced = design.release_fence in ("drain_ack", "ack_or_timeout")
+    return [
+        send("abort", r, gen=If(reserved, d_gen(r), 0), when=And(when, abort)),
+        answer_error(r, reason, when=when),
+        assign(d(r), "failed", when=when),
+        assign(d_awaiting_ack(r), And(abort, reserved) if fenced else FALSE, when=when),
+        each(RANK, lambda k: assign(d_rank(r, k), False, when=when)),
+    ]
+
+
+def _stop_prefill_effect(r: Var, when: Term) -> Updates:
+    """`_stop_prefill(req, "aborted")` as updates, where `when` holds."""
+    return [
+        assign(p(r), "aborted", when=when),
+        each(RANK, lambda k: assign(p_rank_done(r, k), False, when=when)),
+    ]
 
 
 def _decode_target(design: Design, config: Config, state: State, message: Message) -> int | None:
@@ -766,6 +836,14 @@ def is_enabled(variant: Variant, config: Config, state: State, action: Action) -
 
 
 # --- step ---------------------------------------------------------------------------------------
+#
+# One effect per rule. Beside the Python effect of each protocol step of one request (or of none)
+# stands the same effect as updates over the vocabulary (`spec/effects.py`), `_..._effect(design)`:
+# `assign(d(r), "reserved")`, `send("grant", r, ...)`, `answer_error(r, reason)`, each value read
+# in the state before the step. That formula is what the Z3 encodings translate (`rule_effect`,
+# `RULE_EFFECTS`); the Python function is the explorer's fast path, and
+# tests/spec/test_effects_once.py pins the two to each other (same next state from every reachable
+# state of every catalogue variant).
 
 
 def step(variant: Variant, config: Config, state: State, action: Action) -> State:
@@ -801,11 +879,41 @@ def _router_submit(d: Design, c: Config, s: State, a: RouterSubmitRequest) -> St
     return _set_req(s, r, req)
 
 
+def _router_submit_effect(design: Design) -> EffectFormula:
+    # Over the window: the client's error, at once. Otherwise both workers get the request, with
+    # the epochs the router last saw in their health checks.
+    def body(r: Var) -> Updates:
+        over = over_context_window(r)
+        fits = Not(over)
+        return [
+            assign(submitted(r), True),
+            answer_error(r, "prompt over the context window", when=over),
+            assign(not_as_is(r), True, when=over),
+            assign(p(r), "received", when=fits),
+            assign(d(r), "received", when=fits),
+            assign(p_epoch(r), decode_epoch(), when=fits),
+            assign(d_epoch(r), prefill_epoch(), when=fits),
+        ]
+
+    return effect(body)
+
+
 def _prefill_admit(d: Design, c: Config, s: State, a: PrefillAdmitRequest) -> State:
     r = a.request
     req = s.requests[r]
     phase: PrefillPhase = "granted" if req.p_gen else "admitted"
     return _set_req(s, r, evolve(req, p=phase, p_len=c.requests[r].pages))
+
+
+def _prefill_admit_effect(design: Design) -> EffectFormula:
+    # A grant that overtook the hand-over is already held: prefill goes straight to writing.
+    return effect(
+        lambda r: [
+            assign(p(r), "admitted"),
+            assign(p(r), "granted", when=p_gen(r) != 0),
+            assign(p_len(r), prompt_pages(r)),
+        ]
+    )
 
 
 def _prefill_reject(d: Design, c: Config, s: State, a: PrefillRejectRequest) -> State:
@@ -829,8 +937,34 @@ def _prefill_reject(d: Design, c: Config, s: State, a: PrefillRejectRequest) -> 
     return _set_req(s, r, evolve(req, p=phase, p_len=max(1, c.prefill_max_prompt)))
 
 
+def _prefill_reject_effect(design: Design) -> EffectFormula:
+    # The design's choice is a Python `if` here: each option is a different effect.
+    honours = design.router_honours_prefill_error
+
+    def body(r: Var) -> Updates:
+        out: list[Any] = [assign(not_as_is(r), True)]
+        if design.oversize == "reject":
+            out += [assign(p(r), "rejected"), send("failure", r, gen=0, reason="rejected")]
+            if honours:
+                out += [answer_error(r, "rejected by prefill: prompt over its limit")]
+            return out
+        out += [assign(p(r), "admitted"), assign(p(r), "granted", when=p_gen(r) != 0)]
+        if design.oversize == "placeholder":
+            out += [assign(p_len(r), 1)]
+            if design.placeholder_reports_error and honours:
+                out += [answer_error(r, "aborted by prefill: prompt over its limit")]
+            return out
+        return [*out, assign(p_len(r), truncated_len())]
+
+    return effect(body)
+
+
 def _decode_admit(d: Design, c: Config, s: State, a: DecodeAdmitRequest) -> State:
     return _set_req(s, a.request, evolve(s.requests[a.request], d="admitted"))
+
+
+def _decode_admit_effect(design: Design) -> EffectFormula:
+    return effect(lambda r: [assign(d(r), "admitted")])
 
 
 def _decode_reject(d: Design, c: Config, s: State, a: DecodeRejectRequest) -> State:
@@ -840,6 +974,17 @@ def _decode_reject(d: Design, c: Config, s: State, a: DecodeRejectRequest) -> St
     # Prefill may have admitted it and be waiting for a grant that will never come.
     network = _send(s.network, Message("abort", c.requests[r].room, 0, r))
     return evolve(_set_req(s, r, req), network=network)
+
+
+def _decode_reject_effect(design: Design) -> EffectFormula:
+    return effect(
+        lambda r: [
+            answer_error(r, "rejected by decode: prompt over its limit"),
+            assign(d(r), "rejected"),
+            assign(not_as_is(r), True),
+            send("abort", r, gen=0),
+        ]
+    )
 
 
 def _decode_reserve(d: Design, c: Config, s: State, a: DecodeReservePages) -> State:
@@ -865,6 +1010,45 @@ def _decode_reserve(d: Design, c: Config, s: State, a: DecodeReservePages) -> St
         network=_send(s.network, grant),
         ghost=ghost,
     )
+
+
+def _decode_reserve_effect(design: Design) -> EffectFormula:
+    # The first free pages, in page order, as many as the prompt needs: page q is chosen when it
+    # is free and fewer than that many free pages come before it.
+    def body(r: Var) -> Updates:
+        def chosen(q: Var) -> Term:
+            before = count(PAGE, lambda o: And(o < q, Not(owned(o))))
+            return And(Not(owned(q)), before < prompt_pages(r))
+
+        gen = next_gen()
+        return [
+            each(
+                PAGE,
+                lambda q: [
+                    assign(owned(q), True, when=chosen(q)),
+                    assign(owner(q), r, when=chosen(q)),
+                    assign(owner_gen(q), gen, when=chosen(q)),
+                    assign(page_used(q), True, when=chosen(q)),
+                    assign(last_tenant(q), tenant(r), when=chosen(q)),
+                    assign(d_holds(r, q), chosen(q)),
+                ],
+            ),
+            # Ghost history for the witnesses: a page granted again, and to another tenant.
+            assign(page_reuse(), True, when=exists(PAGE, lambda q: And(chosen(q), page_used(q)))),
+            assign(
+                cross_tenant_reuse(),
+                True,
+                when=exists(
+                    PAGE, lambda q: And(chosen(q), page_used(q), last_tenant(q) != tenant(r))
+                ),
+            ),
+            assign(d(r), "reserved"),
+            assign(d_gen(r), gen),
+            send("grant", r, gen=gen, epoch=decode_epoch(), pages=chosen),
+            assign(next_gen(), gen + 1),
+        ]
+
+    return effect(body)
 
 
 def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGrant) -> State:
@@ -901,6 +1085,20 @@ def _prefill_write(d: Design, c: Config, s: State, a: PrefillWritePage) -> State
         writes = _add_write(writes, write)
     s = evolve(s, writes=writes)
     return _set_req(s, r, evolve(req, p_wrote=req.p_wrote + 1))
+
+
+def _prefill_write_effect(design: Design) -> EffectFormula:
+    # The next page in grant order: the granted page with p_wrote granted pages before it.
+    def nth(r: Var, q: Var) -> Term:
+        before = count(PAGE, lambda o: And(o < q, p_granted(r, o)))
+        return And(p_granted(r, q), before == p_wrote(r))
+
+    return effect(
+        lambda r: [
+            issue_writes(r, lambda q: nth(r, q)),
+            assign(p_wrote(r), p_wrote(r) + 1),
+        ]
+    )
 
 
 def _owner_matches(c: Config, page: PageState, write: Write) -> bool:
@@ -1012,6 +1210,18 @@ def _decode_receive_cancel(d: Design, c: Config, s: State, a: DecodeReceiveCance
     return s  # decode already finished with the request: nothing to stop
 
 
+def _decode_receive_cancel_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        early = d(r).is_in("received", "admitted", "reserved")
+        late = d(r).is_in("validated", "generated")
+        return [
+            assign(d_cancel(r), False),
+            _decode_fail_effect(design, r, "cancelled by the client", Or(early, late), early),
+        ]
+
+    return effect(body)
+
+
 def _prefill_receive_cancel(d: Design, c: Config, s: State, a: PrefillReceiveCancel) -> State:
     r = a.request
     req = evolve(s.requests[r], p_cancel=False)
@@ -1020,11 +1230,43 @@ def _prefill_receive_cancel(d: Design, c: Config, s: State, a: PrefillReceiveCan
     return _set_req(s, r, req)
 
 
+def _prefill_receive_cancel_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        stop = p(r).is_in("received", "admitted")
+        return [assign(p_cancel(r), False), _stop_prefill_effect(r, stop)]
+
+    return effect(body)
+
+
 def _decode_generate(d: Design, c: Config, s: State, a: DecodeGenerate) -> State:
     r = a.request
     req = s.requests[r]
     read = tuple(shard for p in req.d_pages for shard in s.pages[p].shards)
     return _set_req(s, r, evolve(req, d="generated", read=read))
+
+
+def _decode_generate_effect(design: Design) -> EffectFormula:
+    # Decode reads every shard of every page it holds (the ghost `read` records what it saw).
+    return effect(
+        lambda r: [
+            assign(d(r), "generated"),
+            assign(read_done(r), True),
+            each(
+                PAGE,
+                lambda q: [
+                    assign(read_page(r, q), d_holds(r, q)),
+                    each(
+                        RANK,
+                        lambda k: [
+                            assign(read_has(r, q, k), shard_has(q, k)),
+                            assign(read_req(r, q, k), shard_req(q, k)),
+                            assign(read_gen(r, q, k), shard_gen(q, k)),
+                        ],
+                    ),
+                ],
+            ),
+        ]
+    )
 
 
 def _decode_answer(d: Design, c: Config, s: State, a: DecodeAnswer) -> State:
@@ -1038,6 +1280,19 @@ def _decode_answer(d: Design, c: Config, s: State, a: DecodeAnswer) -> State:
         if s.faults.drops:
             ghost = evolve(ghost, ok_after_loss=True)
     return evolve(_set_req(s, r, evolve(req, d="answered")), ghost=ghost)
+
+
+def _decode_answer_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        fresh = Not(answered(r))
+        return [
+            answer_ok(r),
+            assign(ok_after_crash(), True, when=And(fresh, crashes_spent() > 0)),
+            assign(ok_after_loss(), True, when=And(fresh, drops_spent() > 0)),
+            assign(d(r), "answered"),
+        ]
+
+    return effect(body)
 
 
 def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> State:
@@ -1055,6 +1310,31 @@ def _decode_release(d: Design, c: Config, s: State, a: DecodeReleasePages) -> St
             pages[q] = evolve(page, owner=None)
     req = evolve(req, d="released", d_pages=(), d_awaiting_ack=False, d_acks=())
     return evolve(_set_req(s, r, req), pages=tuple(pages), ghost=ghost)
+
+
+def _decode_release_effect(design: Design) -> EffectFormula:
+    # Scrubbing zeroes every shard of the pages returned (a design option: M2 is its absence).
+    def body(r: Var) -> Updates:
+        def page(q: Var) -> Updates:
+            out: list[Any] = [assign(owned(q), False, when=d_holds(r, q))]
+            if design.scrub:
+                out += [each(RANK, lambda k: assign(shard_has(q, k), False, when=d_holds(r, q)))]
+            return [*out, assign(d_holds(r, q), False)]
+
+        out: list[Any] = [each(PAGE, page)]
+        if design.scrub:
+            written = exists(
+                PAGE, lambda q: And(d_holds(r, q), exists(RANK, lambda k: shard_has(q, k)))
+            )
+            out += [assign(scrubbed_written_page(), True, when=written)]
+        return [
+            *out,
+            assign(d(r), "released"),
+            assign(d_awaiting_ack(r), False),
+            each(RANK, lambda k: assign(d_ack(r, k), False)),
+        ]
+
+    return effect(body)
 
 
 def _prefill_receive_abort(d: Design, c: Config, s: State, a: PrefillReceiveAbort) -> State:
@@ -1120,6 +1400,20 @@ def _decode_detect_prefill_restart(
     return s
 
 
+def _decode_detect_prefill_restart_effect(design: Design) -> EffectFormula:
+    def request(r: Var) -> Updates:
+        stale = And(d(r).is_in("received", "admitted", "reserved"), d_epoch(r) != prefill_epoch())
+        return [
+            _decode_fail_effect(design, r, "prefill restarted", stale, TRUE),
+            # The restarted prefill forgot the abort; ask again so it acks once drained.
+            send("abort", r, gen=d_gen(r), when=And(Not(stale), d_awaiting_ack(r))),
+        ]
+
+    return effect(
+        lambda: [assign(decode_seen_prefill_epoch(), prefill_epoch()), each(REQ, request)]
+    )
+
+
 def _prefill_detect_decode_restart(
     d: Design, c: Config, s: State, a: PrefillDetectDecodeRestart
 ) -> State:
@@ -1128,6 +1422,14 @@ def _prefill_detect_decode_restart(
         if req.p in ("received", *PREFILL_LIVE) and req.p_epoch != s.decode_epoch:
             s = _set_req(s, r, _stop_prefill(req, "aborted"))
     return s
+
+
+def _prefill_detect_decode_restart_effect(design: Design) -> EffectFormula:
+    def request(r: Var) -> Updates:
+        live = p(r).is_in("received", "admitted", "granted")
+        return _stop_prefill_effect(r, And(live, p_epoch(r) != decode_epoch()))
+
+    return effect(lambda: [assign(prefill_seen_decode_epoch(), decode_epoch()), each(REQ, request)])
 
 
 def _retransmit(d: Design, c: Config, s: State, a: RetransmitMessage) -> State:
@@ -1175,6 +1477,15 @@ def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> St
 def _decode_release_timeout(d: Design, c: Config, s: State, a: DecodeReleaseTimeout) -> State:
     req = evolve(s.requests[a.request], d_awaiting_ack=False, d_acks=())
     return _set_req(s, a.request, req)
+
+
+def _decode_release_timeout_effect(design: Design) -> EffectFormula:
+    return effect(
+        lambda r: [
+            assign(d_awaiting_ack(r), False),
+            each(RANK, lambda k: assign(d_ack(r, k), False)),
+        ]
+    )
 
 
 def _prefill_restart(d: Design, c: Config, s: State, a: PrefillRestart) -> State:
@@ -1257,6 +1568,34 @@ def _duplicate(d: Design, c: Config, s: State, a: NetworkDuplicateMessage) -> St
         network=_send(s.network, a.message),
         faults=evolve(s.faults, duplicates=s.faults.duplicates + 1),
     )
+
+
+RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
+    "router_submit_request": _router_submit_effect,
+    "prefill_admit_request": _prefill_admit_effect,
+    "prefill_reject_request": _prefill_reject_effect,
+    "decode_admit_request": _decode_admit_effect,
+    "decode_reject_request": _decode_reject_effect,
+    "decode_reserve_pages": _decode_reserve_effect,
+    "prefill_write_page": _prefill_write_effect,
+    "decode_receive_cancel": _decode_receive_cancel_effect,
+    "prefill_receive_cancel": _prefill_receive_cancel_effect,
+    "decode_generate": _decode_generate_effect,
+    "decode_answer": _decode_answer_effect,
+    "decode_release_pages": _decode_release_effect,
+    "decode_release_timeout": _decode_release_timeout_effect,
+    "decode_detect_prefill_restart": _decode_detect_prefill_restart_effect,
+    "prefill_detect_decode_restart": _prefill_detect_decode_restart_effect,
+}
+"""The effects written as formulas: the same steps as `RULE_GUARDS`. The Z3 encodings translate
+these (`Encoding.rule`); the explorer runs the Python effects above, its fast path, pinned to the
+formulas by tests/spec/test_effects_once.py."""
+
+
+@cache
+def rule_effect(design: Design, name: str) -> EffectFormula:
+    """The effect of protocol step `name` (snake_case) under `design`, as a formula."""
+    return RULE_EFFECTS[name](design)
 
 
 _STEP = {

@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args, get_type_hints
 
 from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
 from kvhandoff.spec.config import Config, ConfigError
+from kvhandoff.spec.effects import EffectFormula
 from kvhandoff.spec.logic import GuardFormula
 from kvhandoff.spec.properties import ALL_PROPERTY_NAMES
 from kvhandoff.spec.state import State, evolve
@@ -178,6 +179,26 @@ class FormulaGuard:
 
     def __repr__(self) -> str:
         return f"FormulaGuard({self.name}: {self.formula!r})"
+
+
+class FormulaEffect:
+    """A variant's effect written as a formula (`spec.effects.effect`), bound to its action and
+    the variant's design: called like a Python effect, `(config, state, action) -> state`, by
+    running the formula (`spec.effects.run_effect`); the Z3 encodings translate `formula` in
+    place of the rulebook's effect."""
+
+    def __init__(self, name: str, kind: type, formula: EffectFormula, design: Design) -> None:
+        self.name, self.kind, self.formula = name, kind, formula
+        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+
+    def __call__(self, config: Config, state: State, action: Any) -> State:
+        from kvhandoff.spec.effects import run_effect
+
+        args = (action.request,) if self.formula.params else ()
+        return run_effect(self.formula, config, state, self.drain, args)
+
+    def __repr__(self) -> str:
+        return f"FormulaEffect({self.name}: {self.formula!r})"
 
 
 @dataclass(frozen=True)
@@ -332,7 +353,11 @@ class Variant:
                     f"one in step_overrides={{{name!r}: ...}}"
                 )
         known = [*ACTIONS_BY_NAME, *added]
+        bound: dict[str, FormulaEffect] = {}
         for name, hook in self.step_overrides.items():
+            if isinstance(hook, (EffectFormula, FormulaEffect)):
+                bound[name] = self._bind_formula_effect(name, hook)
+                continue
             if name not in known:
                 hint = (
                     " (an added action's class goes in extra_action_types)"
@@ -348,6 +373,8 @@ class Variant:
                     f"variant {self.name!r}: step_overrides[{name!r}] must be a function "
                     f"(config, state, action) -> state, got {hook!r}"
                 )
+        if bound:
+            object.__setattr__(self, "step_overrides", {**self.step_overrides, **bound})
         if self.extra_actions is not None and not callable(self.extra_actions):
             raise VariantError(
                 f"variant {self.name!r}: extra_actions must be a function (config, state) -> "
@@ -397,6 +424,33 @@ class Variant:
             )
         return FormulaGuard(name, kind, formula, self.design)
 
+    def _bind_formula_effect(self, name: str, hook: EffectFormula | FormulaEffect) -> FormulaEffect:
+        formula = hook.formula if isinstance(hook, FormulaEffect) else hook
+        kind = ACTIONS_BY_NAME.get(name)
+        if kind is None:
+            raise VariantError(
+                f"variant {self.name!r}: step_overrides names {name!r}, which is no action of "
+                f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)} (an added action's effect "
+                "is a Python function)"
+            )
+        fields = [f.name for f in dataclasses.fields(kind)]
+        want = ["request"] if formula.params else []
+        if fields != want or is_fault_kind(kind):
+            raise VariantError(
+                f"variant {self.name!r}: step_overrides[{name!r}] is a formula, but a formula "
+                f"effect can replace only the effect of a protocol step of one request "
+                f"(effect(lambda r: ...)) or of none (effect(lambda: ...)); {kind.__name__} takes "
+                f"({', '.join(fields)}){' and is a fault' if is_fault_kind(kind) else ''}: "
+                "write a Python function (config, state, action) -> state instead (only the "
+                "explorer checks those)"
+            )
+        return FormulaEffect(name, kind, formula, self.design)
+
+    def formula_effects(self) -> dict[str, FormulaEffect]:
+        """The effects this variant replaces with formulas (every fixed-config engine reads
+        those)."""
+        return {n: h for n, h in self.step_overrides.items() if isinstance(h, FormulaEffect)}
+
     def formula_guards(self) -> dict[str, FormulaGuard]:
         """The guards this variant replaces with formulas (every engine reads those)."""
         return {n: h for n, h in self.guard_overrides.items() if isinstance(h, FormulaGuard)}
@@ -407,6 +461,7 @@ class Variant:
         return (
             self.design,
             tuple(sorted((n, id(h.formula)) for n, h in self.formula_guards().items())),
+            tuple(sorted((n, id(h.formula)) for n, h in self.formula_effects().items())),
         )
 
     def scenario(self, base: Config) -> Config:
@@ -422,7 +477,11 @@ class Variant:
         """The variant's Python-level constructs, by name: what an engine that translates only
         the rulebook and the design options cannot see (it must refuse the variant, naming
         them, rather than check the rest and call it this variant)."""
-        out = [f"step_overrides[{name!r}]" for name in sorted(self.step_overrides)]
+        out = [
+            f"step_overrides[{name!r}]"
+            for name, hook in sorted(self.step_overrides.items())
+            if not isinstance(hook, FormulaEffect)
+        ]
         out += [
             f"guard_overrides[{name!r}]"
             for name, hook in sorted(self.guard_overrides.items())

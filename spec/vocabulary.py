@@ -232,6 +232,30 @@ waits_for = _sym(
     "before r (rigid)",
 )
 
+# What the effects write (`spec/machine.py`, the `*_effect` formulas beside each Python effect)
+# beyond what the claims read: the epoch a request reached decode with, the ghost record of which
+# tenant last held a page (the witnesses' page reuse is about it), the fault counts an answer's
+# ghost flags depend on, and the scenario's limits an effect applies.
+d_epoch = _sym("d_epoch", (REQ,), INT, "prefill's boot epoch request r was sent to decode with")
+page_used = _sym("page_used", (PAGE,), BOOL, "page q has been granted before (ghost)")
+last_tenant = _sym(
+    "last_tenant", (PAGE,), TENANT, "the tenant of the last request page q was granted to (ghost)"
+)
+crashes_spent = _sym("crashes_spent", (), INT, "how many crashes the fault budget has spent")
+drops_spent = _sym("drops_spent", (), INT, "how many message losses the fault budget has spent")
+over_context_window = _sym(
+    "over_context_window",
+    (REQ,),
+    BOOL,
+    "r's prompt has more pages than the router's context window (rigid: the config)",
+)
+truncated_len = _sym(
+    "truncated_len",
+    (),
+    INT,
+    "the prompt length prefill keeps when it truncates: its limit, at least one page (rigid)",
+)
+
 next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -338,6 +362,13 @@ CONCRETE = PythonReading(
         "over_decode_limit": "C.requests[{0}].pages > C.decode_max_prompt",
         "max_active": "C.max_active",
         "waits_for": "C.submit_in_order and {1} == {0} - 1",
+        "d_epoch": _REQ + ".d_epoch",
+        "page_used": "S.pages[{0}].last_tenant is not None",
+        "last_tenant": "S.pages[{0}].last_tenant",
+        "crashes_spent": "S.faults.crashes",
+        "drops_spent": "S.faults.drops",
+        "over_context_window": "C.requests[{0}].pages > C.context_window",
+        "truncated_len": "max(1, C.prefill_max_prompt)",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",

@@ -1,0 +1,542 @@
+"""Effects written as formulas: what a step changes, in the language of `spec/logic.py`.
+
+A guard says *when* a step may happen; an effect says *what changes*. Written as a Python function
+over a `State`, an effect can only be run. Written here, as a list of updates over the symbols of
+`spec/vocabulary.py`, it can be run (the concrete reading below, a new `State`) and translated
+(`model_checker/logic_z3.py`: new values for the fixed encoding's variables), the way mypyvy and
+Ivy state a transition as `new(f)(x) = ...`.
+
+The updates:
+
+* `assign(d(r), "reserved")`: one entry of a state symbol gets a new value. With `each(PAGE,
+  lambda q: assign(d_holds(r, q), ...))` every page's entry does; with `when=` only where the
+  condition holds.
+* `send("grant", r, gen=..., epoch=..., pages=lambda q: ...)`: a message goes out. Messages are not
+  a symbol: the network is a multiset, and each reading keeps it its own way (a sorted tuple of
+  `Message`s; a slot per request and kind with a count).
+* `answer_error(r, reason)` / `answer_ok(r)`: the client's answer, if it has none yet (an answer is
+  given once; the first one stands).
+* `issue_writes(r, lambda q: ...)`: prefill puts the writes of r's data into those pages on the
+  wire (one per rank), under the grant it holds.
+
+Every value is read in the state *before* the step (simultaneous assignment, as in TLA+ and
+mypyvy): an effect is a function of the old state, and the order of its updates matters only where
+two write the same entry (the later one wins where its condition holds).
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from kvhandoff.spec.config import Config
+from kvhandoff.spec.logic import (
+    PAGE,
+    RANK,
+    REQ,
+    TRUE,
+    App,
+    Lit,
+    Sort,
+    Term,
+    Var,
+    lift,
+    python_source,
+)
+from kvhandoff.spec.state import (
+    OTHER_TENANT,
+    Answer,
+    Ghost,
+    Message,
+    MessageKind,
+    PageState,
+    ReqState,
+    State,
+    Tag,
+    Write,
+    evolve,
+)
+
+# --- the updates ---------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Assign:
+    """`target := value` where `when` holds, for every value of the bound variables `over`."""
+
+    target: App
+    value: Term
+    when: Term = TRUE
+    over: tuple[Var, ...] = ()
+
+
+@dataclass(eq=False)
+class Send:
+    """A message of `kind` from request `req`'s worker, where `when` holds. `gen` is the
+    generation it names; a grant also names decode's `epoch` and its `pages`; a failure notice
+    its `reason` ("rejected" or "aborted")."""
+
+    kind: MessageKind
+    req: Term
+    gen: Term
+    when: Term = TRUE
+    epoch: Term | None = None
+    page: Var | None = None
+    has_page: Term | None = None
+    reason: str = ""
+    over: tuple[Var, ...] = ()
+
+
+@dataclass(eq=False)
+class Reply:
+    """The client's answer for `req`, where `when` holds and it has none yet: an error with
+    `reason`, or (ok) the output generated from what decode read."""
+
+    req: Term
+    ok: bool
+    reason: str = ""
+    when: Term = TRUE
+    over: tuple[Var, ...] = ()
+
+
+@dataclass(eq=False)
+class IssueWrites:
+    """Prefill issues the writes of `req`'s data into every page where `cond(page)` holds, under
+    the grant it holds (its generation and epoch), one per prefill rank."""
+
+    req: Term
+    page: Var
+    cond: Term
+    when: Term = TRUE
+    over: tuple[Var, ...] = ()
+
+
+Update = Union[Assign, Send, Reply, IssueWrites]  # noqa: UP007 (a runtime alias)
+Updates = Iterable[Any]
+"""Updates, possibly in nested lists: each helper below returns a list, and a rule lists them."""
+
+
+def _flatten(groups: Updates) -> list[Update]:
+    out: list[Update] = []
+    for g in groups:
+        if isinstance(g, (Assign, Send, Reply, IssueWrites)):
+            out.append(g)
+        else:
+            out += _flatten(g)
+    return out
+
+
+@dataclass(eq=False)
+class EffectFormula:
+    """An effect of an action's arguments (`params`: its request, or nothing)."""
+
+    params: tuple[Var, ...]
+    updates: tuple[Update, ...]
+    written: frozenset[str] = field(default_factory=frozenset)
+    """The names of the symbols some update assigns."""
+
+    def __repr__(self) -> str:
+        return f"effect({', '.join(map(repr, self.params))}: {len(self.updates)} updates)"
+
+
+def assign(target: Term, value: object, when: Term = TRUE) -> list[Update]:
+    """`target := value` (where `when` holds). The target is a state symbol applied to the
+    action's request or to variables bound by `each`."""
+    if not isinstance(target, App):
+        raise TypeError(f"assign: the target must be a symbol applied to arguments, got {target!r}")
+    if target.symbol.name not in WRITABLE:
+        raise ValueError(
+            f"assign: {target.symbol.name!r} is not part of the state (it is rigid, a fact of the "
+            "scenario, or read off other symbols): assign the state symbols it is made of; "
+            f"state symbols: {', '.join(sorted(WRITABLE))}"
+        )
+    if isinstance(value, str):  # a phase name
+        if value not in target.sort.values:
+            raise ValueError(f"{value!r} is not a {target.sort.name}: one of {target.sort.values}")
+        v: Term = Lit(value, target.sort)
+    else:
+        v = lift(value)
+    if v.sort != target.sort and not (v.sort.name == "Int" and target.sort in (REQ, PAGE)):
+        raise TypeError(f"assign {target!r}: value of sort {v.sort.name}, want {target.sort.name}")
+    return [Assign(target, v, when)]
+
+
+def each(sort: Sort, body: Callable[[Var], Updates]) -> list[Update]:
+    """The updates of `body`, for every element of `sort`."""
+    v = Var(sort, sort.name[0].lower())
+    out = _flatten(body(v))
+    for u in out:
+        u.over = (v, *u.over)
+    return out
+
+
+def send(
+    kind: MessageKind,
+    r: Term,
+    *,
+    gen: object,
+    when: Term = TRUE,
+    epoch: object = None,
+    pages: Callable[[Var], Term] | None = None,
+    reason: str = "",
+) -> list[Update]:
+    page = has = None
+    if pages is not None:
+        page = Var(PAGE, "q")
+        has = pages(page)
+    return [
+        Send(
+            kind,
+            r,
+            lift(gen),
+            when,
+            None if epoch is None else lift(epoch),
+            page,
+            has,
+            reason,
+        )
+    ]
+
+
+def answer_error(r: Term, reason: str, when: Term = TRUE) -> list[Update]:
+    return [Reply(r, False, reason, when)]
+
+
+def answer_ok(r: Term) -> list[Update]:
+    return [Reply(r, True)]
+
+
+def issue_writes(r: Term, pages: Callable[[Var], Term]) -> list[Update]:
+    q = Var(PAGE, "q")
+    return [IssueWrites(r, q, pages(q))]
+
+
+def effect(body: Callable[..., Updates]) -> EffectFormula:
+    """`effect(lambda r: [assign(...), send(...), ...])`: the effect of a step of one request
+    (or `lambda: [...]` of none), its updates listed in groups (each helper returns a list)."""
+    arity = len(inspect.signature(body).parameters)
+    if arity > 1:
+        raise TypeError(f"effect(...) takes a function of one request or of nothing, not {arity}")
+    params = tuple(Var(REQ, "r") for _ in range(arity))
+    updates = tuple(_flatten(body(*params)))
+    written = frozenset(u.target.symbol.name for u in updates if isinstance(u, Assign))
+    return EffectFormula(params, updates, written)
+
+
+def terms_of(u: Update) -> list[Term]:
+    """The terms an update reads (for the symbols a reading must know)."""
+    if isinstance(u, Assign):
+        return [*u.target.args, u.value, u.when]
+    if isinstance(u, Send):
+        return [x for x in (u.req, u.gen, u.when, u.epoch, u.has_page) if x is not None]
+    if isinstance(u, Reply):
+        return [u.req, u.when]
+    return [u.req, u.cond]
+
+
+# --- the concrete reading: an effect run on a `State` --------------------------------------------
+#
+# Each state symbol an effect may assign is a field (or part of one) of the spec's state. The
+# values are computed first, all in the old state; then the new state is built from them, field
+# by field, the parts of a field no update touched read from the old state.
+
+_REQ_FIELDS = {
+    "submitted": "submitted",
+    "not_as_is": "not_as_is",
+    "p": "p",
+    "p_len": "p_len",
+    "p_gen": "p_gen",
+    "p_wrote": "p_wrote",
+    "p_epoch": "p_epoch",
+    "d": "d",
+    "d_gen": "d_gen",
+    "d_epoch": "d_epoch",
+    "d_awaiting_ack": "d_awaiting_ack",
+    "d_cancel": "d_cancel",
+    "p_cancel": "p_cancel",
+}
+"""Symbols of one request that are a field of `ReqState` as they are."""
+_REQ_SETS = {
+    "d_holds": "d_pages",
+    "p_granted": "p_pages",
+    "p_rank_done": "p_ranks_done",
+    "d_rank": "d_ranks",
+    "d_ack": "d_acks",
+}
+"""Relations of a request and a page (or rank): the field is the ascending tuple of the pages
+(ranks) the relation holds for."""
+_READ = ("read_done", "read_page", "read_has", "read_req", "read_gen")
+_PAGE = ("owned", "owner", "owner_gen", "page_used", "last_tenant")
+_SHARD = ("shard_has", "shard_req", "shard_gen")
+_GLOBALS = {
+    "next_gen": "next_generation",
+    "prefill_epoch": "prefill_epoch",
+    "decode_epoch": "decode_epoch",
+    "decode_seen_prefill_epoch": "decode_sees_prefill_epoch",
+    "prefill_seen_decode_epoch": "prefill_sees_decode_epoch",
+}
+_GHOSTS = frozenset(f.name for f in __import__("dataclasses").fields(Ghost))
+
+WRITABLE: frozenset[str] = frozenset(
+    [*_REQ_FIELDS, *_REQ_SETS, *_READ, *_PAGE, *_SHARD, *_GLOBALS, *_GHOSTS]
+)
+"""The symbols an effect may assign: the state's own. The others are rigid (the scenario's) or
+read off the state (`issued`, `answered_ok`, ...): an update of one would have no meaning."""
+
+_Compiled = Callable[..., Any]
+
+
+def _compile(t: Term, params: tuple[Var, ...]) -> _Compiled:
+    from kvhandoff.spec.vocabulary import CONCRETE, _read_pages, _read_shard, _shard
+
+    extra = "".join(f", {v.name}" for v in params)
+    source = f"def value(S, C, DRAIN{extra}):\n"
+    for line in CONCRETE.prelude.splitlines():
+        source += f"    {line}\n"
+    source += f"    return {python_source(t, CONCRETE)}\n"
+    namespace: dict[str, Any] = {
+        "_shard": _shard,
+        "_read_pages": _read_pages,
+        "_read_shard": _read_shard,
+    }
+    exec(compile(source, "<effect>", "exec"), namespace)
+    fn: _Compiled = namespace["value"]
+    return fn
+
+
+@dataclass
+class _CompiledUpdate:
+    update: Update
+    params: tuple[Var, ...]
+    when: _Compiled
+    parts: dict[str, _Compiled]
+
+
+_COMPILED: dict[int, tuple[EffectFormula, list[_CompiledUpdate]]] = {}
+
+
+def _compiled(eff: EffectFormula) -> list[_CompiledUpdate]:
+    got = _COMPILED.get(id(eff))
+    if got is not None and got[0] is eff:
+        return got[1]
+    out = []
+    for u in eff.updates:
+        params = (*eff.params, *u.over)
+        parts: dict[str, _Compiled] = {}
+        if isinstance(u, Assign):
+            for i, a in enumerate(u.target.args):
+                parts[f"arg{i}"] = _compile(a, params)
+            parts["value"] = _compile(u.value, params)
+            when = u.when
+        elif isinstance(u, Send):
+            parts["req"] = _compile(u.req, params)
+            parts["gen"] = _compile(u.gen, params)
+            if u.epoch is not None:
+                parts["epoch"] = _compile(u.epoch, params)
+            if u.page is not None and u.has_page is not None:
+                parts["has_page"] = _compile(u.has_page, (*params, u.page))
+            when = u.when
+        elif isinstance(u, Reply):
+            parts["req"] = _compile(u.req, params)
+            when = u.when
+        else:
+            parts["req"] = _compile(u.req, params)
+            parts["cond"] = _compile(u.cond, (*params, u.page))
+            when = u.when
+        out.append(_CompiledUpdate(u, params, _compile(when, params), parts))
+    _COMPILED[id(eff)] = (eff, out)
+    return out
+
+
+def _domain(sort: Sort, config: Config, state: State) -> range:
+    if sort == REQ:
+        return range(len(state.requests))
+    if sort == PAGE:
+        return range(len(state.pages))
+    if sort == RANK:
+        return range(config.prefill_ranks)
+    raise TypeError(f"no elements of sort {sort.name} to range over")
+
+
+def _tenant_of(config: Config, request: int) -> str:
+    return OTHER_TENANT if request == -1 else config.requests[request].tenant
+
+
+def run_effect(
+    eff: EffectFormula, config: Config, state: State, drain: bool, args: tuple[int, ...]
+) -> State:
+    """The state after the step whose effect is `eff`, taken with arguments `args` (its request,
+    or nothing) in `state`: the concrete reading of the effect."""
+    S, C = state, config
+    assigned: dict[tuple[str, tuple[int, ...]], Any] = {}
+    messages: list[Message] = []
+    replies: dict[int, Reply] = {}
+    writes: list[Write] = []
+    for cu in _compiled(eff):
+        u = cu.update
+        for binding in itertools.product(*(_domain(v.sort, C, S) for v in u.over)):
+            a = (*args, *binding)
+            if not cu.when(S, C, drain, *a):
+                continue
+            p = cu.parts
+            if isinstance(u, Assign):
+                key = tuple(p[f"arg{i}"](S, C, drain, *a) for i in range(len(u.target.args)))
+                assigned[(u.target.symbol.name, key)] = p["value"](S, C, drain, *a)
+            elif isinstance(u, Send):
+                r = p["req"](S, C, drain, *a)
+                pages: tuple[int, ...] = ()
+                if "has_page" in p:
+                    pages = tuple(
+                        q for q in range(len(S.pages)) if p["has_page"](S, C, drain, *a, q)
+                    )
+                epoch = p["epoch"](S, C, drain, *a) if "epoch" in p else 0
+                gen = p["gen"](S, C, drain, *a)
+                room = C.requests[r].room
+                messages.append(
+                    Message(u.kind, room, gen, r, pages=pages, reason=u.reason, epoch=epoch)
+                )
+            elif isinstance(u, Reply):
+                replies.setdefault(p["req"](S, C, drain, *a), u)
+            else:
+                r = p["req"](S, C, drain, *a)
+                req = S.requests[r]
+                data = Tag(r, req.p_gen, C.requests[r].tenant)
+                for q in range(len(S.pages)):
+                    if p["cond"](S, C, drain, *a, q):
+                        for rank in range(C.prefill_ranks):
+                            room = C.requests[r].room
+                            writes.append(Write(room, req.p_gen, q, data, req.p_epoch, rank))
+    return _build(C, S, assigned, messages, replies, writes)
+
+
+def _build(
+    C: Config,
+    S: State,
+    assigned: dict[tuple[str, tuple[int, ...]], Any],
+    messages: list[Message],
+    replies: dict[int, Reply],
+    writes: list[Write],
+) -> State:
+    by_req: dict[int, dict[str, Any]] = {}
+    by_page: dict[int, dict[tuple[str, tuple[int, ...]], Any]] = {}
+    glob: dict[str, Any] = {}
+    ghost: dict[str, Any] = {}
+    for (name, key), value in assigned.items():
+        if name in _REQ_FIELDS or name in _REQ_SETS or name in _READ:
+            by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
+        elif name in _PAGE or name in _SHARD:
+            by_page.setdefault(key[0], {})[name, key[1:]] = value
+        elif name in _GLOBALS:
+            glob[_GLOBALS[name]] = value
+        elif name in _GHOSTS:
+            ghost[name] = value
+        else:
+            raise KeyError(f"an effect assigns {name!r}, which is not a state symbol")
+    requests = list(S.requests)
+    for r in sorted(set(by_req) | set(replies)):
+        requests[r] = _new_request(C, S, r, by_req.get(r, {}), replies.get(r))
+    pages = list(S.pages)
+    for q, page_changes in by_page.items():
+        pages[q] = _new_page(C, S.pages[q], page_changes)
+    changes: dict[str, Any] = dict(glob)
+    if by_req or replies:
+        changes["requests"] = tuple(requests)
+    if by_page:
+        changes["pages"] = tuple(pages)
+    if ghost:
+        changes["ghost"] = evolve(S.ghost, **ghost)
+    if messages:
+        network = list(S.network)
+        for m in messages:
+            bisect.insort(network, m)
+        changes["network"] = tuple(network)
+    if writes:
+        in_flight = list(S.writes)
+        for w in writes:
+            bisect.insort(in_flight, w)
+        changes["writes"] = tuple(in_flight)
+    return evolve(S, **changes) if changes else S
+
+
+def _new_request(
+    C: Config, S: State, r: int, changes: dict[Any, Any], reply: Reply | None
+) -> ReqState:
+    req = S.requests[r]
+    fields: dict[str, Any] = {}
+    sets: dict[str, set[int]] = {}
+    read: dict[Any, Any] = {}
+    for (name, rest), value in changes.items():
+        if name in _REQ_FIELDS:
+            fields[_REQ_FIELDS[name]] = value
+        elif name in _REQ_SETS:
+            field_name = _REQ_SETS[name]
+            items = sets.setdefault(field_name, set(getattr(req, field_name)))
+            (items.add if value else items.discard)(rest[0])
+        else:
+            read[name, rest] = value
+    for field_name, items in sets.items():
+        fields[field_name] = tuple(sorted(items))
+    if read:
+        fields["read"] = _new_read(C, S, r, read)
+    if reply is not None and req.answer is None:
+        if reply.ok:
+            fields["answer"] = Answer(ok=True, tags=req.read or ())
+        else:
+            fields["answer"] = Answer(ok=False, reason=reply.reason)
+    return evolve(req, **fields)
+
+
+def _new_read(C: Config, S: State, r: int, read: dict[Any, Any]) -> tuple[Tag | None, ...] | None:
+    from kvhandoff.spec.vocabulary import _read_pages, _read_shard
+
+    req = S.requests[r]
+    ranks = C.prefill_ranks
+    if not read.get(("read_done", ()), req.read is not None):
+        return None
+    old_pages = _read_pages(req, ranks)
+    out: list[Tag | None] = []
+    for q in range(len(S.pages)):
+        if not read.get(("read_page", (q,)), q in old_pages):
+            continue
+        for k in range(ranks):
+            old = _read_shard(req, q, k, ranks)
+            if not read.get(("read_has", (q, k)), old is not None):
+                out.append(None)
+                continue
+            who = read.get(("read_req", (q, k)), getattr(old, "request", 0))
+            gen = read.get(("read_gen", (q, k)), getattr(old, "generation", 0))
+            out.append(Tag(who, gen, _tenant_of(C, who)))
+    return tuple(out)
+
+
+def _new_page(C: Config, page: PageState, changes: dict[Any, Any]) -> PageState:
+    def get(name: str, rest: tuple[int, ...], old: Any) -> Any:
+        return changes.get((name, rest), old)
+
+    fields: dict[str, Any] = {}
+    if any(name in _PAGE[:3] for name, _ in changes):
+        owner = page.owner
+        if get("owned", (), owner is not None):
+            old_req, old_gen = owner if owner is not None else (0, 0)
+            fields["owner"] = (get("owner", (), old_req), get("owner_gen", (), old_gen))
+        else:
+            fields["owner"] = None
+    if any(name in _PAGE[3:] for name, _ in changes):
+        used = get("page_used", (), page.last_tenant is not None)
+        fields["last_tenant"] = get("last_tenant", (), page.last_tenant) if used else None
+    if any(name in _SHARD for name, _ in changes):
+        shards = list(page.shards)
+        for k, old in enumerate(page.shards):
+            if get("shard_has", (k,), old is not None):
+                who = get("shard_req", (k,), getattr(old, "request", 0))
+                gen = get("shard_gen", (k,), getattr(old, "generation", 0))
+                shards[k] = Tag(who, gen, _tenant_of(C, who))
+            else:
+                shards[k] = None
+        fields["content"] = shards[0]
+        fields["rank_shards"] = tuple(shards[1:])
+    return evolve(page, **fields)

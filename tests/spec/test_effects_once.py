@@ -1,0 +1,96 @@
+"""The effects of the single-request protocol steps are written once, as formulas.
+
+`spec/machine.py` states the effect of every protocol step of one request (or of none) as updates
+over the vocabulary (`rule_effect(design, name)`, beside each Python effect), and the Z3 encoding
+translates those updates (tests/model_checker/test_effects_once.py). The explorer keeps the Python
+effects, its fast path. These tests pin the two together on concrete states: from every reachable
+state of the small scenario, for every catalogue variant (between them every value of the design
+options the effects read), and of a scenario with a prompt over decode's limit and parallel
+submission, each enabled step's formula (`spec.effects.run_effect`) gives exactly the state the
+Python effect gives, and every formula is taken somewhere. A planted change to one formula is
+caught.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from kvhandoff.model_checker.explore import build_graph
+from kvhandoff.spec.actions import action_name
+from kvhandoff.spec.config import Config, parse_set
+from kvhandoff.spec.effects import EffectFormula, run_effect
+from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, enabled, rule_effect, step
+from kvhandoff.spec.variants import VARIANTS, get_variant
+from kvhandoff.spec.vocabulary import d
+from tests.explored import SMALL
+from tests.spec.test_guards_once import WIDE
+
+
+def _drain(name: str) -> bool:
+    return get_variant(name).design.release_fence in ("drain_ack", "ack_or_timeout")
+
+
+def _agree(
+    variant_name: str, sets: list[str], taken: Counter[str], effects: dict[str, EffectFormula]
+) -> list[str]:
+    """Formula and Python effect from every reachable state; the disagreements, described."""
+    variant = get_variant(variant_name)
+    config = parse_set(variant.scenario(Config()), sets)
+    drain = _drain(variant_name)
+    wrong: list[str] = []
+    for state in build_graph(variant, config)[0].states:
+        for action in enabled(variant, config, state):
+            name = action_name(action)
+            eff = effects.get(name)
+            if eff is None or name in variant.step_overrides:  # the variant's own effect
+                continue
+            args = (action.request,) if eff.params else ()  # type: ignore[attr-defined]
+            if run_effect(eff, config, state, drain, args) != step(variant, config, state, action):
+                wrong.append(f"{variant_name}: {action!r}")
+            taken[name] += 1
+    return wrong
+
+
+@pytest.fixture(scope="module")
+def taken() -> Counter[str]:
+    return Counter()
+
+
+def _effects(name: str) -> dict[str, EffectFormula]:
+    design = get_variant(name).design
+    return {n: rule_effect(design, n) for n in RULE_EFFECTS}
+
+
+def test_the_effects_are_those_of_the_steps_whose_guards_are_formulas() -> None:
+    assert set(RULE_EFFECTS) == set(RULE_GUARDS)
+
+
+@pytest.mark.parametrize("name", sorted(v.name for v in VARIANTS))
+def test_formula_and_python_effect_give_the_same_state(name: str, taken: Counter[str]) -> None:
+    assert _agree(name, SMALL, taken, _effects(name)) == []
+
+
+def test_they_agree_with_a_prompt_over_decode_s_limit_and_parallel_submission(
+    taken: Counter[str],
+) -> None:
+    assert _agree("reference", WIDE, taken, _effects("reference")) == []
+
+
+def test_every_formula_is_taken_somewhere(taken: Counter[str]) -> None:
+    if not taken:
+        for v in VARIANTS:
+            _agree(v.name, SMALL, taken, _effects(v.name))
+        _agree("reference", WIDE, taken, _effects("reference"))
+    assert set(taken) == set(RULE_EFFECTS)
+
+
+def test_a_planted_change_to_one_formula_is_caught() -> None:
+    """decode_admit_request's effect made to reserve at once: the states differ."""
+    from kvhandoff.spec.effects import assign, effect
+
+    planted = _effects("reference")
+    planted["decode_admit_request"] = effect(lambda r: [assign(d(r), "reserved")])
+    wrong = _agree("reference", SMALL, Counter(), planted)
+    assert wrong and all("DecodeAdmitRequest" in w for w in wrong)
