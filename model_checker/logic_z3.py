@@ -38,6 +38,7 @@ from kvhandoff.spec.logic import (
     App,
     Count,
     Field,
+    FieldSymbol,
     InFlight,
     Lit,
     Op,
@@ -91,6 +92,10 @@ class Reading:
         """The number of true formulas among `parts` (the expansion of a `count`)."""
         raise Untranslatable("this reading has no counts")
 
+    def field(self, name: str) -> Any:
+        """A variant's own state field (`spec.logic.state_field`)."""
+        raise Untranslatable(f"a variant's state field ({name!r}) is not in this model")
+
 
 def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> Any:
     """The Z3 term (or Python value, where everything it reads is fixed) of `t`."""
@@ -107,6 +112,8 @@ def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> A
             return value(go(t.arg)) if t.arg is not None else value
         if isinstance(t, Var):
             return env[id(t)]
+        if isinstance(t, App) and isinstance(t.symbol, FieldSymbol):
+            return reading.field(t.symbol.name)
         if isinstance(t, App):
             return reading.apply(t.symbol.name, tuple(go(a) for a in t.args))
         if isinstance(t, Quant):
@@ -214,6 +221,14 @@ class FixedReading(Reading):
 
     def count(self, parts: Sequence[Any]) -> Any:
         return self.enc._count(parts)
+
+    def field(self, name: str) -> Any:
+        if name not in self.enc.state_fields:
+            raise Untranslatable(
+                f"a formula reads state field {name!r}, which the variant does not declare in "
+                "state_fields"
+            )
+        return self.s[f"v.{name}"]
 
     def tenant_id(self, name: str) -> Any:
         """A tenant as the encoding's integer: its index among the config's tenants (-1: a tenant
@@ -532,6 +547,10 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 at = tuple(tr(a) for a in u.target.args)
                 if any(_is_z3(a) for a in at):
                     raise Untranslatable(f"{name}: an update's target must name its entry")
+                if isinstance(u.target.symbol, FieldSymbol):
+                    reading.field(name)  # declared?
+                    put(f"v.{name}", when, tr(u.value))
+                    continue
                 if name in _NOT_KEPT:
                     v = tr(u.value)
                     if not (v is False or (_is_z3(v) and z3.is_false(v))):
@@ -568,7 +587,7 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                     reason = enc.K(0)
                 else:
                     ok = z3.BoolVal(False)
-                    reason = enc.K(REASON[u.reason])
+                    reason = enc.K(enc.reason_code(u.reason))
                 put(f"r{r}.ans_ok", when, z3.If(was, s[f"r{r}.ans_ok"], ok))
                 put(f"r{r}.ans_reason", when, z3.If(was, s[f"r{r}.ans_reason"], reason))
                 put(f"r{r}.ans_set", when, True)

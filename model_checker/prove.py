@@ -110,6 +110,11 @@ def prove(
         # decode gives up), so a replaced guard has no one place in it: prove the fixed config.
         names = ", ".join(sorted(variant.formula_guards()))
         why_not = f"a guard replaced by a formula ({names}) is outside the any-size model"
+    if why_not is None and (variant.extra_action_types or variant.state_fields):
+        added = [a.__name__ for a in variant.extra_action_types] + [
+            f"state field {n!r}" for n in sorted(variant.state_fields)
+        ]
+        why_not = f"what the variant adds ({', '.join(added)}) is outside the any-size model"
     if why_not is None and variant.formula_effects():
         names = ", ".join(sorted(variant.formula_effects()))
         why_not = f"an effect replaced by a formula ({names}) is outside the any-size model"

@@ -272,6 +272,15 @@ class Encoding:
         the differential test and the benchmark only. A variant's own formula effects apply
         either way."""
         self.effect_formulas.update({n: h.formula for n, h in variant.formula_effects().items()})
+        self.added_kinds: dict[str, type] = {
+            snake_case(t.__name__): t for t in variant.extra_action_types
+        }
+        """The actions the variant adds, each with a formula guard and a formula effect (else
+        `is_pure_design` refused it above): instances after the protocol's own steps."""
+        self.reasons: list[str] = list(REASONS)
+        """The answers' reasons, by code: `REASONS`, then those a variant's effects add."""
+        self.state_fields: dict[str, Any] = dict(variant.state_fields)
+        """The variant's own state fields: one variable each, `v.NAME` (a bool or an int)."""
         self.pull = variant.design.transfer == "pull"
         self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
         """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
@@ -298,8 +307,12 @@ class Encoding:
         self._tpl_properties: dict[str, Any] | None = None
         self._narrowed: dict[str, list[dict[str, tuple[int, int]]]] = {}
         self.instances = self._instances()
+        # A hand-written encoder, for the actions whose guard or effect is not a formula (an
+        # action with both, a variant's added one included, needs none).
         self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
-            name: getattr(self, name) for name in {i.name for i in self.instances}
+            name: getattr(self, name)
+            for name in {i.name for i in self.instances}
+            if hasattr(type(self), name)
         }
 
     # --- variables ------------------------------------------------------------------------------
@@ -350,7 +363,18 @@ class Encoding:
         ]
         out += [(f"f.{f}", "I") for f in FAULT_FIELDS]
         out += [(f"gh.{g}", "B") for g in GHOST_FIELDS]
+        out += [
+            (f"v.{name}", "B" if isinstance(initial, bool) else "I")
+            for name, initial in sorted(self.state_fields.items())
+        ]
         return out
+
+    def reason_code(self, reason: str) -> int:
+        """The code of an answer's reason (a reason only a variant's effect gives gets the next
+        code)."""
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+        return self.reasons.index(reason)
 
     def K(self, x: int) -> Any:
         """An integer constant of the encoding's integer sort."""
@@ -441,9 +465,11 @@ class Encoding:
 
     # --- init -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def initial(name: str) -> int:
-        """The initial value of an integer variable: 0, but the generation counter at 1."""
+    def initial(self, name: str) -> int:
+        """The initial value of a variable (a Bool as 0 / 1): 0, but the generation counter at
+        1 and a variant's state field at the value it declares."""
+        if name.startswith("v."):
+            return int(self.state_fields[name[2:]])
         return 1 if name == "next_gen" else 0
 
     def init(self, s: SymState) -> Any:
@@ -451,7 +477,7 @@ class Encoding:
         cs = []
         for name, kind in self.fields:
             if kind == "B":
-                cs.append(z3.Not(s[name]))
+                cs.append(s[name] if self.initial(name) else z3.Not(s[name]))
             else:
                 cs.append(s[name] == self.initial(name))
         return z3.And(cs)
@@ -551,6 +577,15 @@ class Encoding:
         for kind in kinds:
             for r in reqs:
                 add("network_duplicate_message", (kind, r), True)
+        # A variant's added actions (formula guard and effect), where the explorer lists them:
+        # after the protocol's own steps, before the faults.
+        faults = next(i for i, inst in enumerate(out) if inst.fault)
+        added = []
+        for name in self.added_kinds:
+            guard = self.guard_formulas[name]
+            for args in [(r,) for r in reqs] if guard.params else [()]:
+                added.append(Instance(name, args, False))
+        out[faults:faults] = added
         assert n >= 1
         return out
 
@@ -1183,7 +1218,13 @@ class Encoding:
             return self._translated_guard(formula, s, inst), self._translated_effect(
                 effect, s, inst
             )
-        guard, e = self._rules[inst.name](s, *inst.args)
+        encoder = self._rules.get(inst.name)
+        if encoder is None:
+            raise CannotEncode(
+                f"action {inst.name!r} has no Z3 encoder, and its "
+                f"{'effect' if formula is not None else 'guard'} is not a formula"
+            )
+        guard, e = encoder(s, *inst.args)
         if formula is not None:
             guard = self._translated_guard(formula, s, inst)
         if effect is not None:
@@ -1400,7 +1441,7 @@ class Encoding:
             if q.answer is not None:
                 v[f"r{r}.ans_set"] = True
                 v[f"r{r}.ans_ok"] = q.answer.ok
-                v[f"r{r}.ans_reason"] = REASON[q.answer.reason]
+                v[f"r{r}.ans_reason"] = self.reason_code(q.answer.reason)
             v[f"r{r}.p"] = P[q.p]
             v[f"r{r}.p_len"], v[f"r{r}.p_gen"] = q.p_len, q.p_gen
             v[f"r{r}.p_wrote"], v[f"r{r}.p_epoch"] = q.p_wrote, q.p_epoch
@@ -1496,6 +1537,8 @@ class Encoding:
             v[f"f.{f}"] = getattr(state.faults, f)
         for g in GHOST_FIELDS:
             v[f"gh.{g}"] = getattr(state.ghost, g)
+        for name, initial in self.state_fields.items():
+            v[f"v.{name}"] = dict(state.variant_fields).get(name, initial)
         return v
 
     def values(self, model: Any, s: SymState) -> dict[str, Any]:
@@ -1558,7 +1601,7 @@ class Encoding:
                 if v[f"r{r}.ans_ok"]:
                     answer = Answer(ok=True, tags=read or ())
                 else:
-                    answer = Answer(ok=False, reason=REASONS[v[f"r{r}.ans_reason"]])
+                    answer = Answer(ok=False, reason=self.reasons[v[f"r{r}.ans_reason"]])
             reqs.append(
                 ReqState(
                     submitted=v[f"r{r}.submitted"],
@@ -1607,7 +1650,13 @@ class Encoding:
         orphans = sorted(
             {(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]}
         )
+        fields = {
+            name: v[f"v.{name}"]
+            for name, initial in sorted(self.state_fields.items())
+            if v[f"v.{name}"] != initial
+        }
         return State(
+            variant_fields=tuple(fields.items()),
             requests=tuple(reqs),
             pages=tuple(pages),
             network=tuple(sorted(network)),
@@ -1627,7 +1676,7 @@ class Encoding:
     def action(self, v: dict[str, Any], i: int) -> Action:
         """The spec action of instance i, taken in the state with values v."""
         inst = self.instances[i]
-        cls = _CLASSES[inst.name]
+        cls = _CLASSES.get(inst.name) or self.added_kinds[inst.name]
         if inst.name == "decode_receive_write":
             r, j = inst.args
             return DecodeReceiveWrite(self.write(v, r, j))

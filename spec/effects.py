@@ -40,6 +40,7 @@ from kvhandoff.spec.logic import (
     REQ,
     TRUE,
     App,
+    FieldSymbol,
     Lit,
     Sort,
     Term,
@@ -148,7 +149,7 @@ def assign(target: Term, value: object, when: Term = TRUE) -> list[Update]:
     action's request or to variables bound by `each`."""
     if not isinstance(target, App):
         raise TypeError(f"assign: the target must be a symbol applied to arguments, got {target!r}")
-    if target.symbol.name not in WRITABLE:
+    if target.symbol.name not in WRITABLE and not isinstance(target.symbol, FieldSymbol):
         raise ValueError(
             f"assign: {target.symbol.name!r} is not part of the state (it is rigid, a fact of the "
             "scenario, or read off other symbols): assign the state symbols it is made of; "
@@ -376,6 +377,7 @@ def run_effect(
     messages: list[Message] = []
     replies: dict[int, Reply] = {}
     writes: list[Write] = []
+    fields_of_variant: dict[str, tuple[Any, Any]] = {}
     for cu in _compiled(eff):
         u = cu.update
         for binding in itertools.product(*(_domain(v.sort, C, S) for v in u.over)):
@@ -385,7 +387,11 @@ def run_effect(
             p = cu.parts
             if isinstance(u, Assign):
                 key = tuple(p[f"arg{i}"](S, C, drain, *a) for i in range(len(u.target.args)))
-                assigned[(u.target.symbol.name, key)] = p["value"](S, C, drain, *a)
+                value = p["value"](S, C, drain, *a)
+                if isinstance(u.target.symbol, FieldSymbol):
+                    fields_of_variant[u.target.symbol.name] = (value, u.target.symbol.initial)
+                    continue
+                assigned[(u.target.symbol.name, key)] = value
             elif isinstance(u, Send):
                 r = p["req"](S, C, drain, *a)
                 pages: tuple[int, ...] = ()
@@ -410,7 +416,16 @@ def run_effect(
                         for rank in range(C.prefill_ranks):
                             room = C.requests[r].room
                             writes.append(Write(room, req.p_gen, q, data, req.p_epoch, rank))
-    return _build(C, S, assigned, messages, replies, writes)
+    out = _build(C, S, assigned, messages, replies, writes)
+    if fields_of_variant:
+        # As `Variant.put` keeps them: a field at its initial value is not stored.
+        kept = dict(out.variant_fields)
+        for name, (value, initial) in fields_of_variant.items():
+            kept.pop(name, None)
+            if value != initial:
+                kept[name] = value
+        out = evolve(out, variant_fields=tuple(sorted(kept.items())))
+    return out
 
 
 def _build(

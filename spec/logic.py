@@ -161,6 +161,32 @@ class Symbol:
         return App(self, args)
 
 
+class FieldSymbol(Symbol):
+    """A variant's own state field (`Variant.state_fields`) as a symbol of no arguments: a
+    variant's formulas read and assign it like the vocabulary's own. Built by `state_field`."""
+
+    initial: Any = None
+
+    def __init__(self, name: str, result: Sort, initial: Any, meaning: str) -> None:
+        super().__init__(name, (), result, meaning)
+        object.__setattr__(self, "initial", initial)
+
+
+def state_field(name: str, initial: bool | int, meaning: str = "") -> FieldSymbol:
+    """The symbol of a variant's state field `name` (declare the same name and initial value in
+    the variant's `state_fields`): `preemptions = state_field("preemptions", 0)`, then
+    `preemptions() < 1` in a guard and `assign(preemptions(), preemptions() + 1)` in an effect.
+    A bool or a non-negative int: what every engine can keep."""
+    if isinstance(initial, bool):
+        return FieldSymbol(name, BOOL, initial, meaning or f"the variant's state field {name}")
+    if isinstance(initial, int) and initial >= 0:
+        return FieldSymbol(name, INT, initial, meaning or f"the variant's state field {name}")
+    raise TypeError(
+        f"state_field({name!r}, {initial!r}): a formula's state field starts as a bool or a "
+        "non-negative int"
+    )
+
+
 class App(Term):
     def __init__(self, symbol: Symbol, args: tuple[Term, ...]) -> None:
         self.symbol, self.args, self.sort = symbol, args, symbol.result
@@ -422,6 +448,9 @@ def python_source(t: Term, reading: PythonReading) -> str:
             return "(" + reading.fields[what][t.name].format(names[id(t.var)], *arg) + ")"
         if isinstance(t, Var):
             return names.get(id(t), t.name)  # a bound variable, or a parameter of the function
+        if isinstance(t, App) and isinstance(t.symbol, FieldSymbol):
+            # A variant's own field: stored only where it differs from its initial value.
+            return f"dict(S.variant_fields).get({t.symbol.name!r}, {t.symbol.initial!r})"
         if isinstance(t, App):
             if t.symbol.name not in reading.symbols:
                 raise KeyError(f"no concrete reading of symbol {t.symbol.name!r}")

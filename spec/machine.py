@@ -786,6 +786,8 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
             out += lists(d, config, state)
     if variant.extra_actions is not None:
         out += variant.extra_actions(config, state)
+    for added in variant.added_guards:
+        out += added(config, state)
     if state.faults.total < config.max_faults:
         for lists, kinds in FAULT_GUARDS.items():
             if replaced:
@@ -824,6 +826,9 @@ def is_enabled(variant: Variant, config: Config, state: State, action: Action) -
     """`action in enabled(variant, config, state)`, asking only the guard of the action's kind."""
     if variant.extra_actions is not None and action in variant.extra_actions(config, state):
         return True
+    for added in variant.added_guards:
+        if type(action) is added.kind:
+            return action in added(config, state)
     guard = _GUARD_OF.get(type(action))
     if guard is None:
         return False

@@ -267,7 +267,10 @@ class Variant:
                 continue
             if name not in ACTIONS_BY_NAME:
                 hint = (
-                    " (an added action's guard is its extra_actions hook)" if name in added else ""
+                    " (an added action's guard is its extra_actions hook, or a formula "
+                    "guard(...) here)"
+                    if name in added
+                    else ""
                 )
                 raise VariantError(
                     f"variant {self.name!r}: guard_overrides names {name!r}, which is no action "
@@ -282,6 +285,19 @@ class Variant:
             # The formula guards, bound to their action and this design: callable like a Python
             # guard (the explorer), readable as formulas (the Z3 encodings).
             object.__setattr__(self, "guard_overrides", {**self.guard_overrides, **bound})
+        # The guards of added actions written as formulas: `enabled` lists their actions after
+        # the protocol's own (with `extra_actions`).
+        added_guards = tuple(
+            h for n, h in self.guard_overrides.items() if n in added and isinstance(h, FormulaGuard)
+        )
+        object.__setattr__(self, "_added_guards", added_guards)
+        for name in added:
+            if self.extra_actions is None and name not in self.guard_overrides:
+                raise VariantError(
+                    f"variant {self.name!r}: added action {name!r} has no guard: list it in "
+                    "extra_actions (a Python function) or give it a formula guard in "
+                    f"guard_overrides={{{name!r}: guard(lambda r: ...)}}"
+                )
         for name, initial in self.state_fields.items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise VariantError(
@@ -403,9 +419,18 @@ class Variant:
             **other,
         )
 
+    def _added_kinds(self) -> dict[str, type]:
+        return {snake_case(t.__name__): t for t in self.extra_action_types}
+
+    @property
+    def added_guards(self) -> tuple[FormulaGuard, ...]:
+        """The formula guards of the actions this variant adds (`extra_action_types`)."""
+        out: tuple[FormulaGuard, ...] = self.__dict__.get("_added_guards", ())
+        return out
+
     def _bind_formula_guard(self, name: str, hook: GuardFormula | FormulaGuard) -> FormulaGuard:
         formula = hook.formula if isinstance(hook, FormulaGuard) else hook
-        kind = ACTIONS_BY_NAME.get(name)
+        kind = ACTIONS_BY_NAME.get(name) or self._added_kinds().get(name)
         if kind is None:
             raise VariantError(
                 f"variant {self.name!r}: guard_overrides names {name!r}, which is no action of "
@@ -426,12 +451,11 @@ class Variant:
 
     def _bind_formula_effect(self, name: str, hook: EffectFormula | FormulaEffect) -> FormulaEffect:
         formula = hook.formula if isinstance(hook, FormulaEffect) else hook
-        kind = ACTIONS_BY_NAME.get(name)
+        kind = ACTIONS_BY_NAME.get(name) or self._added_kinds().get(name)
         if kind is None:
             raise VariantError(
                 f"variant {self.name!r}: step_overrides names {name!r}, which is no action of "
-                f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)} (an added action's effect "
-                "is a Python function)"
+                f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)} or of extra_action_types"
             )
         fields = [f.name for f in dataclasses.fields(kind)]
         want = ["request"] if formula.params else []
@@ -490,7 +514,14 @@ class Variant:
         if self.extra_actions is not None:
             hook = getattr(self.extra_actions, "__name__", repr(self.extra_actions))
             out.append(f"extra_actions hook {hook}")
-        out += [f"state field {name!r}" for name in sorted(self.state_fields)]
+        # A state field is a variable of the Z3 encodings when it is a bool or a non-negative
+        # int (a formula reads it through `spec.logic.state_field`).
+        out += [
+            f"state field {name!r} (starts as {initial!r}: the Z3 encodings keep bools and "
+            "non-negative ints)"
+            for name, initial in sorted(self.state_fields.items())
+            if not (isinstance(initial, int) and (isinstance(initial, bool) or initial >= 0))
+        ]
         return out
 
 
