@@ -28,7 +28,15 @@ from typing import Any
 
 import z3
 
-from kvhandoff.model_checker.z3_encoding import REASON, SLOT, D, Encoding, P, SymState
+from kvhandoff.model_checker.z3_encoding import (
+    FAULT_FIELDS,
+    REASON,
+    SLOT,
+    D,
+    Encoding,
+    P,
+    SymState,
+)
 from kvhandoff.spec.logic import (
     D_PHASE,
     P_PHASE,
@@ -292,6 +300,7 @@ class FixedReading(Reading):
                         "right_tenant": True,
                         "rank": 0,
                         "rank_acked": False,  # one rank: no per-rank acks are kept
+                        "room": enc.rooms[r],
                     }
                     out.append(([], s[f"r{r}.w{j}"], fields))
             return out
@@ -428,6 +437,17 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "drops_spent": lambda f: f.s["f.drops"],
     "over_context_window": lambda f, r: f.enc.lens[r] > f.enc.config.context_window,
     "truncated_len": lambda f: max(1, f.enc.config.prefill_max_prompt),
+    "cancels_spent": lambda f: f.s["f.cancels"],
+    "prefill_aborts_spent": lambda f: f.s["f.prefill_aborts"],
+    "duplicates_spent": lambda f: f.s["f.duplicates"],
+    "faults_spent": lambda f: z3.Sum([f.s[f"f.{k}"] for k in FAULT_FIELDS]),
+    "max_faults": lambda f: f.enc.config.max_faults,
+    "max_crashes": lambda f: f.enc.config.max_crashes,
+    "max_timeouts": lambda f: f.enc.config.max_timeouts,
+    "max_cancels": lambda f: f.enc.config.max_cancels,
+    "max_prefill_aborts": lambda f: f.enc.config.max_prefill_aborts,
+    "room": lambda f, r: f.enc.rooms[r],
+    "p_lease_expired": _r("lease_expired"),
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: 1,
@@ -465,6 +485,7 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
             "d_cancel": "d_cancel",
             "p_cancel": "p_cancel",
             "read_done": "read_set",
+            "p_lease_expired": "lease_expired",
         }.items()
     },
     "d_holds": lambda r, j: f"r{r}.d_pages{j}",
@@ -481,6 +502,12 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     "shard_has": lambda j, k: f"pg{j}.has",
     "shard_req": lambda j, k: f"pg{j}.c_req",
     "shard_gen": lambda j, k: f"pg{j}.c_gen",
+    "crashes_spent": lambda: "f.crashes",
+    "drops_spent": lambda: "f.drops",
+    "timeouts_spent": lambda: "f.timeouts",
+    "cancels_spent": lambda: "f.cancels",
+    "prefill_aborts_spent": lambda: "f.prefill_aborts",
+    "duplicates_spent": lambda: "f.duplicates",
     "next_gen": lambda: "next_gen",
     "prefill_epoch": lambda: "prefill_epoch",
     "decode_epoch": lambda: "decode_epoch",
@@ -561,7 +588,8 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 put(_FIXED_VARS[name](*at), when, tr(u.value))
             elif isinstance(u, Send):
                 r = tr(u.req)
-                k = SLOT[u.kind]
+                # On the pull path the lease expiry notice has a slot of its own.
+                k = SLOT["lease_failure" if u.reason == "lease expired" else u.kind]
                 net = f"r{r}.{k}_net"
                 # A second send into the same slot under a condition that excludes the first
                 # (decode aborting a request it gives up on, or asking again for a drain ack)
@@ -577,7 +605,7 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                     for j in range(enc.np):
                         env[id(u.page)] = j
                         put(f"r{r}.g_pages{j}", when, translate(u.has_page, reading, env))
-                if u.kind == "failure":
+                if u.kind == "failure" and u.reason != "lease expired":
                     put(f"r{r}.f_aborted", when, u.reason == "aborted")
             elif isinstance(u, Reply):
                 r = tr(u.req)

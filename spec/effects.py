@@ -259,6 +259,7 @@ _REQ_FIELDS = {
     "d_awaiting_ack": "d_awaiting_ack",
     "d_cancel": "d_cancel",
     "p_cancel": "p_cancel",
+    "p_lease_expired": "p_lease_expired",
 }
 """Symbols of one request that are a field of `ReqState` as they are."""
 _REQ_SETS = {
@@ -280,10 +281,18 @@ _GLOBALS = {
     "decode_seen_prefill_epoch": "decode_sees_prefill_epoch",
     "prefill_seen_decode_epoch": "prefill_sees_decode_epoch",
 }
+_FAULTS = {
+    "crashes_spent": "crashes",
+    "drops_spent": "drops",
+    "duplicates_spent": "duplicates",
+    "timeouts_spent": "timeouts",
+    "cancels_spent": "cancels",
+    "prefill_aborts_spent": "prefill_aborts",
+}
 _GHOSTS = frozenset(f.name for f in __import__("dataclasses").fields(Ghost))
 
 WRITABLE: frozenset[str] = frozenset(
-    [*_REQ_FIELDS, *_REQ_SETS, *_READ, *_PAGE, *_SHARD, *_GLOBALS, *_GHOSTS]
+    [*_REQ_FIELDS, *_REQ_SETS, *_READ, *_PAGE, *_SHARD, *_GLOBALS, *_GHOSTS, *_FAULTS]
 )
 """The symbols an effect may assign: the state's own. The others are rigid (the scenario's) or
 read off the state (`issued`, `answered_ok`, ...): an update of one would have no meaning."""
@@ -440,6 +449,7 @@ def _build(
     by_page: dict[int, dict[tuple[str, tuple[int, ...]], Any]] = {}
     glob: dict[str, Any] = {}
     ghost: dict[str, Any] = {}
+    faults: dict[str, Any] = {}
     for (name, key), value in assigned.items():
         if name in _REQ_FIELDS or name in _REQ_SETS or name in _READ:
             by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
@@ -449,6 +459,8 @@ def _build(
             glob[_GLOBALS[name]] = value
         elif name in _GHOSTS:
             ghost[name] = value
+        elif name in _FAULTS:
+            faults[_FAULTS[name]] = value
         else:
             raise KeyError(f"an effect assigns {name!r}, which is not a state symbol")
     requests = list(S.requests)
@@ -464,6 +476,8 @@ def _build(
         changes["pages"] = tuple(pages)
     if ghost:
         changes["ghost"] = evolve(S.ghost, **ghost)
+    if faults:
+        changes["faults"] = evolve(S.faults, **faults)
     if messages:
         network = list(S.network)
         for m in messages:

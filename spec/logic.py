@@ -238,6 +238,7 @@ WRITE_FIELDS: dict[str, Sort] = {
     "right_tenant": BOOL,  # its data is labelled with its own request's tenant
     "rank": RANK,  # the prefill rank writing its shard
     "rank_acked": BOOL,  # that rank has acknowledged an abort of this grant (several ranks)
+    "room": INT,  # the room it writes for
 }
 
 

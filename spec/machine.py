@@ -108,6 +108,7 @@ from kvhandoff.spec.logic import (
     Term,
     Var,
     count,
+    each_write,
     exists,
     forall,
     guard,
@@ -130,6 +131,8 @@ from kvhandoff.spec.state import (
 from kvhandoff.spec.variants import REFERENCE, Design, Variant
 from kvhandoff.spec.vocabulary import (
     answered,
+    cancelled_mid_transfer,
+    cancels_spent,
     crashes_spent,
     cross_tenant_reuse,
     d,
@@ -143,8 +146,14 @@ from kvhandoff.spec.vocabulary import (
     decode_epoch,
     decode_seen_prefill_epoch,
     drops_spent,
+    faults_spent,
     last_tenant,
     max_active,
+    max_cancels,
+    max_crashes,
+    max_faults,
+    max_prefill_aborts,
+    max_timeouts,
     next_gen,
     not_as_is,
     ok_after_crash,
@@ -161,11 +170,13 @@ from kvhandoff.spec.vocabulary import (
     p_gen,
     p_granted,
     p_granted_count,
+    p_lease_expired,
     p_len,
     p_rank_done,
     p_wrote,
     page_reuse,
     page_used,
+    prefill_aborts_spent,
     prefill_epoch,
     prefill_seen_decode_epoch,
     prompt_pages,
@@ -174,12 +185,14 @@ from kvhandoff.spec.vocabulary import (
     read_has,
     read_page,
     read_req,
+    room,
     scrubbed_written_page,
     shard_gen,
     shard_has,
     shard_req,
     submitted,
     tenant,
+    timeouts_spent,
     truncated_len,
     waits_for,
 )
@@ -680,6 +693,63 @@ def _lease_expiries(d: Design, c: Config, s: State) -> list[Action]:
     ]
 
 
+# The faults' guards as formulas (those of one request or of none; the network's faults, which
+# take a message or a write, and the prefill restart, which forgets prefill's transfer state, keep
+# only their Python guard for now). Each fault is within its own budget and the run's total one.
+
+
+def _within_budget(spent: Term, limit: Term) -> Term:
+    return And(faults_spent() < max_faults(), spent < limit)
+
+
+def _writes_in_flight_for(r: Var) -> Term:
+    """Some write of r's room and prefill's generation is in flight (whoever issued it)."""
+    return Not(each_write(lambda w: Not(And(w.room == room(r), w.gen == p_gen(r)))))
+
+
+def _client_cancel_guard(design: Design) -> GuardFormula:
+    # A client may cancel any request the router has taken and not yet answered.
+    return guard(
+        lambda r: And(
+            _within_budget(cancels_spent(), max_cancels()), submitted(r), Not(answered(r))
+        )
+    )
+
+
+def _decode_waiting_timeout_guard(design: Design) -> GuardFormula:
+    return guard(
+        lambda r: And(_within_budget(timeouts_spent(), max_timeouts()), d(r) == "reserved")
+    )
+
+
+def _prefill_abort_guard(design: Design) -> GuardFormula:
+    # Prefill gives up on its own (out of memory, a failed forward pass) between writes.
+    return guard(
+        lambda r: And(
+            _within_budget(prefill_aborts_spent(), max_prefill_aborts()),
+            p(r).is_in("admitted", "granted"),
+            Not(_writes_in_flight_for(r)),
+        )
+    )
+
+
+def _decode_restart_guard(design: Design) -> GuardFormula:
+    return guard(lambda: _within_budget(crashes_spent(), max_crashes()))
+
+
+def _prefill_lease_expire_guard(design: Design) -> GuardFormula:
+    # Pull path only: the lease on the source blocks runs out while decode still reads them.
+    if design.transfer != "pull":
+        return guard(lambda r: FALSE)
+    return guard(
+        lambda r: And(
+            _within_budget(timeouts_spent(), max_timeouts()),
+            Not(p_lease_expired(r)),
+            _writes_in_flight_for(r),
+        )
+    )
+
+
 def _transfer_failures(d: Design, c: Config, s: State) -> list[Action]:
     if d.transfer != "pull" or s.faults.drops >= c.max_drops:
         return []
@@ -752,10 +822,16 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "decode_release_timeout": _decode_release_timeout_guard,
     "decode_detect_prefill_restart": _decode_detect_prefill_restart_guard,
     "prefill_detect_decode_restart": _prefill_detect_decode_restart_guard,
+    "client_cancel_request": _client_cancel_guard,
+    "decode_waiting_timeout": _decode_waiting_timeout_guard,
+    "prefill_abort_request": _prefill_abort_guard,
+    "decode_restart": _decode_restart_guard,
+    "prefill_lease_expire": _prefill_lease_expire_guard,
 }
-"""The guards written as formulas: every protocol step of one request (or of none). The steps
-that receive a message, write or acknowledge per rank, and the faults keep only their Python
-guard (and the Z3 encodings their hand-written one) for now: see docs/one-semantics.md."""
+"""The guards written as formulas: every protocol step of one request (or of none), and the faults
+of one request or of none but the prefill restart. The steps that receive a message, write or
+acknowledge per rank, the network's faults and the prefill restart keep only their Python guard
+(and the Z3 encodings their hand-written one) for now: see docs/one-semantics.md."""
 
 
 @cache
@@ -1359,9 +1435,9 @@ def _prefill_send_abort_ack(d: Design, c: Config, s: State, a: PrefillSendAbortA
     # Rank a.rank's writes of (room, generation) have drained: it says so.
     aborted = (a.room, a.generation)
     network = s.network
-    for room, generation, r in s.pending_acks:
-        if (room, generation) == aborted:
-            ack = Message("abort_ack", room, generation, r, rank=a.rank)
+    for ack_room, generation, r in s.pending_acks:
+        if (ack_room, generation) == aborted:
+            ack = Message("abort_ack", ack_room, generation, r, rank=a.rank)
             network = _send(network, ack)
     acked = [key for key in s.acked_ranks if key[:2] == aborted]
     if len(acked) + 1 < c.prefill_ranks:
@@ -1460,9 +1536,32 @@ def _client_cancel(d: Design, c: Config, s: State, a: ClientCancelRequest) -> St
     return _set_req(s, r, req)
 
 
+def _client_cancel_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        decode_busy = d(r).is_in("received", "admitted", "reserved", "validated", "generated")
+        return [
+            assign(cancels_spent(), cancels_spent() + 1),
+            assign(cancelled_mid_transfer(), True, when=And(p(r) == "granted", p_wrote(r) > 0)),
+            answer_error(r, "cancelled by the client"),
+            assign(d_cancel(r), True, when=decode_busy),
+            assign(p_cancel(r), True, when=p(r).is_in("received", "admitted")),
+        ]
+
+    return effect(body)
+
+
 def _decode_waiting_timeout(d: Design, c: Config, s: State, a: DecodeWaitingTimeout) -> State:
     s = evolve(s, faults=evolve(s.faults, timeouts=s.faults.timeouts + 1))
     return _decode_fail(d, c, s, a.request, "timed out waiting for prefill", abort=True)
+
+
+def _decode_waiting_timeout_effect(design: Design) -> EffectFormula:
+    return effect(
+        lambda r: [
+            assign(timeouts_spent(), timeouts_spent() + 1),
+            _decode_fail_effect(design, r, "timed out waiting for prefill", TRUE, TRUE),
+        ]
+    )
 
 
 def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> State:
@@ -1477,6 +1576,21 @@ def _prefill_abort(d: Design, c: Config, s: State, a: PrefillAbortRequest) -> St
         notice = Message("failure", c.requests[r].room, req.p_gen, r, reason="aborted")
         s = evolve(s, network=_send(s.network, notice))
     return s
+
+
+def _prefill_abort_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        out: list[Any] = [
+            assign(prefill_aborts_spent(), prefill_aborts_spent() + 1),
+            _stop_prefill_effect(r, TRUE),
+        ]
+        if design.router_honours_prefill_error:
+            out += [answer_error(r, "aborted by prefill")]
+        if design.prefill_abort_notifies_decode:
+            out += [send("failure", r, gen=p_gen(r), reason="aborted")]
+        return out
+
+    return effect(body)
 
 
 def _decode_release_timeout(d: Design, c: Config, s: State, a: DecodeReleaseTimeout) -> State:
@@ -1530,6 +1644,47 @@ def _decode_restart(d: Design, c: Config, s: State, a: DecodeRestart) -> State:
     )
 
 
+def _decode_restart_effect(design: Design) -> EffectFormula:
+    # Decode loses everything but its generation counter (unless the design resets it): every
+    # request it still held is lost (its client gets an error), every page is free again, zeroed
+    # where the design scrubs.
+    def request(r: Var) -> Updates:
+        idle = d(r).is_in("none", "rejected", "released", "lost")
+        lost = Not(And(idle, Not(exists(PAGE, lambda q: d_holds(r, q)))))
+        return [
+            answer_error(r, "decode restarted", when=lost),
+            assign(d(r), "lost", when=lost),
+            each(PAGE, lambda q: assign(d_holds(r, q), False, when=lost)),
+            assign(d_awaiting_ack(r), False, when=lost),
+            each(
+                RANK,
+                lambda k: [
+                    assign(d_rank(r, k), False, when=lost),
+                    assign(d_ack(r, k), False, when=lost),
+                ],
+            ),
+        ]
+
+    def page(q: Var) -> Updates:
+        out: list[Any] = [assign(owned(q), False)]
+        if design.scrub:
+            out += [each(RANK, lambda k: assign(shard_has(q, k), False))]
+        return out
+
+    def body() -> Updates:
+        out: list[Any] = [
+            assign(crashes_spent(), crashes_spent() + 1),
+            each(REQ, request),
+            each(PAGE, page),
+            assign(decode_epoch(), decode_epoch() + 1),
+        ]
+        if not design.generations_persist:
+            out += [assign(next_gen(), 1)]
+        return out
+
+    return effect(body)
+
+
 def _prefill_lease_expire(d: Design, c: Config, s: State, a: PrefillLeaseExpire) -> State:
     r = a.request
     req = s.requests[r]
@@ -1539,6 +1694,19 @@ def _prefill_lease_expire(d: Design, c: Config, s: State, a: PrefillLeaseExpire)
         notice = Message("failure", c.requests[r].room, req.p_gen, r, reason="lease expired")
         s = evolve(s, network=_send(s.network, notice))
     return s
+
+
+def _prefill_lease_expire_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        out: list[Any] = [
+            assign(timeouts_spent(), timeouts_spent() + 1),
+            assign(p_lease_expired(r), True),
+        ]
+        if design.lease_expiry_notifies_decode:
+            out += [send("failure", r, gen=p_gen(r), reason="lease expired")]
+        return out
+
+    return effect(body)
 
 
 def _fail_transfer(d: Design, c: Config, s: State, a: NetworkFailTransfer) -> State:
@@ -1591,8 +1759,13 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "decode_release_timeout": _decode_release_timeout_effect,
     "decode_detect_prefill_restart": _decode_detect_prefill_restart_effect,
     "prefill_detect_decode_restart": _prefill_detect_decode_restart_effect,
+    "client_cancel_request": _client_cancel_effect,
+    "decode_waiting_timeout": _decode_waiting_timeout_effect,
+    "prefill_abort_request": _prefill_abort_effect,
+    "decode_restart": _decode_restart_effect,
+    "prefill_lease_expire": _prefill_lease_expire_effect,
 }
-"""The effects written as formulas: the same steps as `RULE_GUARDS`. The Z3 encodings translate
+"""The effects written as formulas: those of the steps of `RULE_GUARDS`. The Z3 encodings translate
 these (`Encoding.rule`); the explorer runs the Python effects above, its fast path, pinned to the
 formulas by tests/spec/test_effects_once.py."""
 

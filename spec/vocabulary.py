@@ -256,6 +256,30 @@ truncated_len = _sym(
     "the prompt length prefill keeps when it truncates: its limit, at least one page (rigid)",
 )
 
+# What the faults read and write: their budgets (each fault is within its own budget and the total
+# one; `spec/machine.py` spends it in the fault's effect), the room a request was given, and the
+# pull path's lease.
+cancels_spent = _sym("cancels_spent", (), INT, "how many client cancels the budget has spent")
+prefill_aborts_spent = _sym(
+    "prefill_aborts_spent", (), INT, "how many prefill aborts the budget has spent"
+)
+duplicates_spent = _sym("duplicates_spent", (), INT, "how many duplicates the budget has spent")
+faults_spent = _sym("faults_spent", (), INT, "how many faults of any kind have happened")
+max_faults = _sym("max_faults", (), INT, "how many faults a run may have in all (rigid)")
+max_crashes = _sym("max_crashes", (), INT, "how many crashes a run may have (rigid)")
+max_timeouts = _sym("max_timeouts", (), INT, "how many timeouts a run may have (rigid)")
+max_cancels = _sym("max_cancels", (), INT, "how many client cancels a run may have (rigid)")
+max_prefill_aborts = _sym(
+    "max_prefill_aborts", (), INT, "how many prefill aborts a run may have (rigid)"
+)
+room = _sym("room", (REQ,), INT, "the room the router gave request r (rigid)")
+p_lease_expired = _sym(
+    "p_lease_expired",
+    (REQ,),
+    BOOL,
+    "pull path: the lease on prefill's pinned source blocks for r ran out (they may be reused)",
+)
+
 next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -369,6 +393,17 @@ CONCRETE = PythonReading(
         "drops_spent": "S.faults.drops",
         "over_context_window": "C.requests[{0}].pages > C.context_window",
         "truncated_len": "max(1, C.prefill_max_prompt)",
+        "cancels_spent": "S.faults.cancels",
+        "prefill_aborts_spent": "S.faults.prefill_aborts",
+        "duplicates_spent": "S.faults.duplicates",
+        "faults_spent": "S.faults.total",
+        "max_faults": "C.max_faults",
+        "max_crashes": "C.max_crashes",
+        "max_timeouts": "C.max_timeouts",
+        "max_cancels": "C.max_cancels",
+        "max_prefill_aborts": "C.max_prefill_aborts",
+        "room": "C.requests[{0}].room",
+        "p_lease_expired": _REQ + ".p_lease_expired",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",
@@ -393,6 +428,7 @@ CONCRETE = PythonReading(
             "right_tenant": "{0}.data.tenant == C.requests[{0}.data.request].tenant",
             "rank": "{0}.rank",
             "rank_acked": "({0}.room, {0}.generation, {0}.rank) in S.acked_ranks",
+            "room": "{0}.room",
         },
         "pending_ack": {"req": "{0}[2]", "gen": "{0}[1]"},
     },

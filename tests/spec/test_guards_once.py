@@ -5,7 +5,8 @@ over the vocabulary (`rule_guard(design, name)`, beside each Python guard), and 
 translates those formulas (tests/model_checker/test_guards_once.py). The explorer keeps the Python
 guards, its fast path. These tests pin the two together on concrete states:
 
-* the formulas cover exactly the protocol steps whose action takes one request or nothing;
+* the formulas cover exactly the protocol steps and faults whose action takes one request or
+  nothing (but the prefill restart);
 * on every reachable state of the small scenario, for variants that between them take every value
   of the design options these guards (or the states they see) depend on, and for a scenario with
   a prompt over decode's limit, parallel submission and two prefill ranks, the requests for which
@@ -61,14 +62,16 @@ def _one_request_or_none(kind: type) -> bool:
     return [f.name for f in dataclasses.fields(kind)] in (["request"], [])
 
 
-def test_the_formulas_cover_the_protocol_steps_of_one_request_or_none() -> None:
+def test_the_formulas_cover_the_steps_of_one_request_or_none() -> None:
+    """Every protocol step and fault whose action takes one request or nothing, but the prefill
+    restart (it forgets prefill's transfer state, which the vocabulary does not name yet)."""
     protocol = {k for kinds in PROTOCOL_GUARDS.values() for k in kinds}
     expected = {
         name
         for name, kind in ACTIONS_BY_NAME.items()
-        if kind in protocol and kind not in FAULT_ACTIONS and _one_request_or_none(kind)
+        if (kind in protocol or kind in FAULT_ACTIONS) and _one_request_or_none(kind)
     }
-    assert set(RULE_GUARDS) == expected
+    assert set(RULE_GUARDS) == expected - {"prefill_restart"}
 
 
 def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
@@ -85,6 +88,8 @@ def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
         for name, formula in formulas.items():
             kind = formula.kind
             listed = [a for a in _GUARD_OF[kind](design, config, state) if isinstance(a, kind)]
+            if kind in FAULT_ACTIONS and state.faults.total >= config.max_faults:
+                listed = []  # `enabled` checks the total budget; a fault's formula states it
             held = formula(config, state)
             assert held == listed, (variant_name, name, state)
             if formula.formula.params:
