@@ -44,6 +44,7 @@ from kvhandoff.spec.logic import (
     RANK,
     REQ,
     App,
+    Bound,
     Count,
     Field,
     FieldSymbol,
@@ -315,16 +316,34 @@ class FixedReading(Reading):
             k = SLOT[kind]
             for r in range(enc.n):
                 present = s[f"r{r}.{k}_net"] + s[f"r{r}.{k}_lost"] > 0
-                fields = {
-                    "req": r,
-                    "gen": s[f"r{r}.{k}_gen"],
-                    "epoch": s[f"r{r}.g_epoch"] if kind == "grant" else 0,
-                    "rank": 0,
-                    "rank_done": False,  # one rank: reporting completes the request
-                    "has_page": _grant_page(s, kind, r),
-                }
-                out.append(([], present, fields))
+                out.append(([], present, self.slot_fields(kind, r)))
         return out
+
+    def slot_fields(self, kind: str, r: int) -> dict[str, Any]:
+        """The fields of the message in request r's slot of `kind` (the encoding keeps one
+        distinct message per request and kind; "lease_failure" is the pull path's notice)."""
+        s = self.s
+        k = SLOT[kind]
+        return {
+            "req": r,
+            "gen": s[f"r{r}.{k}_gen"],
+            "epoch": s[f"r{r}.g_epoch"] if kind == "grant" else 0,
+            "rank": 0,
+            "rank_done": False,  # one rank: reporting completes the request
+            "has_page": _grant_page(s, kind, r),
+            "reason_is": _failure_reason(s, kind, r),
+        }
+
+
+def _failure_reason(s: SymState, kind: str, r: int) -> Callable[[str], Any]:
+    """`m.reason_is(why)` for the slot: a failure notice says rejected or aborted (`f_aborted`),
+    the pull path's lease notice says the lease expired; other messages give no reason."""
+    if kind == "lease_failure":
+        return lambda why: why == "lease expired"
+    if kind != "failure":
+        return lambda why: False
+    aborted = s[f"r{r}.f_aborted"]
+    return lambda why: {"rejected": z3.Not(aborted), "aborted": aborted}.get(why, False)
 
 
 def _grant_page(s: SymState, kind: str, r: int) -> Callable[[Any], Any]:
@@ -443,6 +462,8 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "faults_spent": lambda f: z3.Sum([f.s[f"f.{k}"] for k in FAULT_FIELDS]),
     "max_faults": lambda f: f.enc.config.max_faults,
     "max_crashes": lambda f: f.enc.config.max_crashes,
+    "max_drops": lambda f: f.enc.config.max_drops,
+    "max_duplicates": lambda f: f.enc.config.max_duplicates,
     "max_timeouts": lambda f: f.enc.config.max_timeouts,
     "max_cancels": lambda f: f.enc.config.max_cancels,
     "max_prefill_aborts": lambda f: f.enc.config.max_prefill_aborts,
@@ -542,11 +563,16 @@ def _exclusive(earlier: list[Any], when: Any) -> bool:
 def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) -> dict[str, Any]:
     """The variables `eff` (a `spec.effects.EffectFormula`) may change when taken with `args` in
     state `s`, with their new values."""
-    from kvhandoff.spec.effects import Assign, Reply, Send
+    from kvhandoff.spec.effects import Assign, Move, Reply, Send
 
     reading = FixedReading(enc, s)
     new: dict[str, Any] = {}
     sent: dict[str, list[Any]] = {}
+    slot: tuple[str, int] | None = None
+    if eff.params and isinstance(eff.params[0], Bound):
+        # A step that takes a message: the instance names its slot, `(kind, r)`.
+        slot = (args[0], args[1])
+        args = (reading.slot_fields(*slot),)
 
     def old(name: str) -> Any:
         return new.get(name, s[name])
@@ -607,6 +633,19 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                         put(f"r{r}.g_pages{j}", when, translate(u.has_page, reading, env))
                 if u.kind == "failure" and u.reason != "lease expired":
                     put(f"r{r}.f_aborted", when, u.reason == "aborted")
+            elif isinstance(u, Move):
+                assert slot is not None
+                kind, r = slot
+                net, lost = f"r{r}.{SLOT[kind]}_net", f"r{r}.{SLOT[kind]}_lost"
+                if u.op in ("consume", "lose"):
+                    put(net, when, old(net) - 1)
+                if u.op == "lose":
+                    put(lost, when, old(lost) + 1)
+                if u.op == "resend":
+                    put(lost, when, old(lost) - 1)
+                    put(net, when, old(net) + 1)
+                if u.op == "copy":
+                    put(net, when, old(net) + 1)
             elif isinstance(u, Reply):
                 r = tr(u.req)
                 was = s[f"r{r}.ans_set"]

@@ -261,10 +261,9 @@ class Encoding:
         `spec/machine.py`) where it has one, a variant's formula guard where it replaces it.
         The other actions keep the guard their encoder below builds."""
         self.guard_formulas.update({n: h.formula for n, h in self.formula_guards.items()})
+        derived = {name: rule_effect(variant.design, name) for name in RULE_EFFECTS}
         self.effect_formulas: dict[str, EffectFormula] = (
-            {}
-            if legacy_effects
-            else {name: rule_effect(variant.design, name) for name in RULE_EFFECTS}
+            {} if legacy_effects else {n: e for n, e in derived.items() if e is not None}
         )
         """The effect each action's instances take, as a formula: the rulebook's (written once
         in `spec/machine.py`, `rule_effect`) where it has one; the other actions keep the effect
@@ -1244,8 +1243,16 @@ class Encoding:
     def _translated_guard(self, formula: GuardFormula, s: SymState, inst: Instance) -> Any:
         from kvhandoff.model_checker.logic_z3 import FixedReading, translate
 
+        reading = FixedReading(self, s)
+        if formula.source:
+            # A step that takes a message: the instance's slot holds it, and the step is enabled
+            # only while a copy is there (in the network, or among the messages to resend).
+            kind, r = inst.args
+            env = {id(formula.params[0]): reading.slot_fields(kind, r)}
+            count = s[f"r{r}.{SLOT[kind]}_{'net' if formula.source == 'network' else 'lost'}"]
+            return z3.And(count > 0, translate(formula.formula, reading, env))
         env = {id(p): a for p, a in zip(formula.params, inst.args, strict=True)}
-        return translate(formula.formula, FixedReading(self, s), env)
+        return translate(formula.formula, reading, env)
 
     def hand_written_guard(self, s: SymState, i: int) -> Any:
         """The guard instance i's encoder builds (the legacy path; the differential test)."""

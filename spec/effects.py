@@ -116,7 +116,19 @@ class IssueWrites:
     over: tuple[Var, ...] = ()
 
 
-Update = Union[Assign, Send, Reply, IssueWrites]  # noqa: UP007 (a runtime alias)
+@dataclass(eq=False)
+class Move:
+    """What happens to the step's own message `m`: `consume` (received: one copy leaves the
+    network), `lose` (its RPC failed: from the network to the messages to send again), `resend`
+    (sent again: back to the network) or `copy` (delivered twice: one more copy)."""
+
+    m: Var
+    op: str
+    when: Term = TRUE
+    over: tuple[Var, ...] = ()
+
+
+Update = Union[Assign, Send, Reply, IssueWrites, Move]  # noqa: UP007 (a runtime alias)
 Updates = Iterable[Any]
 """Updates, possibly in nested lists: each helper below returns a list, and a rule lists them."""
 
@@ -124,7 +136,7 @@ Updates = Iterable[Any]
 def _flatten(groups: Updates) -> list[Update]:
     out: list[Update] = []
     for g in groups:
-        if isinstance(g, (Assign, Send, Reply, IssueWrites)):
+        if isinstance(g, (Assign, Send, Reply, IssueWrites, Move)):
             out.append(g)
         else:
             out += _flatten(g)
@@ -216,6 +228,34 @@ def issue_writes(r: Term, pages: Callable[[Var], Term]) -> list[Update]:
     return [IssueWrites(r, q, pages(q))]
 
 
+def consume(m: Var) -> list[Update]:
+    return [Move(m, "consume")]
+
+
+def lose(m: Var) -> list[Update]:
+    return [Move(m, "lose")]
+
+
+def resend(m: Var) -> list[Update]:
+    return [Move(m, "resend")]
+
+
+def copy(m: Var) -> list[Update]:
+    return [Move(m, "copy")]
+
+
+def message_effect(body: Callable[[Any], Updates]) -> EffectFormula:
+    """The effect of a step that takes a message `m` (see `spec.logic.message_guard`): its
+    fields are terms (`m.req`, `m.gen`, ...), and `consume(m)`, `lose(m)`, `resend(m)`,
+    `copy(m)` say what happens to it."""
+    from kvhandoff.spec.logic import MESSAGE_FIELDS, Bound
+
+    m = Bound("m", MESSAGE_FIELDS, "message")
+    updates = tuple(_flatten(body(m)))
+    written = frozenset(u.target.symbol.name for u in updates if isinstance(u, Assign))
+    return EffectFormula((m,), updates, written)
+
+
 def effect(body: Callable[..., Updates]) -> EffectFormula:
     """`effect(lambda r: [assign(...), send(...), ...])`: the effect of a step of one request
     (or `lambda: [...]` of none), its updates listed in groups (each helper returns a list)."""
@@ -236,6 +276,8 @@ def terms_of(u: Update) -> list[Term]:
         return [x for x in (u.req, u.gen, u.when, u.epoch, u.has_page) if x is not None]
     if isinstance(u, Reply):
         return [u.req, u.when]
+    if isinstance(u, Move):
+        return [u.when]
     return [u.req, u.cond]
 
 
@@ -350,8 +392,9 @@ def _compiled(eff: EffectFormula) -> list[_CompiledUpdate]:
             if u.page is not None and u.has_page is not None:
                 parts["has_page"] = _compile(u.has_page, (*params, u.page))
             when = u.when
-        elif isinstance(u, Reply):
-            parts["req"] = _compile(u.req, params)
+        elif isinstance(u, (Reply, Move)):
+            if isinstance(u, Reply):
+                parts["req"] = _compile(u.req, params)
             when = u.when
         else:
             parts["req"] = _compile(u.req, params)
@@ -377,16 +420,17 @@ def _tenant_of(config: Config, request: int) -> str:
 
 
 def run_effect(
-    eff: EffectFormula, config: Config, state: State, drain: bool, args: tuple[int, ...]
+    eff: EffectFormula, config: Config, state: State, drain: bool, args: tuple[Any, ...]
 ) -> State:
     """The state after the step whose effect is `eff`, taken with arguments `args` (its request,
-    or nothing) in `state`: the concrete reading of the effect."""
+    its message, or nothing) in `state`: the concrete reading of the effect."""
     S, C = state, config
     assigned: dict[tuple[str, tuple[int, ...]], Any] = {}
     messages: list[Message] = []
     replies: dict[int, Reply] = {}
     writes: list[Write] = []
     fields_of_variant: dict[str, tuple[Any, Any]] = {}
+    moves: list[tuple[str, Message]] = []
     for cu in _compiled(eff):
         u = cu.update
         for binding in itertools.product(*(_domain(v.sort, C, S) for v in u.over)):
@@ -416,6 +460,8 @@ def run_effect(
                 )
             elif isinstance(u, Reply):
                 replies.setdefault(p["req"](S, C, drain, *a), u)
+            elif isinstance(u, Move):
+                moves.append((u.op, a[next(i for i, v in enumerate(cu.params) if v is u.m)]))
             else:
                 r = p["req"](S, C, drain, *a)
                 req = S.requests[r]
@@ -425,6 +471,8 @@ def run_effect(
                         for rank in range(C.prefill_ranks):
                             room = C.requests[r].room
                             writes.append(Write(room, req.p_gen, q, data, req.p_epoch, rank))
+    if moves:
+        S = _moved(S, moves)
     out = _build(C, S, assigned, messages, replies, writes)
     if fields_of_variant:
         # As `Variant.put` keeps them: a field at its initial value is not stored.
@@ -435,6 +483,21 @@ def run_effect(
                 kept[name] = value
         out = evolve(out, variant_fields=tuple(sorted(kept.items())))
     return out
+
+
+def _moved(S: State, moves: list[tuple[str, Message]]) -> State:
+    network, lost = list(S.network), list(S.lost)
+    for op, m in moves:
+        if op in ("consume", "lose"):
+            network.remove(m)
+        if op == "lose":
+            bisect.insort(lost, m)
+        if op == "resend":
+            lost.remove(m)
+            bisect.insort(network, m)
+        if op == "copy":
+            bisect.insort(network, m)
+    return evolve(S, network=tuple(network), lost=tuple(lost))
 
 
 def _build(

@@ -228,6 +228,9 @@ MESSAGE_FIELDS: dict[str, Sort] = {
 }
 MESSAGE_PAGE_FIELDS: dict[str, Sort] = {"has_page": PAGE}
 """Fields that take a page: `m.has_page(q)`, page q is among the pages a grant names."""
+FAILURE_REASONS: tuple[str, ...] = ("rejected", "aborted", "lease expired")
+REASON = Sort("FailureReason", FAILURE_REASONS)
+"""Why prefill reports a failure: `m.reason_is("aborted")` (the language has no strings)."""
 WRITE_FIELDS: dict[str, Sort] = {
     "req": REQ,  # the request whose data the write carries (the ghost tag)
     "page": PAGE,
@@ -265,9 +268,17 @@ class Bound(Var):
         fields = self.__dict__.get("_fields", {})
         if self.__dict__.get("what_of") == "message" and name in MESSAGE_PAGE_FIELDS:
             return lambda q: Field(self, name, BOOL, q)
+        if self.__dict__.get("what_of") == "message" and name == "reason_is":
+            return lambda why: Field(self, name, BOOL, _reason(why))
         if name not in fields:
             raise AttributeError(f"no field {name!r}: one of {sorted(fields)}")
         return Field(self, name, fields[name])
+
+
+def _reason(why: str) -> Lit:
+    if why not in FAILURE_REASONS:
+        raise ValueError(f"{why!r} is not a failure reason: one of {FAILURE_REASONS}")
+    return Lit(why, REASON)
 
 
 class InFlight(Term):
@@ -352,10 +363,20 @@ def each_pending_ack(body: Callable[[Bound], Term]) -> Term:
 
 
 class GuardFormula:
-    """A guard written as a formula of the action's arguments (see `guard`)."""
+    """A guard written as a formula of the action's arguments (see `guard`, `message_guard`)."""
 
-    def __init__(self, params: tuple[Var, ...], formula: Term) -> None:
+    def __init__(
+        self,
+        params: tuple[Var, ...],
+        formula: Term,
+        source: str = "",
+        kinds: tuple[str, ...] = (),
+    ) -> None:
         self.params, self.formula = params, formula
+        self.source, self.kinds = source, kinds
+        """For a step that takes a message: where the message is (`network`, or `lost`: waiting
+        to be sent again) and its kinds (empty: any). The step is enabled for each such message
+        for which the formula holds."""
 
     def __repr__(self) -> str:
         return f"guard({', '.join(map(repr, self.params))}: {self.formula!r})"
@@ -376,6 +397,17 @@ def guard(body: Callable[..., Term]) -> GuardFormula:
         )
     params = tuple(Var(REQ, "r") for _ in range(arity))
     return GuardFormula(params, body(*params))
+
+
+def message_guard(source: str, kinds: Sequence[str], body: Callable[[Bound], Term]) -> GuardFormula:
+    """The guard of a step that takes a message: `message_guard("network", ("grant",), lambda m:
+    ...)` holds for a grant in the network when the body does; `m.req`, `m.gen`, `m.epoch` and
+    `m.has_page(q)` are its fields (`MESSAGE_FIELDS`). `source` is "network" or "lost" (the
+    messages whose RPC failed, waiting to be sent again); `kinds` empty means any kind."""
+    if source not in ("network", "lost"):
+        raise ValueError(f"message_guard: source is 'network' or 'lost', not {source!r}")
+    m = Bound("m", MESSAGE_FIELDS, "message")
+    return GuardFormula((m,), body(m), source, tuple(kinds))
 
 
 def clauses(t: Term) -> list[Term]:
@@ -446,7 +478,8 @@ def python_source(t: Term, reading: PythonReading) -> str:
         if isinstance(t, Field):
             what = t.var.what_of if isinstance(t.var, Bound) else ""
             arg = [go(t.arg)] if t.arg is not None else []
-            return "(" + reading.fields[what][t.name].format(names[id(t.var)], *arg) + ")"
+            var = names.get(id(t.var), t.var.name)  # bound here, or a parameter (a message)
+            return "(" + reading.fields[what][t.name].format(var, *arg) + ")"
         if isinstance(t, Var):
             return names.get(id(t), t.name)  # a bound variable, or a parameter of the function
         if isinstance(t, App) and isinstance(t.symbol, FieldSymbol):

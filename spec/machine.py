@@ -88,18 +88,25 @@ from kvhandoff.spec.effects import (
     answer_error,
     answer_ok,
     assign,
+    consume,
+    copy,
     each,
     effect,
     issue_writes,
+    lose,
+    message_effect,
+    resend,
     send,
 )
 from kvhandoff.spec.logic import (
+    FAILURE_REASONS,
     FALSE,
     PAGE,
     RANK,
     REQ,
     TRUE,
     And,
+    Bound,
     GuardFormula,
     If,
     Implies,
@@ -112,6 +119,7 @@ from kvhandoff.spec.logic import (
     exists,
     forall,
     guard,
+    message_guard,
 )
 from kvhandoff.spec.state import (
     OTHER_TENANT,
@@ -146,11 +154,14 @@ from kvhandoff.spec.vocabulary import (
     decode_epoch,
     decode_seen_prefill_epoch,
     drops_spent,
+    duplicates_spent,
     faults_spent,
     last_tenant,
     max_active,
     max_cancels,
     max_crashes,
+    max_drops,
+    max_duplicates,
     max_faults,
     max_prefill_aborts,
     max_timeouts,
@@ -460,6 +471,15 @@ def _prefill_receives_grants(d: Design, c: Config, s: State) -> list[Action]:
     return [PrefillReceiveGrant(m) for m in sorted({m for m in s.network if m.kind == "grant"})]
 
 
+# A step that takes a message is enabled for each distinct message of its kind in the network
+# (`message_guard`): receiving asks nothing more of the receiver; what the message does depends
+# on the receiver's state, in the effect.
+
+
+def _prefill_receive_grant_guard(design: Design) -> GuardFormula:
+    return message_guard("network", ("grant",), lambda m: TRUE)
+
+
 def _prefill_writes(d: Design, c: Config, s: State) -> list[Action]:
     out: list[Action] = []
     for r, req in enumerate(s.requests):
@@ -508,6 +528,10 @@ def _decode_receives_failures(d: Design, c: Config, s: State) -> list[Action]:
     if not s.network:
         return []
     return [DecodeReceiveFailure(m) for m in sorted({m for m in s.network if m.kind == "failure"})]
+
+
+def _decode_receive_failure_guard(design: Design) -> GuardFormula:
+    return message_guard("network", ("failure",), lambda m: TRUE)
 
 
 def _decode_receives_cancels(d: Design, c: Config, s: State) -> list[Action]:
@@ -649,6 +673,11 @@ def _retransmits(d: Design, c: Config, s: State) -> list[Action]:
 # Faults: each within its own budget (and, checked by `enabled`, the total one).
 
 
+def _retransmit_guard(design: Design) -> GuardFormula:
+    # The sender knows the RPC failed (see `network_drop_message`) and sends it again.
+    return message_guard("lost", (), lambda m: TRUE)
+
+
 def _client_cancels(d: Design, c: Config, s: State) -> list[Action]:
     if s.faults.cancels >= c.max_cancels:
         return []
@@ -762,10 +791,20 @@ def _drops(d: Design, c: Config, s: State) -> list[Action]:
     return [NetworkDropMessage(m) for m in _messages(s)]
 
 
+def _drop_guard(design: Design) -> GuardFormula:
+    return message_guard("network", (), lambda m: _within_budget(drops_spent(), max_drops()))
+
+
 def _duplicates(d: Design, c: Config, s: State) -> list[Action]:
     if s.faults.duplicates >= c.max_duplicates:
         return []
     return [NetworkDuplicateMessage(m) for m in _messages(s)]
+
+
+def _duplicate_guard(design: Design) -> GuardFormula:
+    return message_guard(
+        "network", (), lambda m: _within_budget(duplicates_spent(), max_duplicates())
+    )
 
 
 Guard = Callable[[Design, Config, State], list[Action]]
@@ -827,6 +866,11 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "prefill_abort_request": _prefill_abort_guard,
     "decode_restart": _decode_restart_guard,
     "prefill_lease_expire": _prefill_lease_expire_guard,
+    "prefill_receive_grant": _prefill_receive_grant_guard,
+    "decode_receive_failure": _decode_receive_failure_guard,
+    "retransmit_message": _retransmit_guard,
+    "network_drop_message": _drop_guard,
+    "network_duplicate_message": _duplicate_guard,
 }
 """The guards written as formulas: every protocol step of one request (or of none), and the faults
 of one request or of none but the prefill restart. The steps that receive a message, write or
@@ -1155,6 +1199,26 @@ def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGran
     return s  # stale or duplicate: dropped
 
 
+def _prefill_receive_grant_effect(design: Design) -> EffectFormula | None:
+    # The orphan-grant design (M18) keeps transfer state for a grant of an unknown room: the
+    # vocabulary does not name prefill's orphans yet, so that design keeps its hand-written Z3.
+    if design.prefill_adopts_unknown_grant:
+        return None
+
+    def body(m: Bound) -> Updates:
+        r = m.req
+        take = And(p(r).is_in("received", "admitted"), p_gen(r) == 0)
+        return [
+            consume(m),
+            assign(p(r), "granted", when=And(take, p(r) == "admitted")),
+            assign(p_gen(r), m.gen, when=take),
+            assign(p_epoch(r), m.epoch, when=take),
+            each(PAGE, lambda q: assign(p_granted(r, q), m.has_page(q), when=take)),
+        ]
+
+    return message_effect(body)
+
+
 def _prefill_write(d: Design, c: Config, s: State, a: PrefillWritePage) -> State:
     # The ranks compute the page together; each then sends its own shard of it.
     r = a.request
@@ -1277,6 +1341,24 @@ def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFail
         return s
     reason = f"prefill reported failure: {m.reason}"
     return _decode_fail(d, c, s, m.request, reason, abort=False)
+
+
+def _decode_receive_failure_effect(design: Design) -> EffectFormula:
+    # A failure notice for a request decode is still waiting on (for its grant's generation, or
+    # sent before any grant) fails it; any other is stale. The language has no strings: each
+    # reason a notice can give is a predicate of the message (`m.reason_is(...)`).
+    def body(m: Bound) -> Updates:
+        r = m.req
+        applies = And(
+            d(r).is_in("received", "admitted", "reserved"), Or(m.gen == 0, d_gen(r) == m.gen)
+        )
+        out: list[Any] = [consume(m)]
+        for reason in FAILURE_REASONS:
+            why = f"prefill reported failure: {reason}"
+            out += [_decode_fail_effect(design, r, why, And(applies, m.reason_is(reason)), FALSE)]
+        return out
+
+    return message_effect(body)
 
 
 def _decode_receive_cancel(d: Design, c: Config, s: State, a: DecodeReceiveCancel) -> State:
@@ -1520,6 +1602,10 @@ def _retransmit(d: Design, c: Config, s: State, a: RetransmitMessage) -> State:
 # Faults.
 
 
+def _retransmit_effect(design: Design) -> EffectFormula:
+    return message_effect(lambda m: [resend(m)])
+
+
 def _client_cancel(d: Design, c: Config, s: State, a: ClientCancelRequest) -> State:
     # The router answers the client at once; decode and prefill hear of it later, each by a call
     # of its own (`decode_receive_cancel`, `prefill_receive_cancel`).
@@ -1735,6 +1821,10 @@ def _drop(d: Design, c: Config, s: State, a: NetworkDropMessage) -> State:
     )
 
 
+def _drop_effect(design: Design) -> EffectFormula:
+    return message_effect(lambda m: [assign(drops_spent(), drops_spent() + 1), lose(m)])
+
+
 def _duplicate(d: Design, c: Config, s: State, a: NetworkDuplicateMessage) -> State:
     return evolve(
         s,
@@ -1743,7 +1833,11 @@ def _duplicate(d: Design, c: Config, s: State, a: NetworkDuplicateMessage) -> St
     )
 
 
-RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
+def _duplicate_effect(design: Design) -> EffectFormula:
+    return message_effect(lambda m: [assign(duplicates_spent(), duplicates_spent() + 1), copy(m)])
+
+
+RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula | None]] = {
     "router_submit_request": _router_submit_effect,
     "prefill_admit_request": _prefill_admit_effect,
     "prefill_reject_request": _prefill_reject_effect,
@@ -1764,6 +1858,11 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "prefill_abort_request": _prefill_abort_effect,
     "decode_restart": _decode_restart_effect,
     "prefill_lease_expire": _prefill_lease_expire_effect,
+    "prefill_receive_grant": _prefill_receive_grant_effect,
+    "decode_receive_failure": _decode_receive_failure_effect,
+    "retransmit_message": _retransmit_effect,
+    "network_drop_message": _drop_effect,
+    "network_duplicate_message": _duplicate_effect,
 }
 """The effects written as formulas: those of the steps of `RULE_GUARDS`. The Z3 encodings translate
 these (`Encoding.rule`); the explorer runs the Python effects above, its fast path, pinned to the
@@ -1771,8 +1870,9 @@ formulas by tests/spec/test_effects_once.py."""
 
 
 @cache
-def rule_effect(design: Design, name: str) -> EffectFormula:
-    """The effect of protocol step `name` (snake_case) under `design`, as a formula."""
+def rule_effect(design: Design, name: str) -> EffectFormula | None:
+    """The effect of protocol step `name` (snake_case) under `design`, as a formula (None where
+    that design's effect is not written as one yet: the Z3 encodings keep their own)."""
     return RULE_EFFECTS[name](design)
 
 

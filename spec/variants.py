@@ -175,6 +175,11 @@ class FormulaGuard:
         fn, drain = self._fn, self.drain
         if not self.formula.params:
             return [self.kind()] if fn(state, config, drain) else []
+        if self.formula.source:  # a step that takes a message: each distinct one, in order
+            pool = state.network if self.formula.source == "network" else state.lost
+            kinds = self.formula.kinds
+            candidates = sorted({m for m in pool if not kinds or m.kind in kinds})
+            return [self.kind(m) for m in candidates if fn(state, config, drain, m)]
         return [self.kind(r) for r in range(len(state.requests)) if fn(state, config, drain, r)]
 
     def __repr__(self) -> str:
@@ -194,8 +199,13 @@ class FormulaEffect:
     def __call__(self, config: Config, state: State, action: Any) -> State:
         from kvhandoff.spec.effects import run_effect
 
-        args = (action.request,) if self.formula.params else ()
+        args = (_argument(action),) if self.formula.params else ()
         return run_effect(self.formula, config, state, self.drain, args)
+
+
+def _argument(action: Any) -> Any:
+    """The one argument of an action a formula takes: its request or its message."""
+    return action.message if hasattr(action, "message") else action.request
 
     def __repr__(self) -> str:
         return f"FormulaEffect({self.name}: {self.formula!r})"
@@ -437,7 +447,7 @@ class Variant:
                 f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)}"
             )
         fields = [f.name for f in dataclasses.fields(kind)]
-        want = ["request"] if formula.params else []
+        want = (["message"] if formula.source else ["request"]) if formula.params else []
         if fields != want or is_fault_kind(kind):
             raise VariantError(
                 f"variant {self.name!r}: guard_overrides[{name!r}] is a formula, but a formula "
@@ -458,7 +468,8 @@ class Variant:
                 f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)} or of extra_action_types"
             )
         fields = [f.name for f in dataclasses.fields(kind)]
-        want = ["request"] if formula.params else []
+        message = bool(formula.params) and formula.params[0].sort.name == "Bool"  # a Bound
+        want = (["message"] if message else ["request"]) if formula.params else []
         if fields != want or is_fault_kind(kind):
             raise VariantError(
                 f"variant {self.name!r}: step_overrides[{name!r}] is a formula, but a formula "

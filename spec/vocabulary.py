@@ -266,6 +266,10 @@ prefill_aborts_spent = _sym(
 duplicates_spent = _sym("duplicates_spent", (), INT, "how many duplicates the budget has spent")
 faults_spent = _sym("faults_spent", (), INT, "how many faults of any kind have happened")
 max_faults = _sym("max_faults", (), INT, "how many faults a run may have in all (rigid)")
+max_drops = _sym("max_drops", (), INT, "how many message losses a run may have (rigid)")
+max_duplicates = _sym(
+    "max_duplicates", (), INT, "how many duplicated messages a run may have (rigid)"
+)
 max_crashes = _sym("max_crashes", (), INT, "how many crashes a run may have (rigid)")
 max_timeouts = _sym("max_timeouts", (), INT, "how many timeouts a run may have (rigid)")
 max_cancels = _sym("max_cancels", (), INT, "how many client cancels a run may have (rigid)")
@@ -399,6 +403,8 @@ CONCRETE = PythonReading(
         "faults_spent": "S.faults.total",
         "max_faults": "C.max_faults",
         "max_crashes": "C.max_crashes",
+        "max_drops": "C.max_drops",
+        "max_duplicates": "C.max_duplicates",
         "max_timeouts": "C.max_timeouts",
         "max_cancels": "C.max_cancels",
         "max_prefill_aborts": "C.max_prefill_aborts",
@@ -417,6 +423,7 @@ CONCRETE = PythonReading(
             "rank": "{0}.rank",
             "rank_done": "{0}.rank in S.requests[{0}.request].p_ranks_done",
             "has_page": "{1} in {0}.pages",
+            "reason_is": "{0}.reason == {1}",
         },
         "write": {
             "req": "{0}.data.request",

@@ -22,7 +22,7 @@ from kvhandoff.spec.actions import action_name
 from kvhandoff.spec.config import Config, parse_set
 from kvhandoff.spec.effects import EffectFormula, run_effect
 from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, enabled, rule_effect, step
-from kvhandoff.spec.variants import VARIANTS, get_variant
+from kvhandoff.spec.variants import VARIANTS, _argument, get_variant
 from kvhandoff.spec.vocabulary import d
 from tests.explored import SMALL
 from tests.spec.test_guards_once import WIDE
@@ -46,7 +46,7 @@ def _agree(
             eff = effects.get(name)
             if eff is None or name in variant.step_overrides:  # the variant's own effect
                 continue
-            args = (action.request,) if eff.params else ()  # type: ignore[attr-defined]
+            args = (_argument(action),) if eff.params else ()
             if run_effect(eff, config, state, drain, args) != step(variant, config, state, action):
                 wrong.append(f"{variant_name}: {action!r}")
             taken[name] += 1

@@ -62,16 +62,27 @@ def _one_request_or_none(kind: type) -> bool:
     return [f.name for f in dataclasses.fields(kind)] in (["request"], [])
 
 
+MESSAGE_STEPS = {
+    "prefill_receive_grant",
+    "decode_receive_failure",
+    "retransmit_message",
+    "network_drop_message",
+    "network_duplicate_message",
+}
+"""The steps that take a message and are written as formulas so far (`message_guard`)."""
+
+
 def test_the_formulas_cover_the_steps_of_one_request_or_none() -> None:
     """Every protocol step and fault whose action takes one request or nothing, but the prefill
-    restart (it forgets prefill's transfer state, which the vocabulary does not name yet)."""
+    restart (it forgets prefill's transfer state, which the vocabulary does not name yet), and
+    the steps of `MESSAGE_STEPS`."""
     protocol = {k for kinds in PROTOCOL_GUARDS.values() for k in kinds}
     expected = {
         name
         for name, kind in ACTIONS_BY_NAME.items()
         if (kind in protocol or kind in FAULT_ACTIONS) and _one_request_or_none(kind)
     }
-    assert set(RULE_GUARDS) == expected - {"prefill_restart"}
+    assert set(RULE_GUARDS) == (expected - {"prefill_restart"}) | MESSAGE_STEPS
 
 
 def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
@@ -92,7 +103,13 @@ def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
                 listed = []  # `enabled` checks the total budget; a fault's formula states it
             held = formula(config, state)
             assert held == listed, (variant_name, name, state)
-            if formula.formula.params:
+            if formula.formula.source:  # a step that takes a message: one per message there
+                pool = state.network if formula.formula.source == "network" else state.lost
+                kinds = formula.formula.kinds
+                n = len({m for m in pool if not kinds or m.kind in kinds})
+                seen[name].update({True} if held else set())
+                seen[name].update({False} if len(held) < n or n == 0 else set())
+            elif formula.formula.params:
                 n = len(state.requests)
                 seen[name].update({True} if held else set())
                 seen[name].update({False} if len(held) < n else set())
