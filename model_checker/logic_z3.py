@@ -101,6 +101,10 @@ class Reading:
         """The number of true formulas among `parts` (the expansion of a `count`)."""
         raise Untranslatable("this reading has no counts")
 
+    def integer(self, x: Any) -> Any:
+        """`x`, a Python int where the reading fixed it, as a term of the reading's integers."""
+        return z3.IntVal(x) if isinstance(x, int) and not isinstance(x, bool) else _bool(x)
+
     def field(self, name: str) -> Any:
         """A variant's own state field (`spec.logic.state_field`)."""
         raise Untranslatable(f"a variant's state field ({name!r}) is not in this model")
@@ -151,6 +155,12 @@ def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> A
                 part = z3.Implies(_bool(present), _bool(go(t.body)))
                 parts.append(z3.ForAll(bound_vars, part) if bound_vars else part)
             return z3.And(parts)
+        if isinstance(t, Op) and t.op == "ite":
+            c, a, b = (go(x) for x in t.args)
+            if isinstance(c, bool):
+                return a if c else b
+            # Two fixed integers under a condition: terms of the reading's integer sort.
+            return z3.If(c, reading.integer(a), reading.integer(b))
         if isinstance(t, Op):
             return _op(t, [go(a) for a in t.args])
         raise TypeError(f"cannot translate {t!r}")
@@ -231,6 +241,9 @@ class FixedReading(Reading):
     def count(self, parts: Sequence[Any]) -> Any:
         return self.enc._count(parts)
 
+    def integer(self, x: Any) -> Any:
+        return self.enc.K(x) if isinstance(x, int) and not isinstance(x, bool) else _bool(x)
+
     def field(self, name: str) -> Any:
         if name not in self.enc.state_fields:
             raise Untranslatable(
@@ -265,9 +278,16 @@ class FixedReading(Reading):
             if _is_z3(x):
                 sort = self._arg_sorts(name)[i]
                 values = list(self.domain(sort))
-                out = self.apply(name, (*args[:i], values[-1], *args[i + 1 :]))
+
+                def at(v: Any, i: int = i) -> Any:
+                    # A rigid value (a room) as a term of the encoding's integer sort.
+                    got = self.apply(name, (*args[:i], v, *args[i + 1 :]))
+                    is_int = isinstance(got, int) and not isinstance(got, bool)
+                    return self.enc.K(got) if is_int else _bool(got)
+
+                out = at(values[-1])
                 for v in reversed(values[:-1]):
-                    out = z3.If(x == v, self.apply(name, (*args[:i], v, *args[i + 1 :])), out)
+                    out = z3.If(x == v, at(v), out)
                 return out
         reader = _FIXED.get(name)
         if reader is None:
@@ -289,21 +309,7 @@ class FixedReading(Reading):
         if what == "write":
             for r in range(enc.n):
                 for j in range(enc.np):
-                    fields = {
-                        "req": r,
-                        "page": j,
-                        # The encoding keeps a write with its writer: it carries the writer's
-                        # grant, room, data and epoch by construction.
-                        "gen": s[f"r{r}.p_gen"],
-                        "data_gen": s[f"r{r}.p_gen"],
-                        "epoch": s[f"r{r}.p_epoch"],
-                        "right_room": True,
-                        "right_tenant": True,
-                        "rank": 0,
-                        "rank_acked": False,  # one rank: no per-rank acks are kept
-                        "room": enc.rooms[r],
-                    }
-                    out.append(([], s[f"r{r}.w{j}"], fields))
+                    out.append(([], s[f"r{r}.w{j}"], self.write_fields(r, j)))
             return out
         if what == "pending_ack":
             for r in range(enc.n):
@@ -319,6 +325,23 @@ class FixedReading(Reading):
                 out.append(([], present, self.slot_fields(kind, r)))
         return out
 
+    def write_fields(self, r: int, j: int) -> dict[str, Any]:
+        """The fields of request r's write of page j (`w{j}`): the encoding keeps a write with its
+        writer, so it carries the writer's grant, room, data and epoch by construction."""
+        s = self.s
+        return {
+            "req": r,
+            "page": j,
+            "gen": s[f"r{r}.p_gen"],
+            "data_gen": s[f"r{r}.p_gen"],
+            "epoch": s[f"r{r}.p_epoch"],
+            "right_room": True,
+            "right_tenant": True,
+            "rank": 0,
+            "rank_acked": False,  # one rank: no per-rank acks are kept
+            "room": self.enc.rooms[r],
+        }
+
     def slot_fields(self, kind: str, r: int) -> dict[str, Any]:
         """The fields of the message in request r's slot of `kind` (the encoding keeps one
         distinct message per request and kind; "lease_failure" is the pull path's notice)."""
@@ -332,6 +355,12 @@ class FixedReading(Reading):
             "rank_done": False,  # one rank: reporting completes the request
             "has_page": _grant_page(s, kind, r),
             "reason_is": _failure_reason(s, kind, r),
+            "room": self.enc.rooms[r],
+            "count": s[f"r{r}.c_count"] if kind == "completion" else 0,
+            "has_digest": s[f"r{r}.c_digest"] if kind == "completion" else False,
+            "digest_page": (lambda j: s[f"r{r}.c_dpages{j}"])
+            if kind == "completion"
+            else (lambda j: False),
         }
 
 
@@ -468,6 +497,9 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "max_cancels": lambda f: f.enc.config.max_cancels,
     "max_prefill_aborts": lambda f: f.enc.config.max_prefill_aborts,
     "room": lambda f, r: f.enc.rooms[r],
+    "pending_ack": _r("pa"),
+    "pending_ack_gen": _r("pa_gen"),
+    "p_acked": lambda f, r, k: False,  # one rank: its ack completes the drain, none is kept
     "p_lease_expired": _r("lease_expired"),
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
@@ -506,7 +538,11 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
             "d_cancel": "d_cancel",
             "p_cancel": "p_cancel",
             "read_done": "read_set",
+            "accepted_set": "acc_set",
+            "accepted_full": "acc_full",
             "p_lease_expired": "lease_expired",
+            "pending_ack": "pa",
+            "pending_ack_gen": "pa_gen",
         }.items()
     },
     "d_holds": lambda r, j: f"r{r}.d_pages{j}",
@@ -538,7 +574,7 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     **{flag: (lambda f: lambda: f"gh.{f}")(flag) for flag in _GHOST_FLAGS},
 }
 """The encoding's variable of each entry of a state symbol."""
-_NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack"})
+_NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
 """Rank sets the one-rank encoding does not keep (they stay empty): an effect may only clear them."""
 
 
@@ -553,6 +589,9 @@ def _select(when: Any, value: Any, old: Any) -> Any:
 def _exclusive(earlier: list[Any], when: Any) -> bool:
     """No state satisfies `when` together with any of `earlier` (Z3 decides: a few atoms)."""
     for other in earlier:
+        both = z3.simplify(z3.And(_bool(other), _bool(when)))
+        if z3.is_false(both):
+            continue  # settled without a solver (e.g. on a concrete state)
         solver = z3.Solver()
         solver.add(_bool(other), _bool(when))
         if solver.check() != z3.unsat:
@@ -563,16 +602,23 @@ def _exclusive(earlier: list[Any], when: Any) -> bool:
 def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) -> dict[str, Any]:
     """The variables `eff` (a `spec.effects.EffectFormula`) may change when taken with `args` in
     state `s`, with their new values."""
-    from kvhandoff.spec.effects import Assign, Move, Reply, Send
+    from kvhandoff.spec.effects import Adopt, Assign, Forget, Move, Reply, Send
 
     reading = FixedReading(enc, s)
     new: dict[str, Any] = {}
     sent: dict[str, list[Any]] = {}
     slot: tuple[str, int] | None = None
-    if eff.params and isinstance(eff.params[0], Bound):
+    write: tuple[int, int] | None = None
+    if eff.params and isinstance(eff.params[0], Bound) and eff.params[0].what_of == "write":
+        # A step that takes a write: the instance names it, `(r, j)`.
+        write = (args[0], args[1])
+        args = (reading.write_fields(*write),)
+    elif eff.params and isinstance(eff.params[0], Bound):
         # A step that takes a message: the instance names its slot, `(kind, r)`.
         slot = (args[0], args[1])
         args = (reading.slot_fields(*slot),)
+    elif len(eff.params) == 2:
+        args = (*args, 0)  # a step of each prefill rank: the encoding has one
 
     def old(name: str) -> Any:
         return new.get(name, s[name])
@@ -606,7 +652,8 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                     continue
                 if name in _NOT_KEPT:
                     v = tr(u.value)
-                    if not (v is False or (_is_z3(v) and z3.is_false(v))):
+                    never = when is False or (_is_z3(when) and z3.is_false(when))
+                    if not (never or v is False or (_is_z3(v) and z3.is_false(v))):
                         raise Untranslatable(f"{name} is not kept by the one-rank encoding")
                     continue
                 if name not in _FIXED_VARS:
@@ -627,12 +674,31 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 put(f"r{r}.{k}_gen", when, tr(u.gen))
                 if u.epoch is not None:
                     put(f"r{r}.g_epoch", when, tr(u.epoch))
+                if u.count is not None:
+                    put(f"r{r}.c_count", when, tr(u.count))
+                if u.kind == "completion":
+                    put(f"r{r}.c_digest", when, u.digest)
+                if u.page is not None and u.digest_page is not None:
+                    for j in range(enc.np):
+                        env[id(u.page)] = j
+                        put(f"r{r}.c_dpages{j}", when, translate(u.digest_page, reading, env))
                 if u.page is not None and u.has_page is not None:
                     for j in range(enc.np):
                         env[id(u.page)] = j
                         put(f"r{r}.g_pages{j}", when, translate(u.has_page, reading, env))
                 if u.kind == "failure" and u.reason != "lease expired":
                     put(f"r{r}.f_aborted", when, u.reason == "aborted")
+            elif isinstance(u, Adopt):
+                # The encoding keeps an orphan with the request whose grant it came from.
+                r = tr(u.req)
+                put(f"r{r}.orph", when, True)
+                put(f"r{r}.orph_gen", when, tr(u.gen))
+            elif isinstance(u, Forget):
+                for r in range(enc.n):
+                    put(f"r{r}.pa", when, False)
+                    put(f"r{r}.orph", when, False)
+            elif isinstance(u, Move) and write is not None:
+                put(f"r{write[0]}.w{write[1]}", when, False)  # it arrived: off the wire
             elif isinstance(u, Move):
                 assert slot is not None
                 kind, r = slot

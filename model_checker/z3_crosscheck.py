@@ -13,7 +13,7 @@ from typing import Any
 
 import z3
 
-from kvhandoff.model_checker.z3_encoding import Encoding, SymState
+from kvhandoff.model_checker.z3_encoding import Encoding, SymState, _rename
 from kvhandoff.spec.actions import Action
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.machine import enabled, step
@@ -33,13 +33,18 @@ def z3_successors(enc: Encoding, state: State) -> set[tuple[Action, State]]:
     """Every (action, successor) the encoding allows from a spec state, evaluated by Z3."""
     values = enc.abstract(state)
     s = constants(enc, values)
+    # The rules over the template state, the very terms `trans` is built from, with the state's
+    # values substituted (translating every formula again per state would cost far more).
+    tpl = enc.state_at(0, "tpl_")
+    sources, targets = list(tpl.values()), [s[name] for name in tpl]
     out = set()
-    for i in range(len(enc.instances)):
-        guard, new = enc.rule(s, i)
+    for i, (guard_t, new_t) in enumerate(enc._rules_on(tpl)):
+        names = list(new_t)
+        guard, *news = _rename([guard_t, *(new_t[n] for n in names)], sources, targets)
         if not z3.is_true(z3.simplify(guard)):
             continue
         after = dict(values)
-        for name, expr in new.items():
+        for name, expr in zip(names, news, strict=True):
             x = z3.simplify(expr)
             if z3.is_bool(x):
                 after[name] = z3.is_true(x)

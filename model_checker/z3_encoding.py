@@ -261,15 +261,15 @@ class Encoding:
         `spec/machine.py`) where it has one, a variant's formula guard where it replaces it.
         The other actions keep the guard their encoder below builds."""
         self.guard_formulas.update({n: h.formula for n, h in self.formula_guards.items()})
-        derived = {name: rule_effect(variant.design, name) for name in RULE_EFFECTS}
         self.effect_formulas: dict[str, EffectFormula] = (
-            {} if legacy_effects else {n: e for n, e in derived.items() if e is not None}
+            {}
+            if legacy_effects
+            else {name: rule_effect(variant.design, name) for name in RULE_EFFECTS}
         )
         """The effect each action's instances take, as a formula: the rulebook's (written once
-        in `spec/machine.py`, `rule_effect`) where it has one; the other actions keep the effect
-        their encoder below builds. `legacy_effects=True` takes every encoder's own effect: for
-        the differential test and the benchmark only. A variant's own formula effects apply
-        either way."""
+        in `spec/machine.py`, `rule_effect`). `legacy_effects=True` takes every encoder's own
+        effect: for the differential test and the benchmark only. A variant's own formula
+        effects apply either way."""
         self.effect_formulas.update({n: h.formula for n, h in variant.formula_effects().items()})
         self.added_kinds: dict[str, type] = {
             snake_case(t.__name__): t for t in variant.extra_action_types
@@ -1244,6 +1244,11 @@ class Encoding:
         from kvhandoff.model_checker.logic_z3 import FixedReading, translate
 
         reading = FixedReading(self, s)
+        if formula.source == "writes":
+            # A step that takes a write: the instance's slot (r, j) holds it while it is in flight.
+            r, j = inst.args
+            env = {id(formula.params[0]): reading.write_fields(r, j)}
+            return z3.And(s[f"r{r}.w{j}"], translate(formula.formula, reading, env))
         if formula.source:
             # A step that takes a message: the instance's slot holds it, and the step is enabled
             # only while a copy is there (in the network, or among the messages to resend).
@@ -1251,7 +1256,8 @@ class Encoding:
             env = {id(formula.params[0]): reading.slot_fields(kind, r)}
             count = s[f"r{r}.{SLOT[kind]}_{'net' if formula.source == 'network' else 'lost'}"]
             return z3.And(count > 0, translate(formula.formula, reading, env))
-        env = {id(p): a for p, a in zip(formula.params, inst.args, strict=True)}
+        args = inst.args + (0,) * (len(formula.params) - len(inst.args))  # one prefill rank
+        env = {id(p): a for p, a in zip(formula.params, args, strict=True)}
         return translate(formula.formula, reading, env)
 
     def hand_written_guard(self, s: SymState, i: int) -> Any:

@@ -90,6 +90,14 @@ class Send:
     has_page: Term | None = None
     reason: str = ""
     over: tuple[Var, ...] = ()
+    count: Term | None = None
+    """A completion: the page count it reports."""
+    digest: bool = False
+    """A completion: it carries a digest of the pages `digest_page` names (each page with the
+    sender's request and the message's generation)."""
+    digest_page: Term | None = None
+    rank: Term | None = None
+    """The prefill rank that sends it (completions)."""
 
 
 @dataclass(eq=False)
@@ -117,6 +125,36 @@ class IssueWrites:
 
 
 @dataclass(eq=False)
+class Forget:
+    """Prefill's transfer bookkeeping is lost (a crash): the drain acks it owed, the ranks that
+    had acknowledged, and the transfer state of grants it adopted for unknown rooms."""
+
+    when: Term = TRUE
+    over: tuple[Var, ...] = ()
+
+
+def forget_prefill_transfers() -> list[Update]:
+    return [Forget()]
+
+
+@dataclass(eq=False)
+class Adopt:
+    """Prefill keeps transfer state for a grant of a room it no longer knows (the orphan-grant
+    design, M18): the grant's room (that of request `req`) and its generation `gen`. Like the
+    drain acks owed, orphans are prefill's bookkeeping, not a symbol: nothing reads them but the
+    bound on what prefill keeps."""
+
+    req: Term
+    gen: Term
+    when: Term = TRUE
+    over: tuple[Var, ...] = ()
+
+
+def adopt_orphan(r: Term, gen: object, when: Term = TRUE) -> list[Update]:
+    return [Adopt(r, lift(gen), when)]
+
+
+@dataclass(eq=False)
 class Move:
     """What happens to the step's own message `m`: `consume` (received: one copy leaves the
     network), `lose` (its RPC failed: from the network to the messages to send again), `resend`
@@ -128,7 +166,7 @@ class Move:
     over: tuple[Var, ...] = ()
 
 
-Update = Union[Assign, Send, Reply, IssueWrites, Move]  # noqa: UP007 (a runtime alias)
+Update = Union[Assign, Send, Reply, IssueWrites, Move, Forget, Adopt]  # noqa: UP007 (a runtime alias)
 Updates = Iterable[Any]
 """Updates, possibly in nested lists: each helper below returns a list, and a rule lists them."""
 
@@ -136,7 +174,7 @@ Updates = Iterable[Any]
 def _flatten(groups: Updates) -> list[Update]:
     out: list[Update] = []
     for g in groups:
-        if isinstance(g, (Assign, Send, Reply, IssueWrites, Move)):
+        if isinstance(g, (Assign, Send, Reply, IssueWrites, Move, Forget, Adopt)):
             out.append(g)
         else:
             out += _flatten(g)
@@ -196,11 +234,12 @@ def send(
     epoch: object = None,
     pages: Callable[[Var], Term] | None = None,
     reason: str = "",
+    count: object = None,
+    digest: bool = False,
+    digest_pages: Callable[[Var], Term] | None = None,
+    rank: object = None,
 ) -> list[Update]:
-    page = has = None
-    if pages is not None:
-        page = Var(PAGE, "q")
-        has = pages(page)
+    page = Var(PAGE, "q")
     return [
         Send(
             kind,
@@ -209,8 +248,12 @@ def send(
             when,
             None if epoch is None else lift(epoch),
             page,
-            has,
+            None if pages is None else pages(page),
             reason,
+            count=None if count is None else lift(count),
+            digest=digest,
+            digest_page=None if digest_pages is None else digest_pages(page),
+            rank=None if rank is None else lift(rank),
         )
     ]
 
@@ -244,6 +287,17 @@ def copy(m: Var) -> list[Update]:
     return [Move(m, "copy")]
 
 
+def write_effect(body: Callable[[Any], Updates]) -> EffectFormula:
+    """The effect of a step that takes a page write `w` (see `spec.logic.write_guard`):
+    `consume(w)` says it arrived (it leaves the wire)."""
+    from kvhandoff.spec.logic import WRITE_FIELDS, Bound
+
+    w = Bound("w", WRITE_FIELDS, "write")
+    updates = tuple(_flatten(body(w)))
+    written = frozenset(u.target.symbol.name for u in updates if isinstance(u, Assign))
+    return EffectFormula((w,), updates, written)
+
+
 def message_effect(body: Callable[[Any], Updates]) -> EffectFormula:
     """The effect of a step that takes a message `m` (see `spec.logic.message_guard`): its
     fields are terms (`m.req`, `m.gen`, ...), and `consume(m)`, `lose(m)`, `resend(m)`,
@@ -258,11 +312,16 @@ def message_effect(body: Callable[[Any], Updates]) -> EffectFormula:
 
 def effect(body: Callable[..., Updates]) -> EffectFormula:
     """`effect(lambda r: [assign(...), send(...), ...])`: the effect of a step of one request
-    (or `lambda: [...]` of none), its updates listed in groups (each helper returns a list)."""
+    (`lambda r, k: ...` of one request and prefill rank; `lambda: ...` of none), its updates
+    listed in groups (each helper returns a list)."""
     arity = len(inspect.signature(body).parameters)
-    if arity > 1:
-        raise TypeError(f"effect(...) takes a function of one request or of nothing, not {arity}")
-    params = tuple(Var(REQ, "r") for _ in range(arity))
+    if arity > 2:
+        raise TypeError(
+            f"effect(...) takes a function of one request (and a prefill rank) or of nothing, "
+            f"not of {arity} arguments"
+        )
+    # One argument: the request; two: the request and the prefill rank (a step of each rank).
+    params = tuple(Var(sort, sort.name[0].lower()) for sort in (REQ, RANK)[:arity])
     updates = tuple(_flatten(body(*params)))
     written = frozenset(u.target.symbol.name for u in updates if isinstance(u, Assign))
     return EffectFormula(params, updates, written)
@@ -273,11 +332,14 @@ def terms_of(u: Update) -> list[Term]:
     if isinstance(u, Assign):
         return [*u.target.args, u.value, u.when]
     if isinstance(u, Send):
-        return [x for x in (u.req, u.gen, u.when, u.epoch, u.has_page) if x is not None]
+        parts = (u.req, u.gen, u.when, u.epoch, u.has_page, u.count, u.digest_page, u.rank)
+        return [x for x in parts if x is not None]
     if isinstance(u, Reply):
         return [u.req, u.when]
-    if isinstance(u, Move):
+    if isinstance(u, (Move, Forget)):
         return [u.when]
+    if isinstance(u, Adopt):
+        return [u.req, u.gen, u.when]
     return [u.req, u.cond]
 
 
@@ -313,6 +375,14 @@ _REQ_SETS = {
 }
 """Relations of a request and a page (or rank): the field is the ascending tuple of the pages
 (ranks) the relation holds for."""
+_PENDING = ("pending_ack", "pending_ack_gen")
+"""Prefill's drain acks owed, by request: `State.pending_acks` holds (room, generation,
+request)."""
+_ACKED = ("p_acked",)
+"""The prefill ranks that have sent their drain ack for an abort: `State.acked_ranks` holds
+(room, generation, rank), the generation the request's owed ack names."""
+_ACCEPTED = ("accepted_set", "accepted_full")
+"""What decode accepted: `ReqState.accepted_full` (None: nothing yet)."""
 _READ = ("read_done", "read_page", "read_has", "read_req", "read_gen")
 _PAGE = ("owned", "owner", "owner_gen", "page_used", "last_tenant")
 _SHARD = ("shard_has", "shard_req", "shard_gen")
@@ -334,7 +404,19 @@ _FAULTS = {
 _GHOSTS = frozenset(f.name for f in __import__("dataclasses").fields(Ghost))
 
 WRITABLE: frozenset[str] = frozenset(
-    [*_REQ_FIELDS, *_REQ_SETS, *_READ, *_PAGE, *_SHARD, *_GLOBALS, *_GHOSTS, *_FAULTS]
+    [
+        *_REQ_FIELDS,
+        *_REQ_SETS,
+        *_READ,
+        *_ACCEPTED,
+        *_PAGE,
+        *_SHARD,
+        *_GLOBALS,
+        *_GHOSTS,
+        *_FAULTS,
+        *_PENDING,
+        *_ACKED,
+    ]
 )
 """The symbols an effect may assign: the state's own. The others are rigid (the scenario's) or
 read off the state (`issued`, `answered_ok`, ...): an update of one would have no meaning."""
@@ -391,8 +473,18 @@ def _compiled(eff: EffectFormula) -> list[_CompiledUpdate]:
                 parts["epoch"] = _compile(u.epoch, params)
             if u.page is not None and u.has_page is not None:
                 parts["has_page"] = _compile(u.has_page, (*params, u.page))
+            if u.page is not None and u.digest_page is not None:
+                parts["digest_page"] = _compile(u.digest_page, (*params, u.page))
+            for name in ("count", "rank"):
+                term = getattr(u, name)
+                if term is not None:
+                    parts[name] = _compile(term, params)
             when = u.when
-        elif isinstance(u, (Reply, Move)):
+        elif isinstance(u, Adopt):
+            parts["req"] = _compile(u.req, params)
+            parts["gen"] = _compile(u.gen, params)
+            when = u.when
+        elif isinstance(u, (Reply, Move, Forget)):
             if isinstance(u, Reply):
                 parts["req"] = _compile(u.req, params)
             when = u.when
@@ -430,7 +522,9 @@ def run_effect(
     replies: dict[int, Reply] = {}
     writes: list[Write] = []
     fields_of_variant: dict[str, tuple[Any, Any]] = {}
-    moves: list[tuple[str, Message]] = []
+    moves: list[tuple[str, Any]] = []
+    forget = False
+    adopted: list[tuple[int, int]] = []
     for cu in _compiled(eff):
         u = cu.update
         for binding in itertools.product(*(_domain(v.sort, C, S) for v in u.over)):
@@ -455,11 +549,30 @@ def run_effect(
                 epoch = p["epoch"](S, C, drain, *a) if "epoch" in p else 0
                 gen = p["gen"](S, C, drain, *a)
                 room = C.requests[r].room
+                extra: dict[str, Any] = {}
+                for name in ("count", "rank"):
+                    if name in p:
+                        extra[name] = p[name](S, C, drain, *a)
+                if u.digest:
+                    covered = p.get("digest_page")
+                    extra["digest"] = tuple(
+                        (q, r, gen)
+                        for q in range(len(S.pages))
+                        if covered is not None and covered(S, C, drain, *a, q)
+                    )
                 messages.append(
-                    Message(u.kind, room, gen, r, pages=pages, reason=u.reason, epoch=epoch)
+                    Message(
+                        u.kind, room, gen, r, pages=pages, reason=u.reason, epoch=epoch, **extra
+                    )
                 )
             elif isinstance(u, Reply):
                 replies.setdefault(p["req"](S, C, drain, *a), u)
+            elif isinstance(u, Forget):
+                forget = True
+            elif isinstance(u, Adopt):
+                adopted.append(
+                    (C.requests[p["req"](S, C, drain, *a)].room, p["gen"](S, C, drain, *a))
+                )
             elif isinstance(u, Move):
                 moves.append((u.op, a[next(i for i, v in enumerate(cu.params) if v is u.m)]))
             else:
@@ -473,7 +586,11 @@ def run_effect(
                             writes.append(Write(room, req.p_gen, q, data, req.p_epoch, rank))
     if moves:
         S = _moved(S, moves)
+    if forget:
+        S = evolve(S, pending_acks=(), acked_ranks=(), orphans=())
     out = _build(C, S, assigned, messages, replies, writes)
+    if adopted:
+        out = evolve(out, orphans=tuple(sorted({*out.orphans, *adopted})))
     if fields_of_variant:
         # As `Variant.put` keeps them: a field at its initial value is not stored.
         kept = dict(out.variant_fields)
@@ -485,9 +602,12 @@ def run_effect(
     return out
 
 
-def _moved(S: State, moves: list[tuple[str, Message]]) -> State:
-    network, lost = list(S.network), list(S.lost)
+def _moved(S: State, moves: list[tuple[str, Any]]) -> State:
+    network, lost, writes = list(S.network), list(S.lost), list(S.writes)
     for op, m in moves:
+        if isinstance(m, Write):  # a write arrives: it leaves the wire
+            writes.remove(m)
+            continue
         if op in ("consume", "lose"):
             network.remove(m)
         if op == "lose":
@@ -497,7 +617,7 @@ def _moved(S: State, moves: list[tuple[str, Message]]) -> State:
             bisect.insort(network, m)
         if op == "copy":
             bisect.insort(network, m)
-    return evolve(S, network=tuple(network), lost=tuple(lost))
+    return evolve(S, network=tuple(network), lost=tuple(lost), writes=tuple(writes))
 
 
 def _build(
@@ -513,8 +633,10 @@ def _build(
     glob: dict[str, Any] = {}
     ghost: dict[str, Any] = {}
     faults: dict[str, Any] = {}
+    pending: dict[int, dict[str, Any]] = {}
+    acked: dict[tuple[int, ...], bool] = {}
     for (name, key), value in assigned.items():
-        if name in _REQ_FIELDS or name in _REQ_SETS or name in _READ:
+        if name in _REQ_FIELDS or name in _REQ_SETS or name in _READ or name in _ACCEPTED:
             by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
         elif name in _PAGE or name in _SHARD:
             by_page.setdefault(key[0], {})[name, key[1:]] = value
@@ -524,6 +646,10 @@ def _build(
             ghost[name] = value
         elif name in _FAULTS:
             faults[_FAULTS[name]] = value
+        elif name in _PENDING:
+            pending.setdefault(key[0], {})[name] = value
+        elif name in _ACKED:
+            acked[key] = value
         else:
             raise KeyError(f"an effect assigns {name!r}, which is not a state symbol")
     requests = list(S.requests)
@@ -541,6 +667,10 @@ def _build(
         changes["ghost"] = evolve(S.ghost, **ghost)
     if faults:
         changes["faults"] = evolve(S.faults, **faults)
+    if pending:
+        changes["pending_acks"] = _new_pending(C, S, pending)
+    if acked:
+        changes["acked_ranks"] = _new_acked(C, S, acked)
     if messages:
         network = list(S.network)
         for m in messages:
@@ -554,6 +684,32 @@ def _build(
     return evolve(S, **changes) if changes else S
 
 
+def _new_pending(
+    C: Config, S: State, pending: dict[int, dict[str, Any]]
+) -> tuple[tuple[int, int, int], ...]:
+    """`State.pending_acks` with the requests whose entry an effect assigned rewritten."""
+    kept = [a for a in S.pending_acks if a[2] not in pending]
+    for r, new in pending.items():
+        old = [a for a in S.pending_acks if a[2] == r]
+        owed = new.get("pending_ack", bool(old))
+        if owed:
+            gen = new.get("pending_ack_gen", old[0][1] if old else 0)
+            kept.append((C.requests[r].room, gen, r))
+    return tuple(sorted(kept))
+
+
+def _new_acked(
+    C: Config, S: State, acked: dict[tuple[int, ...], bool]
+) -> tuple[tuple[int, int, int], ...]:
+    """`State.acked_ranks` with the entries an effect assigned set or cleared. An entry names the
+    room and generation of the ack the request owes (in the state before the step), and a rank."""
+    keys = set(S.acked_ranks)
+    for (r, k), value in acked.items():
+        gen = next((a[1] for a in S.pending_acks if a[2] == r), 0)
+        (keys.add if value else keys.discard)((C.requests[r].room, gen, k))
+    return tuple(sorted(keys))
+
+
 def _new_request(
     C: Config, S: State, r: int, changes: dict[Any, Any], reply: Reply | None
 ) -> ReqState:
@@ -561,9 +717,12 @@ def _new_request(
     fields: dict[str, Any] = {}
     sets: dict[str, set[int]] = {}
     read: dict[Any, Any] = {}
+    accepted: dict[str, Any] = {}
     for (name, rest), value in changes.items():
         if name in _REQ_FIELDS:
             fields[_REQ_FIELDS[name]] = value
+        elif name in _ACCEPTED:
+            accepted[name] = value
         elif name in _REQ_SETS:
             field_name = _REQ_SETS[name]
             items = sets.setdefault(field_name, set(getattr(req, field_name)))
@@ -574,6 +733,12 @@ def _new_request(
         fields[field_name] = tuple(sorted(items))
     if read:
         fields["read"] = _new_read(C, S, r, read)
+    if accepted:
+        was = req.accepted_full
+        if accepted.get("accepted_set", was is not None):
+            fields["accepted_full"] = bool(accepted.get("accepted_full", was is True))
+        else:
+            fields["accepted_full"] = None
     if reply is not None and req.answer is None:
         if reply.ok:
             fields["answer"] = Answer(ok=True, tags=req.read or ())

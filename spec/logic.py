@@ -225,9 +225,13 @@ MESSAGE_FIELDS: dict[str, Sort] = {
     "epoch": INT,
     "rank": RANK,  # the prefill rank that sent it (completions, drain acks)
     "rank_done": BOOL,  # that rank has already reported this request (several ranks only)
+    "room": INT,  # the room it names
+    "count": INT,  # a completion: how many pages it says were written
+    "has_digest": BOOL,  # a completion: it carries a digest
 }
-MESSAGE_PAGE_FIELDS: dict[str, Sort] = {"has_page": PAGE}
-"""Fields that take a page: `m.has_page(q)`, page q is among the pages a grant names."""
+MESSAGE_PAGE_FIELDS: dict[str, Sort] = {"has_page": PAGE, "digest_page": PAGE}
+"""Fields that take a page: `m.has_page(q)`, page q is among the pages a grant names;
+`m.digest_page(q)`, a completion's digest covers page q."""
 FAILURE_REASONS: tuple[str, ...] = ("rejected", "aborted", "lease expired")
 REASON = Sort("FailureReason", FAILURE_REASONS)
 """Why prefill reports a failure: `m.reason_is("aborted")` (the language has no strings)."""
@@ -382,6 +386,13 @@ class GuardFormula:
         return f"guard({', '.join(map(repr, self.params))}: {self.formula!r})"
 
 
+def rank_guard(body: Callable[[Var, Var], Term]) -> GuardFormula:
+    """The guard of a step each prefill rank takes for a request: `rank_guard(lambda r, k: ...)`
+    (`r` a request, `k` a rank); enabled for each (request, rank) for which the body holds."""
+    r, k = Var(REQ, "r"), Var(RANK, "k")
+    return GuardFormula((r, k), body(r, k))
+
+
 def guard(body: Callable[..., Term]) -> GuardFormula:
     """A replacement guard for a variant's `guard_overrides`, as a formula: `guard(lambda r:
     ...)` for an action on one request (`r`, a request), `guard(lambda: ...)` for an action with
@@ -408,6 +419,13 @@ def message_guard(source: str, kinds: Sequence[str], body: Callable[[Bound], Ter
         raise ValueError(f"message_guard: source is 'network' or 'lost', not {source!r}")
     m = Bound("m", MESSAGE_FIELDS, "message")
     return GuardFormula((m,), body(m), source, tuple(kinds))
+
+
+def write_guard(body: Callable[[Bound], Term]) -> GuardFormula:
+    """The guard of a step that takes a page write in flight: enabled for each distinct write
+    for which the body holds (`w.page`, `w.gen`, `w.room`, ... are its fields, `WRITE_FIELDS`)."""
+    w = Bound("w", WRITE_FIELDS, "write")
+    return GuardFormula((w,), body(w), "writes")
 
 
 def clauses(t: Term) -> list[Term]:

@@ -85,6 +85,7 @@ from kvhandoff.spec.config import Config
 from kvhandoff.spec.effects import (
     EffectFormula,
     Updates,
+    adopt_orphan,
     answer_error,
     answer_ok,
     assign,
@@ -92,11 +93,13 @@ from kvhandoff.spec.effects import (
     copy,
     each,
     effect,
+    forget_prefill_transfers,
     issue_writes,
     lose,
     message_effect,
     resend,
     send,
+    write_effect,
 )
 from kvhandoff.spec.logic import (
     FAILURE_REASONS,
@@ -120,6 +123,8 @@ from kvhandoff.spec.logic import (
     forall,
     guard,
     message_guard,
+    rank_guard,
+    write_guard,
 )
 from kvhandoff.spec.state import (
     OTHER_TENANT,
@@ -138,6 +143,8 @@ from kvhandoff.spec.state import (
 )
 from kvhandoff.spec.variants import REFERENCE, Design, Variant
 from kvhandoff.spec.vocabulary import (
+    accepted_full,
+    accepted_set,
     answered,
     cancelled_mid_transfer,
     cancels_spent,
@@ -153,10 +160,12 @@ from kvhandoff.spec.vocabulary import (
     d_rank,
     decode_epoch,
     decode_seen_prefill_epoch,
+    drain_acked,
     drops_spent,
     duplicates_spent,
     faults_spent,
     last_tenant,
+    late_landing,
     max_active,
     max_cancels,
     max_crashes,
@@ -176,6 +185,7 @@ from kvhandoff.spec.vocabulary import (
     owner,
     owner_gen,
     p,
+    p_acked,
     p_cancel,
     p_epoch,
     p_gen,
@@ -184,9 +194,12 @@ from kvhandoff.spec.vocabulary import (
     p_lease_expired,
     p_len,
     p_rank_done,
+    p_written,
     p_wrote,
     page_reuse,
     page_used,
+    pending_ack,
+    pending_ack_gen,
     prefill_aborts_spent,
     prefill_epoch,
     prefill_seen_decode_epoch,
@@ -196,6 +209,7 @@ from kvhandoff.spec.vocabulary import (
     read_has,
     read_page,
     read_req,
+    refused_write,
     room,
     scrubbed_written_page,
     shard_gen,
@@ -503,6 +517,11 @@ def _decode_receives_writes(d: Design, c: Config, s: State) -> list[Action]:
     return [DecodeReceiveWrite(w) for w in sorted(set(s.writes))] if s.writes else []
 
 
+def _decode_receive_write_guard(design: Design) -> GuardFormula:
+    # A write arrives whenever it is on the wire: whether it lands is the design's, in the effect.
+    return write_guard(lambda w: TRUE)
+
+
 def _prefill_sends_completions(d: Design, c: Config, s: State) -> list[Action]:
     out: list[Action] = []
     for r, req in enumerate(s.requests):
@@ -516,12 +535,27 @@ def _prefill_sends_completions(d: Design, c: Config, s: State) -> list[Action]:
     return out
 
 
+def _prefill_send_completion_guard(design: Design) -> GuardFormula:
+    # Each rank reports once prefill wrote every page it will write (`_prefill_target_pages`:
+    # the shorter of its view of the prompt and its grant) and that rank's own writes returned.
+    def ready(r: Var, k: Var) -> Term:
+        target = If(p_len(r) < p_granted_count(r), p_len(r), p_granted_count(r))
+        mine = each_write(lambda w: Not(And(w.room == room(r), w.gen == p_gen(r), w.rank == k)))
+        return And(p(r) == "granted", p_wrote(r) == target, Not(p_rank_done(r, k)), mine)
+
+    return rank_guard(ready)
+
+
 def _decode_receives_completions(d: Design, c: Config, s: State) -> list[Action]:
     if not s.network:
         return []
     return [
         DecodeReceiveCompletion(m) for m in sorted({m for m in s.network if m.kind == "completion"})
     ]
+
+
+def _decode_receive_completion_guard(design: Design) -> GuardFormula:
+    return message_guard("network", ("completion",), lambda m: TRUE)
 
 
 def _decode_receives_failures(d: Design, c: Config, s: State) -> list[Action]:
@@ -610,6 +644,10 @@ def _prefill_receives_aborts(d: Design, c: Config, s: State) -> list[Action]:
     return [PrefillReceiveAbort(m) for m in sorted({m for m in s.network if m.kind == "abort"})]
 
 
+def _prefill_receive_abort_guard(design: Design) -> GuardFormula:
+    return message_guard("network", ("abort",), lambda m: TRUE)
+
+
 def _prefill_sends_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
     # Each rank acknowledges once its own writes of the aborted generation have drained.
     return [
@@ -621,12 +659,27 @@ def _prefill_sends_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
     ]
 
 
+def _prefill_send_abort_ack_guard(design: Design) -> GuardFormula:
+    # The argument is the owed ack, named by the request that owes it (`r`) and the rank (`k`):
+    # rank k acknowledges once none of its writes under the aborted grant is still on the wire.
+    def drained(r: Var, k: Var) -> Term:
+        gen = pending_ack_gen(r)
+        mine = each_write(lambda w: Not(And(w.room == room(r), w.gen == gen, w.rank == k)))
+        return And(pending_ack(r), Not(p_acked(r, k)), mine)
+
+    return rank_guard(drained)
+
+
 def _decode_receives_abort_acks(d: Design, c: Config, s: State) -> list[Action]:
     if not s.network:
         return []
     return [
         DecodeReceiveAbortAck(m) for m in sorted({m for m in s.network if m.kind == "abort_ack"})
     ]
+
+
+def _decode_receive_abort_ack_guard(design: Design) -> GuardFormula:
+    return message_guard("network", ("abort_ack",), lambda m: TRUE)
 
 
 def _decode_release_timeouts(d: Design, c: Config, s: State) -> list[Action]:
@@ -708,6 +761,10 @@ def _prefill_restarts(d: Design, c: Config, s: State) -> list[Action]:
     return [PrefillRestart()] if s.faults.crashes < c.max_crashes else []
 
 
+def _prefill_restart_guard(design: Design) -> GuardFormula:
+    return guard(lambda: _within_budget(crashes_spent(), max_crashes()))
+
+
 def _decode_restarts(d: Design, c: Config, s: State) -> list[Action]:
     return [DecodeRestart()] if s.faults.crashes < c.max_crashes else []
 
@@ -783,6 +840,13 @@ def _transfer_failures(d: Design, c: Config, s: State) -> list[Action]:
     if d.transfer != "pull" or s.faults.drops >= c.max_drops:
         return []
     return [NetworkFailTransfer(w) for w in sorted(set(s.writes))]
+
+
+def _fail_transfer_guard(design: Design) -> GuardFormula:
+    # Pull path only: decode's read of a page fails (a loss, within the drops budget).
+    if design.transfer != "pull":
+        return write_guard(lambda w: FALSE)
+    return write_guard(lambda w: _within_budget(drops_spent(), max_drops()))
 
 
 def _drops(d: Design, c: Config, s: State) -> list[Action]:
@@ -871,11 +935,18 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "retransmit_message": _retransmit_guard,
     "network_drop_message": _drop_guard,
     "network_duplicate_message": _duplicate_guard,
+    "decode_receive_write": _decode_receive_write_guard,
+    "prefill_receive_abort": _prefill_receive_abort_guard,
+    "prefill_restart": _prefill_restart_guard,
+    "prefill_send_completion": _prefill_send_completion_guard,
+    "decode_receive_completion": _decode_receive_completion_guard,
+    "decode_receive_abort_ack": _decode_receive_abort_ack_guard,
+    "network_fail_transfer": _fail_transfer_guard,
+    "prefill_send_abort_ack": _prefill_send_abort_ack_guard,
 }
-"""The guards written as formulas: every protocol step of one request (or of none), and the faults
-of one request or of none but the prefill restart. The steps that receive a message, write or
-acknowledge per rank, the network's faults and the prefill restart keep only their Python guard
-(and the Z3 encodings their hand-written one) for now: see docs/one-semantics.md."""
+"""The guards written as formulas: every step of the protocol and every fault. The Z3 encodings
+translate these (`Encoding.rule`); the explorer runs the Python guards above, its fast path,
+pinned to the formulas by tests/spec/test_guards_once.py."""
 
 
 @cache
@@ -1199,22 +1270,24 @@ def _prefill_receive_grant(d: Design, c: Config, s: State, a: PrefillReceiveGran
     return s  # stale or duplicate: dropped
 
 
-def _prefill_receive_grant_effect(design: Design) -> EffectFormula | None:
-    # The orphan-grant design (M18) keeps transfer state for a grant of an unknown room: the
-    # vocabulary does not name prefill's orphans yet, so that design keeps its hand-written Z3.
-    if design.prefill_adopts_unknown_grant:
-        return None
-
+def _prefill_receive_grant_effect(design: Design) -> EffectFormula:
+    # A grant for a request prefill still waits on is taken; any other is stale or a duplicate,
+    # and dropped, except where prefill keeps transfer state for a grant of a room it no longer
+    # serves (M18): that state is never freed.
     def body(m: Bound) -> Updates:
         r = m.req
         take = And(p(r).is_in("received", "admitted"), p_gen(r) == 0)
-        return [
+        out: list[Any] = [
             consume(m),
             assign(p(r), "granted", when=And(take, p(r) == "admitted")),
             assign(p_gen(r), m.gen, when=take),
             assign(p_epoch(r), m.epoch, when=take),
             each(PAGE, lambda q: assign(p_granted(r, q), m.has_page(q), when=take)),
         ]
+        if design.prefill_adopts_unknown_grant:
+            unknown = And(Not(take), Not(p(r).is_in(*PREFILL_LIVE)))
+            out.append(adopt_orphan(r, m.gen, when=unknown))
+        return out
 
     return message_effect(body)
 
@@ -1279,6 +1352,42 @@ def _decode_receive_write(d: Design, c: Config, s: State, a: DecodeReceiveWrite)
     return s
 
 
+def _decode_receive_write_effect(design: Design) -> EffectFormula:
+    # Where a write lands is the design's: the receiver-checked path refuses a write into a page
+    # decode does not own for the write's room and generation; the one-sided path lets it land
+    # (a fencing design's restarted decode has revoked the old key: writes issued against the
+    # old epoch are refused by the NIC).
+    def body(w: Bound) -> Updates:
+        q, k = w.page, w.rank
+        owns = And(owned(q), room(owner(q)) == w.room, owner_gen(q) == w.gen)
+        if design.write_path == "receiver_checked":
+            refused: Term = Not(owns)
+        elif design.release_fence != "none":
+            refused = w.epoch != decode_epoch()
+        else:
+            refused = FALSE
+        lands = Not(refused)
+        data_req: Term = w.req
+        data_gen: Term = w.data_gen
+        if design.transfer == "pull":
+            # The read fetches what the source block holds when it lands: after the lease
+            # expired, another tenant's data (request -1).
+            expired = p_lease_expired(w.req)
+            data_req, data_gen = If(expired, -1, w.req), If(expired, 0, w.data_gen)
+        # Ghost: the transfer landed in a page not owned by its own (request, generation).
+        own = And(owned(q), owner(q) == w.req, owner_gen(q) == w.data_gen)
+        return [
+            consume(w),
+            assign(refused_write(), True, when=refused),
+            assign(shard_has(q, k), True, when=lands),
+            assign(shard_req(q, k), data_req, when=lands),
+            assign(shard_gen(q, k), data_gen, when=lands),
+            assign(late_landing(), True, when=And(lands, Not(own))),
+        ]
+
+    return write_effect(body)
+
+
 def _prefill_send_completion(d: Design, c: Config, s: State, a: PrefillSendCompletion) -> State:
     # Rank a.rank reports its own shards: how many pages it wrote, and a digest of them.
     r = a.request
@@ -1294,6 +1403,30 @@ def _prefill_send_completion(d: Design, c: Config, s: State, a: PrefillSendCompl
     else:
         req = evolve(req, p_ranks_done=done)
     return evolve(_set_req(s, r, req), network=_send(s.network, msg))
+
+
+def _prefill_send_completion_effect(design: Design) -> EffectFormula:
+    # What the completion claims is the design's: the grant's page count (`local`, M2) or the
+    # pages written; with a digest, of the pages written (each with its request and generation).
+    def body(r: Var, k: Var) -> Updates:
+        claimed = p_granted_count(r) if design.completion == "local" else p_wrote(r)
+        every_rank = forall(RANK, lambda o: Or(o == k, p_rank_done(r, o)))
+        return [
+            send(
+                "completion",
+                r,
+                gen=p_gen(r),
+                count=claimed,
+                digest=design.prefill_sends_digest,
+                digest_pages=lambda q: p_written(r, q),
+                rank=k,
+            ),
+            assign(p(r), "completed", when=every_rank),
+            each(RANK, lambda o: assign(p_rank_done(r, o), False, when=every_rank)),
+            assign(p_rank_done(r, k), True, when=Not(every_rank)),
+        ]
+
+    return effect(body)
 
 
 def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveCompletion) -> State:
@@ -1329,6 +1462,75 @@ def _decode_receive_completion(d: Design, c: Config, s: State, a: DecodeReceiveC
     own = _tag(c, r, req.d_gen)
     full = all(shard == own for p in req.d_pages for shard in s.pages[p].shards)
     return _set_req(s, r, evolve(req, d="validated", accepted_full=full, d_ranks=()))
+
+
+def _decode_receive_completion_effect(design: Design) -> EffectFormula:
+    # The completion is for the first request decode holds reserved on its room (and, with
+    # `check_generation`, its generation): decode matches as real workers do, not by request id.
+    # It validates what the design says before anything is read.
+    def body(m: Bound) -> Updates:
+        def waiting(t: Var) -> Term:
+            same = And(d(t) == "reserved", room(t) == m.room)
+            return And(same, d_gen(t) == m.gen) if design.check_generation else same
+
+        def request(t: Var) -> Updates:
+            first = And(waiting(t), forall(REQ, lambda u: Implies(u < t, Not(waiting(u)))))
+            hit = And(first, Not(d_rank(t, m.rank)))  # a rank that reported already: a duplicate
+            count_ok = m.count == count(PAGE, lambda q: d_holds(t, q))
+            digest_ok = And(
+                m.has_digest,
+                forall(
+                    PAGE,
+                    lambda q: And(
+                        m.digest_page(q) == d_holds(t, q),
+                        Implies(
+                            d_holds(t, q),
+                            And(
+                                shard_has(q, m.rank),
+                                shard_req(q, m.rank) == m.req,
+                                shard_gen(q, m.rank) == m.gen,
+                            ),
+                        ),
+                    ),
+                ),
+            )
+            if design.validation == "none":
+                valid: Term = TRUE
+            elif design.validation == "count_only":
+                valid = count_ok
+            elif design.validation == "digest_optional":
+                valid = And(count_ok, Or(digest_ok, Not(m.has_digest)))
+            else:
+                valid = And(count_ok, digest_ok)
+            every_rank = forall(RANK, lambda o: Or(o == m.rank, d_rank(t, o)))
+            enough = every_rank if design.completion_quorum == "every_rank" else TRUE
+            accept = And(hit, valid, enough)
+            own = forall(
+                PAGE,
+                lambda q: Implies(
+                    d_holds(t, q),
+                    forall(
+                        RANK,
+                        lambda o: And(
+                            shard_has(q, o), shard_req(q, o) == t, shard_gen(q, o) == d_gen(t)
+                        ),
+                    ),
+                ),
+            )
+            why = "completion failed validation"
+            return [
+                # Ranks yet to report may still be writing: abort (and fence) them.
+                _decode_fail_effect(design, t, why, And(hit, Not(valid)), Not(every_rank)),
+                assign(d_rank(t, m.rank), True, when=And(hit, valid, Not(enough))),
+                assign(d(t), "validated", when=accept),
+                assign(accepted_set(t), True, when=accept),
+                assign(accepted_full(t), own, when=accept),
+                each(RANK, lambda o: assign(d_rank(t, o), False, when=accept)),
+            ]
+
+        return [consume(m), each(REQ, request)]
+
+    return message_effect(body)
 
 
 def _decode_receive_failure(d: Design, c: Config, s: State, a: DecodeReceiveFailure) -> State:
@@ -1513,6 +1715,24 @@ def _prefill_receive_abort(d: Design, c: Config, s: State, a: PrefillReceiveAbor
     return s
 
 
+def _prefill_receive_abort_effect(design: Design) -> EffectFormula:
+    # Prefill stops a request still waiting, or writing under the aborted grant. Where release is
+    # fenced on its drain ack, it owes decode that ack once its writes of the grant drained.
+    def body(m: Bound) -> Updates:
+        r = m.req
+        stop = Or(p(r).is_in("received", "admitted"), And(p(r) == "granted", p_gen(r) == m.gen))
+        out: list[Any] = [consume(m), _stop_prefill_effect(r, stop)]
+        if design.release_fence in ("drain_ack", "ack_or_timeout"):
+            owes = m.gen != 0
+            out += [
+                assign(pending_ack(r), True, when=owes),
+                assign(pending_ack_gen(r), m.gen, when=owes),
+            ]
+        return out
+
+    return message_effect(body)
+
+
 def _prefill_send_abort_ack(d: Design, c: Config, s: State, a: PrefillSendAbortAck) -> State:
     # Rank a.rank's writes of (room, generation) have drained: it says so.
     aborted = (a.room, a.generation)
@@ -1534,6 +1754,27 @@ def _prefill_send_abort_ack(d: Design, c: Config, s: State, a: PrefillSendAbortA
     )
 
 
+def _prefill_send_abort_ack_effect(design: Design) -> EffectFormula:
+    # Every request owing an ack for the same room and generation gets one from rank k; once
+    # every rank has sent its own, prefill owes nothing more for that abort.
+    def body(r: Var, k: Var) -> Updates:
+        def same(q: Var) -> Term:
+            return And(pending_ack(q), room(q) == room(r), pending_ack_gen(q) == pending_ack_gen(r))
+
+        every_rank = forall(RANK, lambda o: Or(o == k, p_acked(r, o)))
+        return each(
+            REQ,
+            lambda q: [
+                send("abort_ack", q, gen=pending_ack_gen(q), rank=k, when=same(q)),
+                assign(pending_ack(q), False, when=And(same(q), every_rank)),
+                each(RANK, lambda o: assign(p_acked(q, o), False, when=And(same(q), every_rank))),
+                assign(p_acked(q, k), True, when=And(same(q), Not(every_rank))),
+            ],
+        )
+
+    return effect(body)
+
+
 def _decode_receive_abort_ack(d: Design, c: Config, s: State, a: DecodeReceiveAbortAck) -> State:
     m = a.message
     s = evolve(s, network=_remove_one(s.network, m))
@@ -1547,6 +1788,30 @@ def _decode_receive_abort_ack(d: Design, c: Config, s: State, a: DecodeReceiveAb
             s = evolve(s, ghost=evolve(s.ghost, drain_acked=True))
             return _set_req(s, r, evolve(req, d_awaiting_ack=False, d_acks=()))
     return s
+
+
+def _decode_receive_abort_ack_effect(design: Design) -> EffectFormula:
+    # The ack is for the first request decode keeps fenced on the ack's room and generation; the
+    # fence lifts once every rank has acknowledged the drain of its own writes.
+    def body(m: Bound) -> Updates:
+        def fenced(t: Var) -> Term:
+            return And(d_awaiting_ack(t), room(t) == m.room, d_gen(t) == m.gen)
+
+        def request(t: Var) -> Updates:
+            first = And(fenced(t), forall(REQ, lambda u: Implies(u < t, Not(fenced(u)))))
+            hit = And(first, Not(d_ack(t, m.rank)))  # a rank that acknowledged: a duplicate
+            every_rank = forall(RANK, lambda o: Or(o == m.rank, d_ack(t, o)))
+            done = And(hit, every_rank)
+            return [
+                assign(d_ack(t, m.rank), True, when=And(hit, Not(every_rank))),
+                assign(drain_acked(), True, when=done),
+                assign(d_awaiting_ack(t), False, when=done),
+                each(RANK, lambda o: assign(d_ack(t, o), False, when=done)),
+            ]
+
+        return [consume(m), each(REQ, request)]
+
+    return message_effect(body)
 
 
 def _decode_detect_prefill_restart(
@@ -1707,6 +1972,26 @@ def _prefill_restart(d: Design, c: Config, s: State, a: PrefillRestart) -> State
     )
 
 
+def _prefill_restart_effect(design: Design) -> EffectFormula:
+    # All ranks of the instance go down together: every request prefill was working on is lost,
+    # and with it what prefill owed (drain acks) or held (adopted grants).
+    def request(r: Var) -> Updates:
+        working = Not(p(r).is_in("none", "rejected", "completed", "aborted", "lost"))
+        return [
+            assign(p(r), "lost", when=working),
+            each(RANK, lambda k: assign(p_rank_done(r, k), False, when=working)),
+        ]
+
+    return effect(
+        lambda: [
+            assign(crashes_spent(), crashes_spent() + 1),
+            each(REQ, request),
+            forget_prefill_transfers(),
+            assign(prefill_epoch(), prefill_epoch() + 1),
+        ]
+    )
+
+
 def _decode_restart(d: Design, c: Config, s: State, a: DecodeRestart) -> State:
     reqs = []
     for q in s.requests:
@@ -1811,6 +2096,26 @@ def _fail_transfer(d: Design, c: Config, s: State, a: NetworkFailTransfer) -> St
     return s
 
 
+def _fail_transfer_effect(design: Design) -> EffectFormula:
+    # Whether the reader notices is the design's (M14: it does not, and counts the page as
+    # received). If it does, it fails the request reserved on the write's room and generation.
+    def body(w: Bound) -> Updates:
+        out: list[Any] = [consume(w), assign(drops_spent(), drops_spent() + 1)]
+        if not design.transfer_failure_reported:
+            return out
+
+        def reading(t: Var) -> Term:
+            return And(d(t) == "reserved", room(t) == w.room, d_gen(t) == w.gen)
+
+        def request(t: Var) -> Updates:
+            first = And(reading(t), forall(REQ, lambda u: Implies(u < t, Not(reading(u)))))
+            return _decode_fail_effect(design, t, "page transfer failed", first, TRUE)
+
+        return [*out, each(REQ, request)]
+
+    return write_effect(body)
+
+
 def _drop(d: Design, c: Config, s: State, a: NetworkDropMessage) -> State:
     # The sender's RPC fails, so the sender knows and will retransmit.
     return evolve(
@@ -1837,7 +2142,7 @@ def _duplicate_effect(design: Design) -> EffectFormula:
     return message_effect(lambda m: [assign(duplicates_spent(), duplicates_spent() + 1), copy(m)])
 
 
-RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula | None]] = {
+RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "router_submit_request": _router_submit_effect,
     "prefill_admit_request": _prefill_admit_effect,
     "prefill_reject_request": _prefill_reject_effect,
@@ -1863,6 +2168,14 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula | None]] = {
     "retransmit_message": _retransmit_effect,
     "network_drop_message": _drop_effect,
     "network_duplicate_message": _duplicate_effect,
+    "decode_receive_write": _decode_receive_write_effect,
+    "prefill_receive_abort": _prefill_receive_abort_effect,
+    "prefill_restart": _prefill_restart_effect,
+    "prefill_send_completion": _prefill_send_completion_effect,
+    "decode_receive_completion": _decode_receive_completion_effect,
+    "decode_receive_abort_ack": _decode_receive_abort_ack_effect,
+    "network_fail_transfer": _fail_transfer_effect,
+    "prefill_send_abort_ack": _prefill_send_abort_ack_effect,
 }
 """The effects written as formulas: those of the steps of `RULE_GUARDS`. The Z3 encodings translate
 these (`Encoding.rule`); the explorer runs the Python effects above, its fast path, pinned to the
@@ -1870,9 +2183,10 @@ formulas by tests/spec/test_effects_once.py."""
 
 
 @cache
-def rule_effect(design: Design, name: str) -> EffectFormula | None:
-    """The effect of protocol step `name` (snake_case) under `design`, as a formula (None where
-    that design's effect is not written as one yet: the Z3 encodings keep their own)."""
+def rule_effect(design: Design, name: str) -> EffectFormula:
+    """The effect of protocol step `name` (snake_case) under `design`, as a formula: what the Z3
+    encodings translate (`Encoding.rule`), pinned to the Python effect by
+    tests/spec/test_effects_once.py. Built once per design."""
     return RULE_EFFECTS[name](design)
 
 

@@ -175,6 +175,24 @@ class FormulaGuard:
         fn, drain = self._fn, self.drain
         if not self.formula.params:
             return [self.kind()] if fn(state, config, drain) else []
+        if len(self.formula.params) == 2 and "generation" in _field_names(self.kind):
+            # A drain ack: each (room, generation) owed, by the requests that owe it, per rank.
+            return [
+                self.kind(room, gen, k)
+                for room, gen, r in state.pending_acks
+                for k in range(config.prefill_ranks)
+                if fn(state, config, drain, r, k)
+            ]
+        if len(self.formula.params) == 2:  # a step each prefill rank takes for a request
+            ranks = range(config.prefill_ranks)
+            return [
+                self.kind(r, k)
+                for r in range(len(state.requests))
+                for k in ranks
+                if fn(state, config, drain, r, k)
+            ]
+        if self.formula.source == "writes":  # a step that takes a write: each distinct one
+            return [self.kind(w) for w in sorted(set(state.writes)) if fn(state, config, drain, w)]
         if self.formula.source:  # a step that takes a message: each distinct one, in order
             pool = state.network if self.formula.source == "network" else state.lost
             kinds = self.formula.kinds
@@ -199,16 +217,36 @@ class FormulaEffect:
     def __call__(self, config: Config, state: State, action: Any) -> State:
         from kvhandoff.spec.effects import run_effect
 
-        args = (_argument(action),) if self.formula.params else ()
-        return run_effect(self.formula, config, state, self.drain, args)
-
-
-def _argument(action: Any) -> Any:
-    """The one argument of an action a formula takes: its request or its message."""
-    return action.message if hasattr(action, "message") else action.request
+        return run_effect(self.formula, config, state, self.drain, arguments(action, state))
 
     def __repr__(self) -> str:
         return f"FormulaEffect({self.name}: {self.formula!r})"
+
+
+def _field_names(kind: type) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(kind)}
+
+
+def arguments(action: Any, state: State) -> tuple[Any, ...]:
+    """The arguments a formula of the action's kind takes: its message, its write, its request
+    (and rank), or nothing. A drain ack names the abort it answers by room and generation; its
+    formula takes the first request that owes that ack (every request owing it gets one)."""
+    for name in ("message", "write"):
+        if hasattr(action, name):
+            return (getattr(action, name),)
+    if hasattr(action, "generation") and hasattr(action, "room"):
+        aborted = (action.room, action.generation)
+        owing = next((a[2] for a in state.pending_acks if a[:2] == aborted), None)
+        if owing is None:
+            raise ValueError(
+                f"{action!r}: no request owes a drain ack for room and generation {aborted}"
+            )
+        return (owing, action.rank)
+    if hasattr(action, "rank") and hasattr(action, "request"):
+        return (action.request, action.rank)
+    return (action.request,) if hasattr(action, "request") else ()
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,21 @@ max_prefill_aborts = _sym(
     "max_prefill_aborts", (), INT, "how many prefill aborts a run may have (rigid)"
 )
 room = _sym("room", (REQ,), INT, "the room the router gave request r (rigid)")
+pending_ack = _sym(
+    "pending_ack",
+    (REQ,),
+    BOOL,
+    "prefill owes decode a drain ack for an abort of r's grant (once its writes have drained)",
+)
+pending_ack_gen = _sym(
+    "pending_ack_gen", (REQ,), INT, "... the generation of that grant (read where pending_ack)"
+)
+p_acked = _sym(
+    "p_acked",
+    (REQ, RANK),
+    BOOL,
+    "prefill rank k has sent its drain ack for the abort prefill owes r (several ranks only)",
+)
 p_lease_expired = _sym(
     "p_lease_expired",
     (REQ,),
@@ -409,6 +424,10 @@ CONCRETE = PythonReading(
         "max_cancels": "C.max_cancels",
         "max_prefill_aborts": "C.max_prefill_aborts",
         "room": "C.requests[{0}].room",
+        "pending_ack": "any(a[2] == {0} for a in S.pending_acks)",
+        "pending_ack_gen": "next((a[1] for a in S.pending_acks if a[2] == {0}), 0)",
+        "p_acked": "(C.requests[{0}].room, next((a[1] for a in S.pending_acks if a[2] == {0}), 0),"
+        " {1}) in S.acked_ranks",
         "p_lease_expired": _REQ + ".p_lease_expired",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
@@ -423,6 +442,10 @@ CONCRETE = PythonReading(
             "rank": "{0}.rank",
             "rank_done": "{0}.rank in S.requests[{0}.request].p_ranks_done",
             "has_page": "{1} in {0}.pages",
+            "digest_page": "any(e[0] == {1} for e in ({0}.digest or ()))",
+            "room": "{0}.room",
+            "count": "{0}.count",
+            "has_digest": "{0}.digest is not None",
             "reason_is": "{0}.reason == {1}",
         },
         "write": {

@@ -81,6 +81,10 @@ def test_the_derived_guards_are_equivalent_to_the_hand_written_ones(
         expected.discard("decode_release_timeout")  # no such instance: the design lacks the step
     if get_variant(name).design.transfer != "pull":
         expected.discard("prefill_lease_expire")  # the push path has no lease
+        expected.discard("network_fail_transfer")  # ... and no reads to fail
+    if get_variant(name).design.release_fence not in ("drain_ack", "ack_or_timeout"):
+        expected.discard("decode_receive_abort_ack")  # no drain acks: no such instance
+        expected.discard("prefill_send_abort_ack")
     # Admission's outcome is fixed by the prompt's length: only one of admit/reject per request.
     lengths = {r.pages for r in config.requests}
     if all(n <= config.prefill_max_prompt for n in lengths):

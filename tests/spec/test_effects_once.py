@@ -22,7 +22,7 @@ from kvhandoff.spec.actions import action_name
 from kvhandoff.spec.config import Config, parse_set
 from kvhandoff.spec.effects import EffectFormula, run_effect
 from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, enabled, rule_effect, step
-from kvhandoff.spec.variants import VARIANTS, _argument, get_variant
+from kvhandoff.spec.variants import VARIANTS, arguments, get_variant
 from kvhandoff.spec.vocabulary import d
 from tests.explored import SMALL
 from tests.spec.test_guards_once import WIDE
@@ -46,7 +46,7 @@ def _agree(
             eff = effects.get(name)
             if eff is None or name in variant.step_overrides:  # the variant's own effect
                 continue
-            args = (_argument(action),) if eff.params else ()
+            args = arguments(action, state)
             if run_effect(eff, config, state, drain, args) != step(variant, config, state, action):
                 wrong.append(f"{variant_name}: {action!r}")
             taken[name] += 1
@@ -76,6 +76,14 @@ def test_they_agree_with_a_prompt_over_decode_s_limit_and_parallel_submission(
     taken: Counter[str],
 ) -> None:
     assert _agree("reference", WIDE, taken, _effects("reference")) == []
+
+
+def test_they_agree_with_two_prefill_ranks_acknowledging_a_drain(taken: Counter[str]) -> None:
+    """Each rank sends its own drain ack; only the last clears what prefill owes."""
+    sets = [*SMALL, "prefill_ranks=2"]
+    before = taken["prefill_send_abort_ack"]
+    assert _agree("one_sided_fenced", sets, taken, _effects("one_sided_fenced")) == []
+    assert taken["prefill_send_abort_ack"] > before
 
 
 def test_every_formula_is_taken_somewhere(taken: Counter[str]) -> None:

@@ -6,7 +6,7 @@ translates those formulas (tests/model_checker/test_guards_once.py). The explore
 guards, its fast path. These tests pin the two together on concrete states:
 
 * the formulas cover exactly the protocol steps and faults whose action takes one request or
-  nothing (but the prefill restart);
+  nothing, and the steps of `MESSAGE_STEPS` (a message or a write);
 * on every reachable state of the small scenario, for variants that between them take every value
   of the design options these guards (or the states they see) depend on, and for a scenario with
   a prompt over decode's limit, parallel submission and two prefill ranks, the requests for which
@@ -68,21 +68,28 @@ MESSAGE_STEPS = {
     "retransmit_message",
     "network_drop_message",
     "network_duplicate_message",
+    "decode_receive_write",
+    "prefill_receive_abort",
+    "decode_receive_completion",
+    "prefill_send_completion",
+    "decode_receive_abort_ack",
+    "network_fail_transfer",
+    "prefill_send_abort_ack",
 }
-"""The steps that take a message and are written as formulas so far (`message_guard`)."""
+"""The steps that take a message, a write, or a request and a rank (`message_guard`,
+`write_guard`, `rank_guard`; a drain ack is named by the request that owes it and the rank)."""
 
 
 def test_the_formulas_cover_the_steps_of_one_request_or_none() -> None:
-    """Every protocol step and fault whose action takes one request or nothing, but the prefill
-    restart (it forgets prefill's transfer state, which the vocabulary does not name yet), and
-    the steps of `MESSAGE_STEPS`."""
+    """Every protocol step and fault whose action takes one request or nothing, and the steps of
+    `MESSAGE_STEPS`."""
     protocol = {k for kinds in PROTOCOL_GUARDS.values() for k in kinds}
     expected = {
         name
         for name, kind in ACTIONS_BY_NAME.items()
         if (kind in protocol or kind in FAULT_ACTIONS) and _one_request_or_none(kind)
     }
-    assert set(RULE_GUARDS) == (expected - {"prefill_restart"}) | MESSAGE_STEPS
+    assert set(RULE_GUARDS) == expected | MESSAGE_STEPS
 
 
 def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
@@ -103,14 +110,17 @@ def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
                 listed = []  # `enabled` checks the total budget; a fault's formula states it
             held = formula(config, state)
             assert held == listed, (variant_name, name, state)
-            if formula.formula.source:  # a step that takes a message: one per message there
-                pool = state.network if formula.formula.source == "network" else state.lost
+            if formula.formula.source:  # a step that takes a message or write: one per item
+                source = formula.formula.source
+                pool = {"network": state.network, "lost": state.lost, "writes": state.writes}
                 kinds = formula.formula.kinds
-                n = len({m for m in pool if not kinds or m.kind in kinds})
+                n = len({m for m in pool[source] if not kinds or m.kind in kinds})
                 seen[name].update({True} if held else set())
                 seen[name].update({False} if len(held) < n or n == 0 else set())
             elif formula.formula.params:
-                n = len(state.requests)
+                n = len(state.requests) * (
+                    config.prefill_ranks if len(formula.formula.params) == 2 else 1
+                )
                 seen[name].update({True} if held else set())
                 seen[name].update({False} if len(held) < n else set())
             else:
@@ -132,6 +142,10 @@ def test_they_agree_with_a_prompt_over_decode_s_limit_and_parallel_submission(
     seen: Seen,
 ) -> None:
     assert _agree("reference", WIDE, seen) > 500
+
+
+def test_they_agree_with_two_prefill_ranks_acknowledging_a_drain(seen: Seen) -> None:
+    assert _agree("one_sided_fenced", [*SMALL, "prefill_ranks=2"], seen) > 500
 
 
 def test_each_formula_is_enabled_somewhere_and_disabled_somewhere(seen: Seen) -> None:
