@@ -2,7 +2,7 @@
 
 Run it:  kvhandoff check --variant examples/variant_add_action.py --engine all
 
-The same proposal as examples/variant_state_field.py: "decode may preempt a reserved request
+The same proposal as tests/data/python_variants/state_field.py: "decode may preempt a reserved request
 once: fail it, and return its pages to the pool at once; it is being thrown away, so skip the
 zeroing" (vLLM's recompute preemption, SGLang's retraction, without the scrub). It needs an action
 the rulebook does not have (`decode_preempt_request`) and a state field that bounds how often it

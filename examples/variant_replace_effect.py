@@ -12,7 +12,7 @@ The effect is written as a formula (`spec.effects.effect`): updates over the sta
 (`spec/vocabulary.py`), every value read in the state before the step. Every engine reads it: the
 explorer runs it, BMC and k-induction translate it in place of the rulebook's effect. The same
 change as a Python function `(config, state, action) -> state` is
-examples/variant_override_reject.py; only the explorer can run that one (the Z3 engines refuse
+tests/data/python_variants/override_reject.py; only the explorer can run that one (the Z3 engines refuse
 it, exit 3, naming it).
 """
 

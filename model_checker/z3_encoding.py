@@ -1,12 +1,14 @@
 """The spec's state machine as Z3 formulas, for one fixed configuration.
 
 This is the encoding behind the `bmc`, `kind` and `spacer` engines. DESIGN.md §2 rule 2: Z3 takes
-its meaning from `spec/`; here each spec action has a hand-written encoder with the same snake_case
-name (`decode_reserve_pages`, ...), reading the variant's `Design` options exactly where
-`spec/machine.py` reads them, and a test compares the encoded transition relation with every edge of
-the explicit explorer's graph. The guards of the protocol steps of one request (or of none) are
-not the encoders' but the spec's formulas (`spec.machine.rule_guard`), translated (`rule`); the
-encoders' own guards for them stay for `legacy_guards=True`, the differential test's path.
+its meaning from `spec/`, and nothing here states the protocol: every action's guard and effect is the spec's
+formula (`spec.machine.rule_guard` and `rule_effect`, or a variant's formula guard and effect),
+translated by `model_checker.logic_z3` over the variables below (`rule`). This module only lays
+out the variables, lists the action *instances* (an action and its arguments) and builds the
+transition relation from the translated guards and effects; a test compares that relation with
+every edge of the explicit explorer's graph (`model_checker.z3_crosscheck`). The hand-written
+encoders of each action that the first versions had were retired once the differential tests had
+shown them equal to the translated formulas on every well-formed state (docs/one-semantics.md).
 
 State (one copy per time step, named `r{i}.field`, `pg{j}.field` and plain global names):
 
@@ -36,7 +38,7 @@ message slot), and only the instances that change `v` appear in its ite chain (f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,28 +173,10 @@ SymState = dict[str, Any]
 """One time step's variables (or concrete values, for evaluation), by name."""
 
 
-def _in(x: Any, names: Sequence[str], table: dict[str, int]) -> Any:
-    return z3.Or([x == table[n] for n in names])
-
-
 def _sum_bools(bools: Sequence[Any], zero: Any, one: Any) -> Any:
     if not bools:
         return zero
     return z3.Sum([z3.If(b, one, zero) for b in bools])
-
-
-class Effect:
-    """A state being updated, like the spec's chain of `replace` calls: reads see earlier writes."""
-
-    def __init__(self, s: SymState) -> None:
-        self.s = s
-        self.new: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        return self.new.get(name, self.s[name])
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        self.new[name] = value
 
 
 @dataclass(frozen=True)
@@ -226,9 +210,6 @@ class Encoding:
         variant: Variant,
         config: Config,
         width: int | None = 5,
-        legacy_properties: bool = False,
-        legacy_guards: bool = False,
-        legacy_effects: bool = False,
     ) -> None:
         if not variant.is_pure_design:
             raise CannotEncode(
@@ -244,32 +225,18 @@ class Encoding:
             )
         self.variant = variant
         self.design = variant.design
-        self.use_legacy_properties = legacy_properties
-        """Check the hand-written twins of the properties (`legacy_properties`) instead of the
-        spec's formulas: for the differential test and the benchmark only."""
         self.formula_guards = variant.formula_guards()
-        self.use_legacy_guards = legacy_guards
-        """Use the hand-written guards of the encoders below for every action, instead of the
-        spec's formulas (`spec.machine.rule_guard`): for the differential test and the
-        benchmark only. A variant's own formula guards apply either way."""
-        self.guard_formulas: dict[str, GuardFormula] = (
-            {}
-            if legacy_guards
-            else {name: rule_guard(variant.design, name) for name in RULE_GUARDS}
-        )
+        self.guard_formulas: dict[str, GuardFormula] = {
+            name: rule_guard(variant.design, name) for name in RULE_GUARDS
+        }
         """The guard each action's instances take, as a formula: the rulebook's (written once in
-        `spec/machine.py`) where it has one, a variant's formula guard where it replaces it.
-        The other actions keep the guard their encoder below builds."""
+        `spec/machine.py`), or a variant's formula guard where it replaces it."""
         self.guard_formulas.update({n: h.formula for n, h in self.formula_guards.items()})
-        self.effect_formulas: dict[str, EffectFormula] = (
-            {}
-            if legacy_effects
-            else {name: rule_effect(variant.design, name) for name in RULE_EFFECTS}
-        )
-        """The effect each action's instances take, as a formula: the rulebook's (written once
-        in `spec/machine.py`, `rule_effect`). `legacy_effects=True` takes every encoder's own
-        effect: for the differential test and the benchmark only. A variant's own formula
-        effects apply either way."""
+        self.effect_formulas: dict[str, EffectFormula] = {
+            name: rule_effect(variant.design, name) for name in RULE_EFFECTS
+        }
+        """The effect each action's instances take, as a formula: the rulebook's, or a
+        variant's formula effect where it replaces it."""
         self.effect_formulas.update({n: h.formula for n, h in variant.formula_effects().items()})
         self.added_kinds: dict[str, type] = {
             snake_case(t.__name__): t for t in variant.extra_action_types
@@ -306,13 +273,21 @@ class Encoding:
         self._tpl_properties: dict[str, Any] | None = None
         self._narrowed: dict[str, list[dict[str, tuple[int, int]]]] = {}
         self.instances = self._instances()
-        # A hand-written encoder, for the actions whose guard or effect is not a formula (an
-        # action with both, a variant's added one included, needs none).
-        self._rules: dict[str, Callable[..., tuple[Any, Effect]]] = {
-            name: getattr(self, name)
-            for name in {i.name for i in self.instances}
-            if hasattr(type(self), name)
-        }
+        for name in sorted({i.name for i in self.instances}):
+            # Every action of the rulebook has both formulas, under every design, and a variant's
+            # added action has both or `is_pure_design` refused it: a gap is said, not guessed.
+            missing = [
+                part
+                for part, table in (
+                    ("guard", self.guard_formulas),
+                    ("effect", self.effect_formulas),
+                )
+                if name not in table
+            ]
+            if missing:
+                raise CannotEncode(
+                    f"action {name!r} has no {' and no '.join(missing)} formula to translate"
+                )
 
     # --- variables ------------------------------------------------------------------------------
 
@@ -381,6 +356,11 @@ class Encoding:
 
     def _count(self, bools: Sequence[Any]) -> Any:
         return _sum_bools(bools, self.K(0), self.K(1))
+
+    def _rank(self, s: SymState, prefix: str, j: int) -> Any:
+        """How many pages below page j are in the set `prefix{*}`: page j's position in the
+        spec's ascending page tuple (the order prefill writes its grant in)."""
+        return self._count([s[f"{prefix}{q}"] for q in range(j)])
 
     def _int(self, name: str) -> Any:
         return z3.Int(name) if self.width is None else z3.BitVec(name, self.width)
@@ -588,657 +568,21 @@ class Encoding:
         assert n >= 1
         return out
 
-    # --- helpers over a state -------------------------------------------------------------------
-
-    def _answer_error(self, e: Effect, r: int, reason: str) -> None:
-        was = e[f"r{r}.ans_set"]
-        e[f"r{r}.ans_ok"] = z3.And(was, e[f"r{r}.ans_ok"])
-        e[f"r{r}.ans_reason"] = z3.If(was, e[f"r{r}.ans_reason"], REASON[reason])
-        e[f"r{r}.ans_set"] = z3.BoolVal(True)
-
-    def _send(self, e: Effect, kind: str, r: int, **fields: Any) -> None:
-        k = SLOT[kind]
-        e[f"r{r}.{k}_net"] = e[f"r{r}.{k}_net"] + 1
-        for name, value in fields.items():
-            e[f"r{r}.{k}_{name}"] = value
-
-    def _decode_fail(self, e: Effect, r: int, reason: str, abort: bool) -> None:
-        reserved = e[f"r{r}.d"] == D["reserved"]
-        if abort:
-            self._send(e, "abort", r, gen=z3.If(reserved, e[f"r{r}.d_gen"], 0))
-            fenced = self.design.release_fence in ("drain_ack", "ack_or_timeout")
-            awaiting = z3.And(reserved, z3.BoolVal(fenced))
-        else:
-            awaiting = z3.BoolVal(False)
-        self._answer_error(e, r, reason)
-        e[f"r{r}.d"] = self.K(D["failed"])
-        e[f"r{r}.d_awaiting"] = awaiting
-
-    def _target(self, e: Effect | SymState, r: int) -> Any:
-        """`_prefill_target_pages`: min(p_len, len(p_pages))."""
-        granted = self._count([e[f"r{r}.p_pages{j}"] for j in range(self.np)])
-        plen = e[f"r{r}.p_len"]
-        return z3.If(plen < granted, plen, granted)
-
-    def _writes_in_flight(self, s: Effect | SymState, room: int, gen: Any) -> Any:
-        """Any write in flight for (room, generation), whoever issued it."""
-        out = []
-        for q in range(self.n):
-            if self.rooms[q] != room:
-                continue
-            any_w = z3.Or([s[f"r{q}.w{j}"] for j in range(self.np)])
-            out.append(z3.And(any_w, s[f"r{q}.p_gen"] == gen))
-        return z3.Or(out) if out else z3.BoolVal(False)
-
-    def _room_of(self, req: Any) -> Any:
-        """The room of a request given as an Int expression."""
-        expr: Any = self.K(self.rooms[-1])
-        for q in range(self.n - 2, -1, -1):
-            expr = z3.If(req == q, self.rooms[q], expr)
-        return expr
-
-    def _rank(self, e: Effect | SymState, prefix: str, j: int) -> Any:
-        """How many pages below page j are in the set `prefix{*}` (position in the tuple)."""
-        return self._count([e[f"{prefix}{q}"] for q in range(j)])
-
-    # --- one encoder per spec action (same snake_case names) ------------------------------------
-
-    def router_submit_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        c = self.config
-        active = self._count(
-            [z3.And(s[f"r{q}.submitted"], z3.Not(s[f"r{q}.ans_set"])) for q in range(self.n)]
-        )
-        order: Any = z3.BoolVal(True)
-        if c.submit_in_order and r > 0:
-            order = s[f"r{r - 1}.submitted"]
-        guard = z3.And(z3.Not(s[f"r{r}.submitted"]), active < c.max_active, order)
-        e = Effect(s)
-        e[f"r{r}.submitted"] = z3.BoolVal(True)
-        if self.lens[r] > c.context_window:
-            e[f"r{r}.ans_set"] = z3.BoolVal(True)
-            e[f"r{r}.ans_ok"] = z3.BoolVal(False)
-            e[f"r{r}.ans_reason"] = self.K(REASON["prompt over the context window"])
-            e[f"r{r}.not_as_is"] = z3.BoolVal(True)
-        else:
-            e[f"r{r}.p"] = self.K(P["received"])
-            e[f"r{r}.d"] = self.K(D["received"])
-            e[f"r{r}.p_epoch"] = s["decode_epoch"]
-            e[f"r{r}.d_epoch"] = s["prefill_epoch"]
-        return guard, e
-
-    def prefill_admit_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.p"] = z3.If(s[f"r{r}.p_gen"] != 0, self.K(P["granted"]), self.K(P["admitted"]))
-        e[f"r{r}.p_len"] = self.K(self.lens[r])
-        return s[f"r{r}.p"] == P["received"], e
-
-    def prefill_reject_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        d = self.design
-        e = Effect(s)
-        e[f"r{r}.not_as_is"] = z3.BoolVal(True)
-        regranted = z3.If(s[f"r{r}.p_gen"] != 0, self.K(P["granted"]), self.K(P["admitted"]))
-        if d.oversize == "reject":
-            e[f"r{r}.p"] = self.K(P["rejected"])
-            if d.router_honours_prefill_error:
-                self._answer_error(e, r, "rejected by prefill: prompt over its limit")
-            self._send(e, "failure", r, gen=self.K(0), aborted=z3.BoolVal(False))
-        elif d.oversize == "placeholder":
-            e[f"r{r}.p"] = regranted
-            e[f"r{r}.p_len"] = self.K(1)
-            if d.placeholder_reports_error and d.router_honours_prefill_error:
-                self._answer_error(e, r, "aborted by prefill: prompt over its limit")
-        else:
-            e[f"r{r}.p"] = regranted
-            e[f"r{r}.p_len"] = self.K(max(1, self.config.prefill_max_prompt))
-        return s[f"r{r}.p"] == P["received"], e
-
-    def decode_admit_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.d"] = self.K(D["admitted"])
-        return s[f"r{r}.d"] == D["received"], e
-
-    def decode_reject_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        self._answer_error(e, r, "rejected by decode: prompt over its limit")
-        e[f"r{r}.d"] = self.K(D["rejected"])
-        e[f"r{r}.not_as_is"] = z3.BoolVal(True)
-        self._send(e, "abort", r, gen=self.K(0))
-        return s[f"r{r}.d"] == D["received"], e
-
-    def decode_reserve_pages(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        free = [z3.Not(s[f"pg{j}.own"]) for j in range(self.np)]
-        need = self.lens[r]
-        guard = z3.And(s[f"r{r}.d"] == D["admitted"], self._count(free) >= need)
-        e = Effect(s)
-        gen = s["next_gen"]
-        reuse, cross = [], []
-        for j in range(self.np):
-            chosen = z3.And(free[j], self._count(free[:j]) < need)
-            reuse.append(z3.And(chosen, s[f"pg{j}.lt_set"]))
-            cross.append(z3.And(chosen, s[f"pg{j}.lt_set"], s[f"pg{j}.lt"] != self.tid[r]))
-            e[f"pg{j}.own"] = z3.Or(s[f"pg{j}.own"], chosen)
-            e[f"pg{j}.own_req"] = z3.If(chosen, r, s[f"pg{j}.own_req"])
-            e[f"pg{j}.own_gen"] = z3.If(chosen, gen, s[f"pg{j}.own_gen"])
-            e[f"pg{j}.lt_set"] = z3.Or(s[f"pg{j}.lt_set"], chosen)
-            e[f"pg{j}.lt"] = z3.If(chosen, self.tid[r], s[f"pg{j}.lt"])
-            e[f"r{r}.d_pages{j}"] = chosen
-            e[f"r{r}.g_pages{j}"] = chosen
-        e["gh.page_reuse"] = z3.Or(s["gh.page_reuse"], *reuse)
-        e["gh.cross_tenant_reuse"] = z3.Or(s["gh.cross_tenant_reuse"], *cross)
-        e[f"r{r}.d"] = self.K(D["reserved"])
-        e[f"r{r}.d_gen"] = gen
-        self._send(e, "grant", r, gen=gen, epoch=s["decode_epoch"])
-        e["next_gen"] = gen + 1
-        return guard, e
-
-    def prefill_receive_grant(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.g_net"] = s[f"r{r}.g_net"] - 1
-        p = s[f"r{r}.p"]
-        take = z3.And(_in(p, ("received", "admitted"), P), s[f"r{r}.p_gen"] == 0)
-        e[f"r{r}.p"] = z3.If(z3.And(take, p == P["admitted"]), P["granted"], p)
-        e[f"r{r}.p_gen"] = z3.If(take, s[f"r{r}.g_gen"], s[f"r{r}.p_gen"])
-        e[f"r{r}.p_epoch"] = z3.If(take, s[f"r{r}.g_epoch"], s[f"r{r}.p_epoch"])
-        for j in range(self.np):
-            e[f"r{r}.p_pages{j}"] = z3.If(take, s[f"r{r}.g_pages{j}"], s[f"r{r}.p_pages{j}"])
-        if self.design.prefill_adopts_unknown_grant:
-            adopt = z3.And(z3.Not(take), z3.Not(_in(p, ("admitted", "granted"), P)))
-            e[f"r{r}.orph"] = z3.Or(s[f"r{r}.orph"], adopt)
-            e[f"r{r}.orph_gen"] = z3.If(adopt, s[f"r{r}.g_gen"], s[f"r{r}.orph_gen"])
-        return s[f"r{r}.g_net"] > 0, e
-
-    def prefill_write_page(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        guard = z3.And(s[f"r{r}.p"] == P["granted"], s[f"r{r}.p_wrote"] < self._target(s, r))
-        e = Effect(s)
-        for j in range(self.np):
-            is_next = z3.And(
-                s[f"r{r}.p_pages{j}"], self._rank(s, f"r{r}.p_pages", j) == s[f"r{r}.p_wrote"]
-            )
-            e[f"r{r}.w{j}"] = z3.Or(s[f"r{r}.w{j}"], is_next)
-        e[f"r{r}.p_wrote"] = s[f"r{r}.p_wrote"] + 1
-        return guard, e
-
-    def decode_receive_write(self, s: SymState, r: int, j: int) -> tuple[Any, Effect]:
-        d = self.design
-        e = Effect(s)
-        e[f"r{r}.w{j}"] = z3.BoolVal(False)
-        gen = s[f"r{r}.p_gen"]
-        own, own_req, own_gen = s[f"pg{j}.own"], s[f"pg{j}.own_req"], s[f"pg{j}.own_gen"]
-        matches = z3.And(own, self._room_of(own_req) == self.rooms[r], own_gen == gen)
-        if d.write_path == "receiver_checked":
-            refused = z3.Not(matches)
-        elif d.release_fence != "none":
-            refused = s[f"r{r}.p_epoch"] != s["decode_epoch"]
-        else:
-            refused = z3.BoolVal(False)
-        lands = z3.Not(refused)
-        data_req, data_gen = self.K(r), gen
-        if self.pull:
-            # The read fetches what the source block holds when it lands: after the lease
-            # expired, another tenant's data (`Tag(-1, 0, OTHER_TENANT)` in the spec).
-            expired = s[f"r{r}.lease_expired"]
-            data_req = z3.If(expired, self.K(-1), data_req)
-            data_gen = z3.If(expired, self.K(0), data_gen)
-        e["gh.refused_write"] = z3.Or(s["gh.refused_write"], refused)
-        e[f"pg{j}.has"] = z3.Or(s[f"pg{j}.has"], lands)
-        e[f"pg{j}.c_req"] = z3.If(lands, data_req, s[f"pg{j}.c_req"])
-        e[f"pg{j}.c_gen"] = z3.If(lands, data_gen, s[f"pg{j}.c_gen"])
-        own_is_data = z3.And(own, own_req == r, own_gen == gen)
-        e["gh.late_landing"] = z3.Or(s["gh.late_landing"], z3.And(lands, z3.Not(own_is_data)))
-        return s[f"r{r}.w{j}"], e
-
-    def prefill_send_completion(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        d = self.design
-        gen = s[f"r{r}.p_gen"]
-        guard = z3.And(
-            s[f"r{r}.p"] == P["granted"],
-            s[f"r{r}.p_wrote"] == self._target(s, r),
-            z3.Not(self._writes_in_flight(s, self.rooms[r], gen)),
-        )
-        e = Effect(s)
-        e[f"r{r}.p"] = self.K(P["completed"])
-        granted = self._count([s[f"r{r}.p_pages{j}"] for j in range(self.np)])
-        count = granted if d.completion == "local" else s[f"r{r}.p_wrote"]
-        fields: dict[str, Any] = {"gen": gen, "count": count}
-        fields["digest"] = z3.BoolVal(d.prefill_sends_digest)
-        for j in range(self.np):
-            fields[f"dpages{j}"] = z3.And(
-                s[f"r{r}.p_pages{j}"], self._rank(s, f"r{r}.p_pages", j) < s[f"r{r}.p_wrote"]
-            )
-        self._send(e, "completion", r, **fields)
-        return guard, e
-
-    def decode_receive_completion(self, s: SymState, kind: str, rs: int) -> tuple[Any, Effect]:
-        """Target: the first request t in index order that is `reserved` on the sender's room
-        (and generation, with `check_generation`). Valid per `Design.validation`."""
-        d = self.design
-        e = Effect(s)
-        e[f"r{rs}.c_net"] = s[f"r{rs}.c_net"] - 1
-        mgen = s[f"r{rs}.c_gen"]
-        earlier: list[Any] = []
-        for t in range(self.n):
-            if self.rooms[t] != self.rooms[rs]:
-                continue
-            cond = s[f"r{t}.d"] == D["reserved"]
-            if d.check_generation:
-                cond = z3.And(cond, s[f"r{t}.d_gen"] == mgen)
-            is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
-            earlier.append(cond)
-            dp = [s[f"r{t}.d_pages{j}"] for j in range(self.np)]
-            count_ok = s[f"r{rs}.c_count"] == self._count(dp)
-            digest_ok = z3.And(
-                s[f"r{rs}.c_digest"],
-                *[
-                    z3.And(
-                        s[f"r{rs}.c_dpages{j}"] == dp[j],
-                        z3.Implies(
-                            dp[j],
-                            z3.And(
-                                s[f"pg{j}.has"],
-                                s[f"pg{j}.c_req"] == rs,
-                                s[f"pg{j}.c_gen"] == mgen,
-                            ),
-                        ),
-                    )
-                    for j in range(self.np)
-                ],
-            )
-            if d.validation == "none":
-                valid: Any = z3.BoolVal(True)
-            elif d.validation == "count_only":
-                valid = count_ok
-            else:
-                if d.validation == "digest_optional":
-                    digest_ok = z3.Or(digest_ok, z3.Not(s[f"r{rs}.c_digest"]))
-                valid = z3.And(count_ok, digest_ok)
-            fail = Effect(s)
-            self._decode_fail(fail, t, "completion failed validation", abort=False)
-            full = z3.And(
-                [
-                    z3.Implies(
-                        dp[j],
-                        z3.And(
-                            s[f"pg{j}.has"],
-                            s[f"pg{j}.c_req"] == t,
-                            s[f"pg{j}.c_gen"] == s[f"r{t}.d_gen"],
-                        ),
-                    )
-                    for j in range(self.np)
-                ]
-            )
-            ok = {
-                f"r{t}.d": self.K(D["validated"]),
-                f"r{t}.acc_set": z3.BoolVal(True),
-                f"r{t}.acc_full": full,
-            }
-            for name in set(fail.new) | set(ok):
-                if_ok = ok.get(name, s[name])
-                if_fail = fail.new.get(name, s[name])
-                e[name] = z3.If(is_t, z3.If(valid, if_ok, if_fail), e[name])
-        return s[f"r{rs}.c_net"] > 0, e
-
-    def decode_receive_failure(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
-        """From slot `failure` (reason by `f_aborted`) or, on the pull path, `lease_failure`."""
-        k = SLOT[kind]
-        e = Effect(s)
-        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] - 1
-        mgen = s[f"r{r}.{k}_gen"]
-        applies = z3.And(
-            _in(s[f"r{r}.d"], ("received", "admitted", "reserved"), D),
-            z3.Or(mgen == 0, s[f"r{r}.d_gen"] == mgen),
-        )
-        if kind == "lease_failure":
-            reasons: list[tuple[str, Any]] = [(LEASE_EXPIRED, z3.BoolVal(True))]
-        else:
-            aborted = s[f"r{r}.f_aborted"]
-            reasons = [("rejected", z3.Not(aborted)), ("aborted", aborted)]
-        for reason, is_reason in reasons:
-            fail = Effect(s)
-            self._decode_fail(fail, r, f"prefill reported failure: {reason}", abort=False)
-            cond = z3.And(applies, is_reason)
-            for name, value in fail.new.items():
-                e[name] = z3.If(cond, value, e[name])
-        return s[f"r{r}.{k}_net"] > 0, e
-
-    def decode_generate(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.d"] = self.K(D["generated"])
-        e[f"r{r}.read_set"] = z3.BoolVal(True)
-        for j in range(self.np):
-            e[f"r{r}.read_pages{j}"] = s[f"r{r}.d_pages{j}"]
-            e[f"r{r}.rc{j}_has"] = s[f"pg{j}.has"]
-            e[f"r{r}.rc{j}_req"] = s[f"pg{j}.c_req"]
-            e[f"r{r}.rc{j}_gen"] = s[f"pg{j}.c_gen"]
-        return s[f"r{r}.d"] == D["validated"], e
-
-    def decode_answer(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        fresh = z3.Not(s[f"r{r}.ans_set"])
-        e[f"r{r}.ans_set"] = z3.BoolVal(True)
-        e[f"r{r}.ans_ok"] = z3.Or(fresh, s[f"r{r}.ans_ok"])
-        e[f"r{r}.ans_reason"] = z3.If(fresh, 0, s[f"r{r}.ans_reason"])
-        e["gh.ok_after_crash"] = z3.Or(s["gh.ok_after_crash"], z3.And(fresh, s["f.crashes"] > 0))
-        e["gh.ok_after_loss"] = z3.Or(s["gh.ok_after_loss"], z3.And(fresh, s["f.drops"] > 0))
-        e[f"r{r}.d"] = self.K(D["answered"])
-        return s[f"r{r}.d"] == D["generated"], e
-
-    def decode_release_pages(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        dp = [s[f"r{r}.d_pages{j}"] for j in range(self.np)]
-        guard = z3.And(
-            _in(s[f"r{r}.d"], ("answered", "failed"), D),
-            z3.Or(dp),
-            z3.Not(s[f"r{r}.d_awaiting"]),
-        )
-        e = Effect(s)
-        scrubbed = []
-        for j in range(self.np):
-            e[f"pg{j}.own"] = z3.And(s[f"pg{j}.own"], z3.Not(dp[j]))
-            if self.design.scrub:
-                scrubbed.append(z3.And(dp[j], s[f"pg{j}.has"]))
-                e[f"pg{j}.has"] = z3.And(s[f"pg{j}.has"], z3.Not(dp[j]))
-            e[f"r{r}.d_pages{j}"] = z3.BoolVal(False)
-        if scrubbed:
-            e["gh.scrubbed_written_page"] = z3.Or(s["gh.scrubbed_written_page"], *scrubbed)
-        e[f"r{r}.d"] = self.K(D["released"])
-        e[f"r{r}.d_awaiting"] = z3.BoolVal(False)
-        return guard, e
-
-    def prefill_receive_abort(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.a_net"] = s[f"r{r}.a_net"] - 1
-        p, mgen = s[f"r{r}.p"], s[f"r{r}.a_gen"]
-        stop = z3.Or(
-            _in(p, ("received", "admitted"), P),
-            z3.And(p == P["granted"], s[f"r{r}.p_gen"] == mgen),
-        )
-        e[f"r{r}.p"] = z3.If(stop, P["aborted"], p)
-        if self.design.release_fence in ("drain_ack", "ack_or_timeout"):
-            add = mgen != 0
-            e[f"r{r}.pa"] = z3.Or(s[f"r{r}.pa"], add)
-            e[f"r{r}.pa_gen"] = z3.If(add, mgen, s[f"r{r}.pa_gen"])
-        return s[f"r{r}.a_net"] > 0, e
-
-    def prefill_receive_cancel(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.p_cancel"] = z3.BoolVal(False)
-        p = s[f"r{r}.p"]
-        e[f"r{r}.p"] = z3.If(_in(p, ("received", "admitted"), P), P["aborted"], p)
-        return s[f"r{r}.p_cancel"], e
-
-    def prefill_send_abort_ack(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        room, gen = self.rooms[r], s[f"r{r}.pa_gen"]
-        guard = z3.And(s[f"r{r}.pa"], z3.Not(self._writes_in_flight(s, room, gen)))
-        e = Effect(s)
-        for q in range(self.n):
-            if self.rooms[q] != room:
-                continue
-            same = z3.And(s[f"r{q}.pa"], s[f"r{q}.pa_gen"] == gen)
-            e[f"r{q}.k_net"] = z3.If(same, s[f"r{q}.k_net"] + 1, s[f"r{q}.k_net"])
-            e[f"r{q}.k_gen"] = z3.If(same, s[f"r{q}.pa_gen"], s[f"r{q}.k_gen"])
-            e[f"r{q}.pa"] = z3.And(s[f"r{q}.pa"], z3.Not(same))
-        return guard, e
-
-    def decode_receive_abort_ack(self, s: SymState, kind: str, rs: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{rs}.k_net"] = s[f"r{rs}.k_net"] - 1
-        mgen = s[f"r{rs}.k_gen"]
-        earlier: list[Any] = []
-        for t in range(self.n):
-            if self.rooms[t] != self.rooms[rs]:
-                continue
-            cond = z3.And(s[f"r{t}.d_awaiting"], s[f"r{t}.d_gen"] == mgen)
-            is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
-            earlier.append(cond)
-            e[f"r{t}.d_awaiting"] = z3.And(e[f"r{t}.d_awaiting"], z3.Not(is_t))
-            e["gh.drain_acked"] = z3.Or(e["gh.drain_acked"], is_t)
-        return s[f"r{rs}.k_net"] > 0, e
-
-    def decode_release_timeout(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.d_awaiting"] = z3.BoolVal(False)
-        return s[f"r{r}.d_awaiting"], e
-
-    def decode_detect_prefill_restart(self, s: SymState) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e["dsp"] = s["prefill_epoch"]
-        for r in range(self.n):
-            fail = Effect(s)
-            self._decode_fail(fail, r, "prefill restarted", abort=True)
-            stale = z3.And(
-                _in(s[f"r{r}.d"], ("received", "admitted", "reserved"), D),
-                s[f"r{r}.d_epoch"] != s["prefill_epoch"],
-            )
-            resend = z3.And(z3.Not(stale), s[f"r{r}.d_awaiting"])
-            names = set(fail.new) | {f"r{r}.a_net", f"r{r}.a_gen"}
-            for name in names:
-                if name == f"r{r}.a_net":
-                    again = s[name] + 1
-                elif name == f"r{r}.a_gen":
-                    again = s[f"r{r}.d_gen"]
-                else:
-                    again = s[name]
-                e[name] = z3.If(stale, fail.new.get(name, s[name]), z3.If(resend, again, s[name]))
-        return s["dsp"] != s["prefill_epoch"], e
-
-    def prefill_detect_decode_restart(self, s: SymState) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e["psd"] = s["decode_epoch"]
-        for r in range(self.n):
-            p = s[f"r{r}.p"]
-            stale = z3.And(
-                _in(p, ("received", "admitted", "granted"), P),
-                s[f"r{r}.p_epoch"] != s["decode_epoch"],
-            )
-            e[f"r{r}.p"] = z3.If(stale, P["aborted"], p)
-        return s["psd"] != s["decode_epoch"], e
-
-    def retransmit_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
-        k = SLOT[kind]
-        e = Effect(s)
-        e[f"r{r}.{k}_lost"] = s[f"r{r}.{k}_lost"] - 1
-        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] + 1
-        return s[f"r{r}.{k}_lost"] > 0, e
-
-    # Faults: each guard also needs the fault budget (see `_fault_guard`).
-
-    def _fault_guard(self, s: SymState, kind: str) -> Any:
-        c = self.config
-        total = z3.Sum([s[f"f.{f}"] for f in FAULT_FIELDS])
-        limit = {
-            "crashes": c.max_crashes,
-            "drops": c.max_drops,
-            "duplicates": c.max_duplicates,
-            "timeouts": c.max_timeouts,
-            "cancels": c.max_cancels,
-            "prefill_aborts": c.max_prefill_aborts,
-        }[kind]
-        return z3.And(total < c.max_faults, s[f"f.{kind}"] < limit)
-
-    def _spend(self, e: Effect, kind: str) -> None:
-        e[f"f.{kind}"] = e.s[f"f.{kind}"] + 1
-
-    def client_cancel_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        guard = z3.And(
-            self._fault_guard(s, "cancels"),
-            s[f"r{r}.submitted"],
-            z3.Not(s[f"r{r}.ans_set"]),
-        )
-        e = Effect(s)
-        self._spend(e, "cancels")
-        mid = z3.And(s[f"r{r}.p"] == P["granted"], s[f"r{r}.p_wrote"] > 0)
-        e["gh.cancelled_mid_transfer"] = z3.Or(s["gh.cancelled_mid_transfer"], mid)
-        self._answer_error(e, r, "cancelled by the client")
-        live = ("received", "admitted", "reserved", "validated", "generated")
-        e[f"r{r}.d_cancel"] = z3.Or(s[f"r{r}.d_cancel"], _in(s[f"r{r}.d"], live, D))
-        waiting = ("received", "admitted")
-        e[f"r{r}.p_cancel"] = z3.Or(s[f"r{r}.p_cancel"], _in(s[f"r{r}.p"], waiting, P))
-        return guard, e
-
-    def decode_receive_cancel(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        e = Effect(s)
-        e[f"r{r}.d_cancel"] = z3.BoolVal(False)
-        dphase = s[f"r{r}.d"]
-        early = _in(dphase, ("received", "admitted", "reserved"), D)
-        late = _in(dphase, ("validated", "generated"), D)
-        with_abort, without = Effect(s), Effect(s)
-        self._decode_fail(with_abort, r, "cancelled by the client", abort=True)
-        self._decode_fail(without, r, "cancelled by the client", abort=False)
-        for name in set(with_abort.new) | set(without.new):
-            e[name] = z3.If(
-                early,
-                with_abort.new.get(name, s[name]),
-                z3.If(late, without.new.get(name, s[name]), s[name]),
-            )
-        return s[f"r{r}.d_cancel"], e
-
-    def decode_waiting_timeout(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        guard = z3.And(self._fault_guard(s, "timeouts"), s[f"r{r}.d"] == D["reserved"])
-        e = Effect(s)
-        self._spend(e, "timeouts")
-        self._decode_fail(e, r, "timed out waiting for prefill", abort=True)
-        return guard, e
-
-    def prefill_abort_request(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        d = self.design
-        gen = s[f"r{r}.p_gen"]
-        guard = z3.And(
-            self._fault_guard(s, "prefill_aborts"),
-            _in(s[f"r{r}.p"], ("admitted", "granted"), P),
-            z3.Not(self._writes_in_flight(s, self.rooms[r], gen)),
-        )
-        e = Effect(s)
-        self._spend(e, "prefill_aborts")
-        e[f"r{r}.p"] = self.K(P["aborted"])
-        if d.router_honours_prefill_error:
-            self._answer_error(e, r, "aborted by prefill")
-        if d.prefill_abort_notifies_decode:
-            self._send(e, "failure", r, gen=gen, aborted=z3.BoolVal(True))
-        return guard, e
-
-    def prefill_restart(self, s: SymState) -> tuple[Any, Effect]:
-        e = Effect(s)
-        self._spend(e, "crashes")
-        for r in range(self.n):
-            p = s[f"r{r}.p"]
-            terminal = _in(p, ("none", "rejected", "completed", "aborted", "lost"), P)
-            e[f"r{r}.p"] = z3.If(terminal, p, P["lost"])
-            e[f"r{r}.pa"] = z3.BoolVal(False)
-            e[f"r{r}.orph"] = z3.BoolVal(False)
-        e["prefill_epoch"] = s["prefill_epoch"] + 1
-        return self._fault_guard(s, "crashes"), e
-
-    def decode_restart(self, s: SymState) -> tuple[Any, Effect]:
-        e = Effect(s)
-        self._spend(e, "crashes")
-        for r in range(self.n):
-            dp = [s[f"r{r}.d_pages{j}"] for j in range(self.np)]
-            keep = z3.And(
-                _in(s[f"r{r}.d"], ("none", "rejected", "released", "lost"), D),
-                z3.Not(z3.Or(dp)),
-            )
-            lost = Effect(s)
-            self._answer_error(lost, r, "decode restarted")
-            lost[f"r{r}.d"] = self.K(D["lost"])
-            lost[f"r{r}.d_awaiting"] = z3.BoolVal(False)
-            for j in range(self.np):
-                lost[f"r{r}.d_pages{j}"] = z3.BoolVal(False)
-            for name, value in lost.new.items():
-                e[name] = z3.If(keep, s[name], value)
-        for j in range(self.np):
-            e[f"pg{j}.own"] = z3.BoolVal(False)
-            if self.design.scrub:
-                e[f"pg{j}.has"] = z3.BoolVal(False)
-        e["decode_epoch"] = s["decode_epoch"] + 1
-        if not self.design.generations_persist:
-            e["next_gen"] = self.K(1)
-        return self._fault_guard(s, "crashes"), e
-
-    def prefill_lease_expire(self, s: SymState, r: int) -> tuple[Any, Effect]:
-        """Pull path: the lease on r's pinned source blocks runs out (a timeout fault)."""
-        gen = s[f"r{r}.p_gen"]
-        guard = z3.And(
-            self._fault_guard(s, "timeouts"),
-            z3.Not(s[f"r{r}.lease_expired"]),
-            self._writes_in_flight(s, self.rooms[r], gen),
-        )
-        e = Effect(s)
-        self._spend(e, "timeouts")
-        e[f"r{r}.lease_expired"] = z3.BoolVal(True)
-        if self.design.lease_expiry_notifies_decode:
-            self._send(e, "lease_failure", r, gen=gen)
-        return guard, e
-
-    def network_fail_transfer(self, s: SymState, r: int, j: int) -> tuple[Any, Effect]:
-        """Pull path: the read of r's page j fails (a drop fault); the reader may notice."""
-        e = Effect(s)
-        self._spend(e, "drops")
-        e[f"r{r}.w{j}"] = z3.BoolVal(False)
-        if self.design.transfer_failure_reported:
-            # The first request (index order) reserved on the write's room and generation fails.
-            gen = s[f"r{r}.p_gen"]
-            earlier: list[Any] = []
-            for t in range(self.n):
-                if self.rooms[t] != self.rooms[r]:
-                    continue
-                cond = z3.And(s[f"r{t}.d"] == D["reserved"], s[f"r{t}.d_gen"] == gen)
-                is_t = z3.And(cond, *[z3.Not(x) for x in earlier])
-                earlier.append(cond)
-                fail = Effect(s)
-                self._decode_fail(fail, t, "page transfer failed", abort=True)
-                for name, value in fail.new.items():
-                    e[name] = z3.If(is_t, value, e[name])
-        return z3.And(self._fault_guard(s, "drops"), s[f"r{r}.w{j}"]), e
-
-    def network_drop_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
-        k = SLOT[kind]
-        e = Effect(s)
-        self._spend(e, "drops")
-        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] - 1
-        e[f"r{r}.{k}_lost"] = s[f"r{r}.{k}_lost"] + 1
-        return z3.And(self._fault_guard(s, "drops"), s[f"r{r}.{k}_net"] > 0), e
-
-    def network_duplicate_message(self, s: SymState, kind: str, r: int) -> tuple[Any, Effect]:
-        k = SLOT[kind]
-        e = Effect(s)
-        self._spend(e, "duplicates")
-        e[f"r{r}.{k}_net"] = s[f"r{r}.{k}_net"] + 1
-        return z3.And(self._fault_guard(s, "duplicates"), s[f"r{r}.{k}_net"] > 0), e
-
     # --- the transition relation ----------------------------------------------------------------
 
     def rule(self, s: SymState, i: int) -> tuple[Any, dict[str, Any]]:
-        """Guard and updated variables of instance i on state s. Where the action's guard is a
-        formula (`guard_formulas`: the rulebook's, or a variant's `spec.logic.guard`), it is
-        translated, not re-coded; the encoder's own guard is then unused."""
+        """Guard and updated variables of instance i on state s: the action's guard and effect
+        formulas (`guard_formulas`, `effect_formulas`), translated."""
         inst = self.instances[i]
-        formula = self.guard_formulas.get(inst.name)
-        effect = self.effect_formulas.get(inst.name)
-        if formula is not None and effect is not None:
-            return self._translated_guard(formula, s, inst), self._translated_effect(
-                effect, s, inst
-            )
-        encoder = self._rules.get(inst.name)
-        if encoder is None:
-            raise CannotEncode(
-                f"action {inst.name!r} has no Z3 encoder, and its "
-                f"{'effect' if formula is not None else 'guard'} is not a formula"
-            )
-        guard, e = encoder(s, *inst.args)
-        if formula is not None:
-            guard = self._translated_guard(formula, s, inst)
-        if effect is not None:
-            return guard, self._translated_effect(effect, s, inst)
-        return guard, e.new
+        return (
+            self._translated_guard(self.guard_formulas[inst.name], s, inst),
+            self._translated_effect(self.effect_formulas[inst.name], s, inst),
+        )
 
     def _translated_effect(self, effect: EffectFormula, s: SymState, inst: Instance) -> Any:
         from kvhandoff.model_checker.logic_z3 import fixed_effect
 
         return fixed_effect(self, s, effect, inst.args)
-
-    def hand_written_effect(self, s: SymState, i: int) -> dict[str, Any]:
-        """The new values instance i's encoder builds (the legacy path; the differential test)."""
-        inst = self.instances[i]
-        return self._rules[inst.name](s, *inst.args)[1].new
 
     def _translated_guard(self, formula: GuardFormula, s: SymState, inst: Instance) -> Any:
         from kvhandoff.model_checker.logic_z3 import FixedReading, translate
@@ -1259,11 +603,6 @@ class Encoding:
         args = inst.args + (0,) * (len(formula.params) - len(inst.args))  # one prefill rank
         env = {id(p): a for p, a in zip(formula.params, args, strict=True)}
         return translate(formula.formula, reading, env)
-
-    def hand_written_guard(self, s: SymState, i: int) -> Any:
-        """The guard instance i's encoder builds (the legacy path; the differential test)."""
-        inst = self.instances[i]
-        return self._rules[inst.name](s, *inst.args)[0]
 
     def _rules_on(self, s: SymState) -> list[tuple[Any, dict[str, Any]]]:
         """`rule(s, i)` for every instance; on the template state, computed once."""
@@ -1381,67 +720,9 @@ class Encoding:
     def properties(self, s: SymState) -> dict[str, Any]:
         """The `ALWAYS` properties of spec/properties.py over one state: their formulas
         themselves, read over this encoding (`logic_z3.fixed_properties`)."""
-        if self.use_legacy_properties:
-            return self.legacy_properties(s)
         from kvhandoff.model_checker.logic_z3 import fixed_properties
 
         return fixed_properties(self, s)
-
-    def legacy_properties(self, s: SymState) -> dict[str, Any]:
-        """The hand-written Z3 twins of the properties, kept beside the derived ones until the
-        differential test (tests/model_checker/test_properties_once.py) has run for a while."""
-        n, np_ = self.n, self.np
-        reads, tenants, coverage, fail_closed = [], [], [], []
-        for r in range(n):
-            for j in range(np_):
-                pre = z3.And(s[f"r{r}.read_set"], s[f"r{r}.read_pages{j}"])
-                own = z3.And(
-                    s[f"r{r}.rc{j}_has"],
-                    s[f"r{r}.rc{j}_req"] == r,
-                    s[f"r{r}.rc{j}_gen"] == s[f"r{r}.d_gen"],
-                )
-                reads.append(z3.Implies(pre, own))
-                same = [q for q in range(n) if self.tid[q] == self.tid[r]]
-                if self.pull and self.config.requests[r].tenant == OTHER_TENANT:
-                    same.append(-1)  # data from outside the scenario carries OTHER_TENANT
-                same_tenant = z3.Or([s[f"r{r}.rc{j}_req"] == q for q in same])
-                tenants.append(z3.Implies(z3.And(pre, s[f"r{r}.rc{j}_has"]), same_tenant))
-            coverage.append(z3.Implies(s[f"r{r}.acc_set"], s[f"r{r}.acc_full"]))
-            fail_closed.append(
-                z3.Implies(
-                    s[f"r{r}.not_as_is"],
-                    z3.And(
-                        s[f"r{r}.p_wrote"] == 0,
-                        z3.Not(z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_ok"])),
-                    ),
-                )
-            )
-        owner = []
-        for j in range(np_):
-            holders = [s[f"r{r}.d_pages{j}"] for r in range(n)]
-            owner.append(z3.AtMost(*holders, 1) if n > 1 else z3.BoolVal(True))
-            for r in range(n):
-                owner.append(
-                    z3.Implies(
-                        holders[r],
-                        z3.And(
-                            s[f"pg{j}.own"],
-                            s[f"pg{j}.own_req"] == r,
-                            s[f"pg{j}.own_gen"] == s[f"r{r}.d_gen"],
-                        ),
-                    )
-                )
-            owner.append(z3.Implies(s[f"pg{j}.own"], z3.Or(holders)))
-        freed = [z3.Implies(z3.Not(s[f"pg{j}.own"]), z3.Not(s[f"pg{j}.has"])) for j in range(np_)]
-        return {
-            "decode_reads_only_validated_pages": z3.And(reads),
-            "no_cross_tenant_read": z3.And(tenants),
-            "accepted_completion_implies_full_coverage": z3.And(coverage),
-            "rejected_request_gets_error_not_output": z3.And(fail_closed),
-            "page_has_single_owner": z3.And(owner),
-            "no_late_write_lands_in_reallocated_page": z3.Not(s["gh.late_landing"]),
-            "freed_pages_hold_no_readable_data": z3.And(freed),
-        }
 
     # --- concrete values: abstraction (spec -> Z3) and concretization (Z3 -> spec) --------------
 

@@ -141,27 +141,16 @@ def bmc(
     depth: int | None = None,
     timeout: float | None = None,
     first: bool = False,
-    legacy_properties: bool = False,
-    legacy_guards: bool = False,
-    legacy_effects: bool = False,
 ) -> CheckResult:
     """Bounded model checking with the narrowest bit-vector width at which the interval analysis
     bounds every integer within the depth, each step's integers narrowed further to the bits
     their intervals need there (`Encoding.narrow`). Where no width's intervals suffice, every
     integer gets one width, 5 bits, widened and rerun whenever the solver finds that some value
     could leave the range within the bound. `first`: stop at the first depth where some property
-    fails (the shortest counterexample of all). `legacy_properties`: check the hand-written Z3
-    twins of the properties instead of the spec's formulas, `legacy_guards` the encoders'
-    hand-written guards instead of the spec's formula guards, `legacy_effects` their hand-written
-    effects (the differential tests, the benchmarks)."""
+    fails (the shortest counterexample of all)."""
     started = time.perf_counter()
     bound = DEFAULT_BMC_DEPTH if depth is None else depth
-    legacy = {
-        "legacy_properties": legacy_properties,
-        "legacy_guards": legacy_guards,
-        "legacy_effects": legacy_effects,
-    }
-    result = _bmc_widths(variant, config, bound, timeout, first, started, legacy)
+    result = _bmc_widths(variant, config, bound, timeout, first, started)
     # Every action fires and every witness holds within the bound, where the spec's do.
     result = with_movement(result, variant, config, bound, timeout)
     result.seconds = time.perf_counter() - started
@@ -175,15 +164,14 @@ def _bmc_widths(
     timeout: float | None,
     first: bool,
     started: float,
-    legacy: dict[str, bool],
 ) -> CheckResult:
     for width in WIDTHS:
-        enc = Encoding(variant, config, width=width, **legacy)
+        enc = Encoding(variant, config, width=width)
         if enc.narrow(bound):
             return _bmc(enc, bound, timeout, first, started, narrowed=True)
     for width in WIDTHS:
         try:
-            enc = Encoding(variant, config, width=width, **legacy)
+            enc = Encoding(variant, config, width=width)
             return _bmc(enc, bound, timeout, first, started, narrowed=False)
         except _WidthTooSmall:
             continue

@@ -471,13 +471,16 @@ def init(s: St) -> Any:
 def properties(s: St) -> dict[str, Any]:
     """The `ALWAYS` properties over the abstract state: the formulas of spec/properties.py
     themselves where this model keeps what they read (`logic_z3.any_size_properties`), else the
-    model's own statement of the property (`legacy_properties`), over its history flags:
+    model's own statement of the property (`own_properties`), over its history flags:
     `properties_left_out()` says which and why."""
     from kvhandoff.model_checker.logic_z3 import any_size_properties
+    from kvhandoff.spec.properties import ALWAYS
 
     read, _why = any_size_properties(s)
-    own = legacy_properties(s)
-    return {name: read.get(name, own[name]) for name in own}
+    own = own_properties(s)
+    missing = [p.name for p in ALWAYS if p.name not in read and p.name not in own]
+    assert not missing, f"the any-size model states no form of {missing}"
+    return {p.name: read[p.name] if p.name in read else own[p.name] for p in ALWAYS}
 
 
 def properties_left_out() -> dict[str, str]:
@@ -487,13 +490,12 @@ def properties_left_out() -> dict[str, str]:
     return any_size_properties(state())[1]
 
 
-def legacy_properties(s: St) -> dict[str, Any]:
-    """The hand-written properties over the abstract state (same names as spec/properties.py):
-    those `properties` does not derive, and the hand-written twins of those it does, kept until
-    the differential test (tests/model_checker/test_properties_once.py) has run for a while.
-    A bad read, a read of another tenant's data and an accepted completion that does not cover
-    every page are history flags set by the action where they happen (`bad_read`,
-    `bad_tenant`, `bad_cover`): the model does not keep the read or the acceptance."""
+def own_properties(s: St) -> dict[str, Any]:
+    """This model's own statement of the properties whose formulas it cannot read
+    (`properties_left_out()` says why). A bad read, a read of another tenant's data and an
+    accepted completion that does not cover every page are history flags set by the action where
+    they happen (`bad_read`, `bad_tenant`, `bad_cover`): the model does not keep the read or the
+    acceptance; it keeps which pages prefill wrote (`wrote`), not how many."""
     return {
         "decode_reads_only_validated_pages": z3.Not(s.bad_read),
         "no_cross_tenant_read": z3.Not(s.bad_tenant),
@@ -504,23 +506,6 @@ def legacy_properties(s: St) -> dict[str, Any]:
                 s.not_as_is(r1),
                 z3.And(z3.Not(s.wrote(r1, q1)), z3.Not(z3.And(s.ans_set(r1), s.ans_ok(r1)))),
             ),
-        ),
-        "page_has_single_owner": z3.And(
-            z3.ForAll(
-                [q1],
-                z3.Implies(
-                    s.own(q1),
-                    z3.And(s.granted(s.own_req(q1), q1), s.own_gen(q1) == s.d_gen(s.own_req(q1))),
-                ),
-            ),
-            z3.ForAll(
-                [r1, q1],
-                z3.Implies(s.granted(r1, q1), z3.And(s.own(q1), s.own_req(q1) == r1)),
-            ),
-        ),
-        "no_late_write_lands_in_reallocated_page": z3.Not(s.late),
-        "freed_pages_hold_no_readable_data": z3.ForAll(
-            [q1], z3.Implies(z3.Not(s.own(q1)), z3.Not(s.has(q1)))
         ),
     }
 
@@ -533,7 +518,7 @@ def invariants(s: St) -> dict[str, Any]:
     from kvhandoff.model_checker.logic_z3 import any_size_clauses
     from kvhandoff.spec.invariants import INVARIANTS
 
-    out = {"well_formed": legacy_invariants(s)["well_formed"]}
+    out = {"well_formed": well_formed(s)}
     for inv in INVARIANTS:
         kept, _left = any_size_clauses(inv.formula, s)
         out[inv.name] = z3.And(kept)
@@ -549,115 +534,22 @@ def left_out() -> dict[str, list[str]]:
     return {inv.name: any_size_clauses(inv.formula, s)[1] for inv in INVARIANTS}
 
 
-def legacy_invariants(s: St) -> dict[str, Any]:
-    """The hand-written invariants over the abstract state, kept beside the derived ones until
-    the differential test (tests/model_checker/test_invariants_once.py) has run for a while."""
-    x, y, q = r1, r2, q1
-    early = ("none", "received", "admitted", "rejected")
-    holding = ("reserved", "validated", "generated", "answered", "failed")
-    return {
-        "well_formed": z3.ForAll(
-            [x],
-            z3.And(
-                s.p(x) >= 0,
-                s.p(x) < len(P_PHASES),
-                s.d(x) >= 0,
-                s.d(x) < len(D_PHASES),
-                s.p_gen(x) >= 0,
-                # Only an answer given can be OK (the spec's `answer.ok` lives in the answer).
-                z3.Implies(s.ans_ok(x), s.ans_set(x)),
-            ),
+def well_formed(s: St) -> Any:
+    """Facts about this model's encoding: phases are codes of the spec's phases, generations are
+    not negative, and only an answer given can be OK (the spec's `answer.ok` lives in the
+    answer)."""
+    x = r1
+    return z3.ForAll(
+        [x],
+        z3.And(
+            s.p(x) >= 0,
+            s.p(x) < len(P_PHASES),
+            s.d(x) >= 0,
+            s.d(x) < len(D_PHASES),
+            s.p_gen(x) >= 0,
+            z3.Implies(s.ans_ok(x), s.ans_set(x)),
         ),
-        "generations_are_unique": z3.ForAll(
-            [x, y],
-            z3.And(
-                s.d_gen(x) < s.next_gen,
-                s.d_gen(x) >= 0,
-                z3.Implies(z3.And(x != y, s.d_gen(x) != 0), s.d_gen(x) != s.d_gen(y)),
-            ),
-        ),
-        "unreserved_requests_hold_nothing": z3.ForAll(
-            [x, q],
-            z3.And(
-                z3.Implies(_in(s.d(x), early, D), z3.And(s.d_gen(x) == 0, z3.Not(s.granted(x, q)))),
-                z3.Implies(s.granted(x, q), _in(s.d(x), holding, D)),
-                z3.Implies(s.d(x) == D["none"], z3.Not(s.grant_sent(x))),
-            ),
-        ),
-        "prefill_holds_decodes_generation": z3.ForAll(
-            [x, q],
-            z3.And(
-                z3.Implies(s.p_gen(x) != 0, s.p_gen(x) == s.d_gen(x)),
-                z3.Implies(s.wrote(x, q), z3.And(s.p_gen(x) != 0, s.p_pages(x, q))),
-                z3.Implies(_in(s.p(x), ("granted", "completed"), P), s.p_gen(x) != 0),
-                z3.Implies(_in(s.p(x), early, P), z3.Not(s.wrote(x, q))),
-            ),
-        ),
-        "messages_carry_their_generation": z3.ForAll(
-            [x],
-            z3.And(
-                z3.Implies(
-                    s.grant_sent(x), z3.And(s.grant_gen(x) != 0, s.grant_gen(x) == s.d_gen(x))
-                ),
-                z3.Implies(s.comp_sent(x), z3.And(s.comp_gen(x) != 0, s.comp_gen(x) == s.p_gen(x))),
-            ),
-        ),
-        "writes_carry_their_grant": z3.ForAll(
-            [x, q], z3.Implies(s.wrote(x, q), z3.And(s.p_gen(x) != 0, s.p_pages(x, q)))
-        ),
-        "owned_pages_hold_owner_data_or_nothing": z3.ForAll(
-            [q],
-            z3.Implies(
-                z3.And(s.own(q), s.has(q)),
-                z3.And(s.c_req(q) == s.own_req(q), s.c_gen(q) == s.own_gen(q)),
-            ),
-        ),
-        "validated_pages_hold_own_data": z3.ForAll(
-            [x, q],
-            z3.Implies(
-                z3.And(s.d(x) == D["validated"], s.granted(x, q)),
-                z3.And(s.has(q), s.c_req(q) == x, s.c_gen(q) == s.d_gen(x)),
-            ),
-        ),
-        "decode_validates_only_completed_prefill": z3.ForAll(
-            [x],
-            z3.And(
-                z3.Implies(
-                    _in(s.d(x), ("validated", "generated", "answered"), D),
-                    s.p(x) == P["completed"],
-                ),
-                z3.Implies(z3.And(s.ans_set(x), s.ans_ok(x)), s.p(x) == P["completed"]),
-                z3.Implies(s.comp_sent(x), s.p(x) == P["completed"]),
-            ),
-        ),
-        "rejected_requests_are_never_completed": z3.ForAll(
-            [x],
-            z3.Implies(
-                s.not_as_is(x),
-                z3.And(
-                    z3.Not(_in(s.p(x), ("granted", "completed"), P)),
-                    z3.Not(s.comp_sent(x)),
-                    z3.Or(
-                        s.p(x) == P["rejected"],
-                        s.d(x) == D["rejected"],
-                        z3.And(s.p(x) == P["none"], s.d(x) == D["none"]),
-                    ),
-                ),
-            ),
-        ),
-        "unsubmitted_requests_are_untouched": z3.ForAll(
-            [x],
-            z3.Implies(
-                z3.Not(s.submitted(x)),
-                z3.And(
-                    s.p(x) == P["none"],
-                    s.d(x) == D["none"],
-                    z3.Not(s.not_as_is(x)),
-                    z3.Not(s.ans_set(x)),
-                ),
-            ),
-        ),
-    }
+    )
 
 
 def supports(d: Design) -> str | None:

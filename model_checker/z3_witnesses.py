@@ -51,7 +51,7 @@ import z3
 
 from kvhandoff.model_checker import z3_prove as m
 from kvhandoff.model_checker.result import CheckResult
-from kvhandoff.model_checker.z3_encoding import REASON, D, Encoding, EncodingError, SymState
+from kvhandoff.model_checker.z3_encoding import D, Encoding, EncodingError, SymState
 from kvhandoff.spec.actions import action_name
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.machine import enabled, init, step
@@ -150,37 +150,6 @@ def fixed_witnesses(enc: Encoding, s: SymState) -> dict[str, Any]:
     return derived(enc, s)
 
 
-def legacy_fixed_witnesses(enc: Encoding, s: SymState) -> dict[str, Any]:
-    """The hand-written Z3 twins of the witnesses, kept beside the derived ones until the
-    differential test (tests/model_checker/test_witnesses_once.py) has run for a while."""
-    reqs = range(enc.n)
-    big = [r for r in reqs if enc.lens[r] > enc.config.prefill_max_prompt]
-    timed_out = REASON["timed out waiting for prefill"]
-    return {
-        "can_complete_handoff": z3.Or(
-            [z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_ok"]) for r in reqs]
-        ),
-        "can_reuse_page_across_tenants": s["gh.cross_tenant_reuse"],
-        "can_accept_completion": z3.Or([s[f"r{r}.acc_set"] for r in reqs]),
-        "can_reject_oversized_prompt": z3.Or(
-            [
-                z3.And(s[f"r{r}.not_as_is"], s[f"r{r}.ans_set"], z3.Not(s[f"r{r}.ans_ok"]))
-                for r in big
-            ]
-        ),
-        "can_reuse_freed_page": s["gh.page_reuse"],
-        "can_refuse_or_fence_late_write": z3.Or(s["gh.refused_write"], s["gh.drain_acked"]),
-        "can_scrub_written_page": s["gh.scrubbed_written_page"],
-        "can_cancel_mid_transfer": s["gh.cancelled_mid_transfer"],
-        "can_recover_from_crash": s["gh.ok_after_crash"],
-        "can_recover_from_message_loss": s["gh.ok_after_loss"],
-        "can_time_out_waiting": z3.And(
-            s["f.timeouts"] > 0,
-            z3.Or([z3.And(s[f"r{r}.ans_set"], s[f"r{r}.ans_reason"] == timed_out) for r in reqs]),
-        ),
-    }
-
-
 def _fixed_encoding(variant: Variant, config: Config, depth: int) -> tuple[Encoding, Any]:
     """The narrowest bit-vector encoding whose intervals bound every integer within `depth`
     (as BMC picks it); unbounded Ints where none does."""
@@ -198,14 +167,10 @@ def fixed_movement(
     config: Config,
     depth: int,
     timeout: float | None = None,
-    legacy_witnesses: bool = False,
 ) -> Movement:
     """Which actions fire and which witnesses hold within `depth` steps of the fixed encoding
-    (see the module docstring); every path found is replayed through the spec. With
-    `legacy_witnesses`, the hand-written twins of the witnesses are searched for instead of
-    their formulas (for the differential test)."""
+    (see the module docstring); every path found is replayed through the spec."""
     started = time.perf_counter()
-    witness_forms = legacy_fixed_witnesses if legacy_witnesses else fixed_witnesses
     enc, solver = _fixed_encoding(variant, config, depth)
     if timeout is not None:
         solver.set("timeout", max(1, int(timeout * 1000)))
@@ -216,7 +181,7 @@ def fixed_movement(
     witnesses: dict[str, int | None] = {w.name: None for w in SOMETIMES}
     problems: list[str] = []
     solver.add(enc.init(enc.state_at(0, "w_")))
-    for name, f in witness_forms(enc, enc.state_at(0, "w_")).items():
+    for name, f in fixed_witnesses(enc, enc.state_at(0, "w_")).items():
         if z3.is_true(z3.simplify(z3.And(enc.init(enc.state_at(0, "w_")), f))):
             witnesses[name] = 0
     reached_depth = depth
@@ -226,7 +191,7 @@ def fixed_movement(
         goals = {
             n: z3.Or([act == i for i in ids]) for n, ids in kinds.items() if actions[n] is None
         }
-        ws = witness_forms(enc, enc.state_at(d, "w_"))
+        ws = fixed_witnesses(enc, enc.state_at(d, "w_"))
         goals.update({n: ws[n] for n, at in witnesses.items() if at is None})
         while goals:
             answer = solver.check(z3.Or(list(goals.values())))
@@ -360,13 +325,17 @@ def _any_size_witnesses(
 ) -> dict[str, Callable[[], Any]]:
     """Witnesses at the last of `states`: the formulas of spec/properties.py where the model
     reads what they say at one state (`logic_z3.any_size_witnesses`), else the model's own
-    statement over the path's history (`legacy_any_size_witnesses`; `any_size_witnesses_left_out`
+    statement over the path's history (`own_any_size_witnesses`; `any_size_witnesses_left_out`
     says which and why)."""
     from kvhandoff.model_checker.logic_z3 import any_size_witnesses
 
     read, _why = any_size_witnesses(states[-1])
-    own = legacy_any_size_witnesses(states, restarts)
-    return {name: _const(read[name]) if name in read else own[name] for name in own}
+    own = own_any_size_witnesses(states, restarts)
+    return {
+        w.name: _const(read[w.name]) if w.name in read else own[w.name]
+        for w in SOMETIMES
+        if w.name in read or w.name in own
+    }
 
 
 def _const(formula: Any) -> Callable[[], Any]:
@@ -382,13 +351,12 @@ def any_size_witnesses_left_out() -> dict[str, str]:
     return any_size_witnesses(m.state())[1]
 
 
-def legacy_any_size_witnesses(
+def own_any_size_witnesses(
     states: Sequence[m.St], restarts: Sequence[Any]
 ) -> dict[str, Callable[[], Any]]:
     """The model's own witnesses at the last of `states` (the earlier ones are its history);
     `restarts[i]` holds when step i is a decode restart. Existentials are fresh constants
-    (Skolem). Those it also reads from their formulas are kept as twins for the differential
-    test (tests/model_checker/test_witnesses_once.py)."""
+    (Skolem). Only the witnesses whose formulas it cannot read at one state are here."""
     s = states[-1]
     t = len(states) - 1
     r = z3.Const(f"w_r@{t}", m.Req)
@@ -411,12 +379,8 @@ def legacy_any_size_witnesses(
         )
 
     return {
-        "can_complete_handoff": lambda: z3.And(s.ans_set(r), s.ans_ok(r)),
         "can_reuse_page_across_tenants": lambda: regranted(True),
         "can_accept_completion": lambda: s.d(r) == D["validated"],
-        "can_reject_oversized_prompt": lambda: z3.And(
-            s.not_as_is(r), s.ans_set(r), z3.Not(s.ans_ok(r)), s.too_long_for_prefill(r)
-        ),
         "can_reuse_freed_page": lambda: regranted(False),
         # Only scrubbing clears `has`: a page that held data, then is free and empty.
         "can_scrub_written_page": lambda: z3.And(

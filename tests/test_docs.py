@@ -1,7 +1,7 @@
 """Every command shown in the guides still prints what the guides say.
 
-In each of DOCS, in document order, in one scratch folder per document (with `examples/` and
-`docs/` linked in):
+In each of DOCS, in document order, in one scratch folder per document (with `examples/`,
+`docs/` and `tests/` linked in):
 - each fenced `console` block holds `$ kvhandoff ...` commands, each followed by its output, and
   `$ echo $?` lines followed by the exit code of the command before; the command is run in-process
   and its output must match, except timings (`1.23 s`, `12,345 states/s`, `took 4.5 s`), which may
@@ -68,7 +68,7 @@ def parse_console(block: str) -> list[Step]:
 def scratch() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="kvhandoff-docs-") as tmp:
         work = Path(tmp)
-        for name in ("examples", "docs"):
+        for name in ("examples", "docs", "tests"):
             (work / name).symlink_to(ROOT / name)
         yield work
 

@@ -57,7 +57,7 @@ def test_prove_refuses_the_override_example_instead_of_proving_the_design_alone(
 ) -> None:
     """It used to print "349/349 proof obligations discharged (scope: any-size)", SAFE, exit 0,
     for a variant whose override breaks rejected_request_gets_error_not_output in 8 steps."""
-    path = "examples/variant_override_reject.py"
+    path = "tests/data/python_variants/override_reject.py"
     code, out = run(capsys, "check", "--variant", str(ROOT / path), "--engine", "prove")
     assert code == 3
     assert "engine prove: cannot encode: " in out
@@ -91,7 +91,7 @@ def test_bmc_refuses_an_override_variant_after_checking_its_design(
 ) -> None:
     """BMC remembers results per design: an override variant with the reference's design got the
     reference's result when it came second in one process (as in the differential test)."""
-    path = str(ROOT / "examples/variant_override_reject.py")
+    path = str(ROOT / "tests/data/python_variants/override_reject.py")
     assert main(["check", "--engine", "bmc", "--depth", "2", *ONE_REQUEST]) == 3
     capsys.readouterr()
     code, out = run(

@@ -173,7 +173,7 @@ def test_a_user_variant_file_runs_through_the_explorer() -> None:
     variant = load_variant("examples/variant_skip_digest.py")
     result = explore(variant, default_config())
     assert "decode_reads_only_validated_pages" in {r.property for r in result.violated()}
-    override = load_variant("examples/variant_override_reject.py")
+    override = load_variant("tests/data/python_variants/override_reject.py")
     assert not override.is_pure_design
     violated = {r.property for r in explore(override, default_config()).violated()}
     assert violated == {"rejected_request_gets_error_not_output"}

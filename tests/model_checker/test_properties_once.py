@@ -1,24 +1,20 @@
 """The safety properties are written once (spec/properties.py) and every engine reads them.
 
 Each `always` property has a formula over the vocabulary (`Property.formula`) beside its Python
-function (the explorer's fast path, which stays). Differential tests against the hand-written
-copies the formulas replace in the Z3 engines: the fixed-configuration twins
-(`Encoding.legacy_properties`) and the any-size ones (`z3_prove.legacy_properties`):
+function (the explorer's fast path, which stays):
 
-* by Z3, each derived fixed-configuration property is equivalent to its twin on every state of the
-  encoding that is well formed (not only reachable ones), for the push, pull and one-sided designs;
-  likewise the any-size ones the model can read, and the others are named with the reason;
+* the fixed-configuration engines check the formulas themselves; the any-size model reads those
+  it can and states the others over its history flags, naming why;
 * on every reachable state of the small scenario, for variants whose properties fail, the formula
   and the Python function agree (and across the runs, every property fails somewhere);
-* BMC finds the same verdicts and counterexample lengths with the derived properties as with the
-  hand-written ones (kind and prove, which now read them too, still prove the reference:
-  tests/model_checker/test_z3_proofs.py and test_invariants_once.py);
 * the explorer with `--invariants` evaluates the formulas beside the functions, and they agree.
+
+The hand-written Z3 twins the formulas replaced were deleted once the differential tests had
+shown them equivalent on main (docs/one-semantics.md).
 """
 
 from __future__ import annotations
 
-import pytest
 import z3
 
 from kvhandoff.model_checker import z3_prove
@@ -27,18 +23,14 @@ from kvhandoff.model_checker.logic_z3 import (
     AnySizeReading,
     FixedReading,
     any_size_properties,
-    fixed_properties,
     translate,
 )
 from kvhandoff.model_checker.z3_encoding import Encoding
-from kvhandoff.model_checker.z3_engines import bmc
-from kvhandoff.model_checker.z3_invariants import legacy_fixed_invariants
 from kvhandoff.spec.config import Config, RequestSpec
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.state import PageState, State
 from kvhandoff.spec.variants import REFERENCE, get_variant
 from tests.model_checker.small import SMALL
-from tests.model_checker.small import valid as _valid
 
 NAMES = [p.name for p in ALWAYS]
 
@@ -62,48 +54,15 @@ def test_every_property_has_a_formula_and_the_engines_read_it() -> None:
         assert z3.eq(model[name], translate(p.formula, AnySizeReading(st))), name
 
 
-@pytest.mark.parametrize(
-    ("name", "config"),
-    [
-        ("reference", Config()),
-        ("reference_pull", Config()),
-        ("one_sided_fenced", Config()),
-        # A pull scenario where a request's tenant is the outside data's (`OTHER_TENANT`): the
-        # tenant check must then accept data from outside the scenario, as the twin does.
-        (
-            "m13_lease_expiry_pull",
-            Config(decode_pages=2, requests=(RequestSpec("other", 1, 1), RequestSpec("b", 1, 2))),
-        ),
-    ],
-)
-def test_the_derived_fixed_properties_are_equivalent_to_the_hand_written_twins(
-    name: str, config: Config
-) -> None:
-    enc = Encoding(get_variant(name), config, width=None)
-    s = enc.state_at(0)
-    sane = z3.And(enc.in_range(s), legacy_fixed_invariants(enc)["well_formed"](s))
-    new, old = enc.properties(s), enc.legacy_properties(s)
-    assert list(new) == list(old) == NAMES
-    for prop in NAMES:
-        assert _valid(new[prop] == old[prop], sane), prop
-
-
-def test_the_derived_properties_are_equivalent_over_bit_vectors_too() -> None:
-    """BMC reads them over bit-vectors (5 bits and up), where -1 and the tenant ids are
-    bit patterns: still the same formulas."""
-    enc = Encoding(get_variant("reference_pull"), Config(), width=5)
-    s = enc.state_at(0)
-    new, old = fixed_properties(enc, s), enc.legacy_properties(s)
-    for prop in NAMES:
-        assert _valid(new[prop] == old[prop], enc.in_range(s)), prop
-
-
 def test_the_any_size_model_reads_what_it_keeps_and_says_why_not_the_rest() -> None:
     st = z3_prove.state()
-    new, old = z3_prove.properties(st), z3_prove.legacy_properties(st)
-    for name in NAMES:
-        assert _valid(new[name] == old[name]), name
+    model, own = z3_prove.properties(st), z3_prove.own_properties(st)
+    assert list(model) == NAMES
     left = z3_prove.properties_left_out()
+    # Where the model cannot read the formula, it checks its own statement, and only there.
+    assert set(own) == set(left)
+    for name in left:
+        assert z3.eq(model[name], own[name]), name
     assert set(left) == {
         "decode_reads_only_validated_pages",
         "no_cross_tenant_read",
@@ -171,17 +130,6 @@ def test_a_double_booked_page_breaks_the_formula_as_it_breaks_the_function() -> 
     for state in (owned_not_held, twice):
         assert not prop.holds(SMALL, state)
         assert not prop.formula_holds(SMALL, state)
-
-
-@pytest.mark.parametrize("name", ["incident", "m7_release_before_drain", "m13_lease_expiry_pull"])
-def test_bmc_finds_the_same_counterexample_lengths_with_the_derived_properties(name: str) -> None:
-    variant = get_variant(name)
-    derived = bmc(variant, SMALL, depth=12)
-    legacy = bmc(variant, SMALL, depth=12, legacy_properties=True)
-    assert derived.verdict == legacy.verdict
-    assert [(r.property, r.verdict, r.depth) for r in derived.results] == [
-        (r.property, r.verdict, r.depth) for r in legacy.results
-    ]
 
 
 def test_the_explorer_evaluates_the_property_formulas_beside_the_functions() -> None:

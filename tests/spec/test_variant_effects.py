@@ -1,7 +1,7 @@
 """A variant can replace an effect with a formula, and every fixed-config engine checks it.
 
 examples/variant_replace_effect.py is the reviewer's view (prefill's rejection kept as a
-placeholder, written as an effect formula); examples/variant_override_reject.py is the same change
+placeholder, written as an effect formula); tests/data/python_variants/override_reject.py is the same change
 as a Python function, which only the explorer can run. These tests pin what the mechanism does.
 """
 
@@ -27,7 +27,7 @@ from tests.explored import SMALL
 
 ROOT = Path(__file__).parents[2]
 FORMULA = str(ROOT / "examples/variant_replace_effect.py")
-PYTHON = str(ROOT / "examples/variant_override_reject.py")
+PYTHON = str(ROOT / "tests/data/python_variants/override_reject.py")
 
 
 def test_the_formula_effect_and_the_python_effect_give_the_same_graph() -> None:
@@ -54,14 +54,18 @@ def test_bmc_reads_the_formula_effect_and_finds_the_explorer_s_counterexample() 
     assert bmc(REFERENCE, config, depth=by_explorer.depth).result_for(name).verdict != "violated"
 
 
-def test_the_encoding_takes_the_variant_s_effect_even_on_the_legacy_path() -> None:
+def test_the_encoding_takes_the_variant_s_effect_in_place_of_the_rulebook_s() -> None:
     variant = load_variant(FORMULA)
-    for legacy in (False, True):
-        enc = Encoding(variant, parse_set(Config(), SMALL), legacy_effects=legacy)
-        assert (
-            enc.effect_formulas["prefill_reject_request"]
-            is variant.formula_effects()["prefill_reject_request"].formula
-        )
+    enc = Encoding(variant, parse_set(Config(), SMALL))
+    assert (
+        enc.effect_formulas["prefill_reject_request"]
+        is variant.formula_effects()["prefill_reject_request"].formula
+    )
+    rulebook = Encoding(REFERENCE, parse_set(Config(), SMALL))
+    assert (
+        rulebook.effect_formulas["prefill_reject_request"]
+        is not enc.effect_formulas["prefill_reject_request"]
+    )
 
 
 def test_a_formula_effect_only_replaces_effects_of_one_request_protocol_steps() -> None:
@@ -130,7 +134,7 @@ def test_the_cli_checks_the_formula_examples_with_the_z3_engines(
 # --- an added action and a state field, as formulas ------------------------------------------
 
 ADDED = str(ROOT / "examples/variant_add_action.py")
-ADDED_PYTHON = str(ROOT / "examples/variant_state_field.py")
+ADDED_PYTHON = str(ROOT / "tests/data/python_variants/state_field.py")
 
 
 def test_the_formula_added_action_and_the_python_one_give_the_same_graph() -> None:

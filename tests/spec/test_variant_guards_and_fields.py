@@ -1,7 +1,7 @@
 """A variant can replace a guard and add state of its own; the explorer checks it, Z3 refuses it.
 
 The two example files are the reviewer's view (examples/variant_replace_guard.py,
-examples/variant_state_field.py); these tests pin what the mechanism does on a small scenario.
+tests/data/python_variants/state_field.py); these tests pin what the mechanism does on a small scenario.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from kvhandoff.spec.variants import REFERENCE, Variant, VariantError, get_varian
 from tests.explored import SMALL
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+PYTHON_VARIANTS = Path(__file__).parents[2] / "tests/data/python_variants"
+"""The Python-function forms of two changes: explorer-only, the Z3 engines refuse them."""
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+def _load(name: str, folder: Path = EXAMPLES) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -149,7 +151,7 @@ def test_unhashable_initial_state_is_refused() -> None:
 
 
 def test_the_state_field_example_is_checked_by_the_explorer() -> None:
-    variant = _load("variant_state_field").VARIANT
+    variant = _load("state_field", PYTHON_VARIANTS).VARIANT
     result = explore(variant, _small(Config()))
     freed = result.result_for("freed_pages_hold_no_readable_data")
     assert freed.verdict == "violated" and freed.trace is not None
@@ -177,9 +179,11 @@ def _python_guard_variant() -> Variant:
     )
 
 
-@pytest.mark.parametrize("name", ["python_guard", "variant_state_field"])
+@pytest.mark.parametrize("name", ["python_guard", "state_field"])
 def test_z3_refuses_python_code_and_names_it(name: str) -> None:
-    variant = _python_guard_variant() if name == "python_guard" else _load(name).VARIANT
+    variant = (
+        _python_guard_variant() if name == "python_guard" else _load(name, PYTHON_VARIANTS).VARIANT
+    )
     with pytest.raises(CannotEncode) as caught:
         Encoding(variant, variant.scenario(Config()))
     for construct in variant.untranslated():

@@ -1,6 +1,6 @@
 """A variant that adds state and an action: decode preempts a request to free memory.
 
-Run it:  kvhandoff check --variant examples/variant_state_field.py
+Run it:  kvhandoff check --variant tests/data/python_variants/state_field.py
 
 Engines preempt running requests when the KV pool runs short (vLLM's recompute preemption,
 SGLang's retraction). The proposal: "decode may preempt a reserved request once: fail it, and
@@ -10,6 +10,10 @@ often it happens (`preemptions`), so that the explorer's state space stays finit
 answers with the run where a preempted request's half-written pages return to the pool holding
 its tenant's data: fail-closed release is gone (`freed_pages_hold_no_readable_data`). A Z3 engine
 says it cannot translate the added action and state field (exit 3).
+
+This is the Python-function form of examples/variant_add_action.py, which every engine checks: it
+stays here, beside the tests that pin the two forms to the same state graph and the Z3 engines'
+refusal of Python functions, for what the formula language cannot say.
 """
 
 from dataclasses import dataclass, replace

@@ -1,11 +1,15 @@
 """A variant that overrides an action: prefill's rejection path, rewritten in a few lines.
 
-Run it:  kvhandoff check --variant examples/variant_override_reject.py
+Run it:  kvhandoff check --variant tests/data/python_variants/override_reject.py
 
 Design options cover the catalogued bugs; a change that is not an option can replace the effect
 of any action. This one re-creates SGLang's placeholder path (M1) by hand: the over-long request is
 kept, one page long, and nobody is told. The explicit engine runs it unchanged; a Z3 engine that
 cannot translate a Python override says so (exit 3) instead of skipping it.
+
+This is the Python-function form of examples/variant_replace_effect.py, which every engine checks:
+it stays here, beside the tests that pin the two forms to the same state graph and the Z3 engines'
+refusal of a Python function, for what the formula language cannot say.
 """
 
 from dataclasses import replace
