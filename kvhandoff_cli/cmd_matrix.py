@@ -63,6 +63,15 @@ def register(sub: Any) -> None:
         "--variants",
         help="comma-separated variant names or variant files (.py) (default: the catalogue)",
     )
+    p.add_argument(
+        "--examples",
+        action="store_true",
+        help=(
+            "also run the example variant files (`kvhandoff examples`: a design option, a "
+            "replaced guard, a replaced effect, an added action with a state field of its own), "
+            "so that the matrix shows every engine checking a reviewer's own kind of change"
+        ),
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
@@ -201,6 +210,18 @@ def run_matrix(args: argparse.Namespace) -> int:
                 variants.append(load_variant(n))
             except VariantLoadError as exc:
                 raise UsageError(f"--variants: {exc}") from exc
+    if args.examples:
+        from kvhandoff.cli.cmd_examples import example_files
+
+        for f in example_files():
+            try:
+                variants.append(load_variant(str(f)))
+            except VariantLoadError as exc:
+                raise UsageError(f"--examples: {exc}") from exc
+    names_seen = [v.name for v in variants]
+    twice = sorted({n for n in names_seen if names_seen.count(n) > 1})
+    if twice:
+        raise UsageError(f"variants named twice: {twice} (each row is one variant)")
     options = EngineOptions(depth=args.depth, timeout=args.timeout)
     spacer = EngineOptions(depth=args.depth, timeout=args.spacer_timeout)
     for variant in variants:

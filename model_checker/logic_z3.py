@@ -31,11 +31,16 @@ import z3
 from kvhandoff.model_checker.z3_encoding import (
     FAULT_FIELDS,
     REASON,
-    SLOT,
     D,
     Encoding,
     P,
     SymState,
+    read_shard,
+    shard,
+    slot,
+    slot_kind,
+    slot_rank,
+    write_var,
 )
 from kvhandoff.spec.logic import (
     D_PHASE,
@@ -230,7 +235,7 @@ class FixedReading(Reading):
         self._domains: dict[Sort, Sequence[int]] = {
             REQ: range(enc.n),
             PAGE: range(enc.np),
-            RANK: range(1),  # the encoding refuses several prefill ranks
+            RANK: range(enc.ranks),
         }
 
     def domain(self, sort: Sort) -> Sequence[Any]:
@@ -309,25 +314,28 @@ class FixedReading(Reading):
         if what == "write":
             for r in range(enc.n):
                 for j in range(enc.np):
-                    out.append(([], s[f"r{r}.w{j}"], self.write_fields(r, j)))
+                    for rank in range(enc.ranks):
+                        w = write_var(r, j, rank)
+                        out.append(([], s[w], self.write_fields(r, j, rank)))
             return out
         if what == "pending_ack":
             for r in range(enc.n):
                 out.append(([], s[f"r{r}.pa"], {"req": r, "gen": s[f"r{r}.pa_gen"]}))
             return out
-        slots = [k for k in enc.slot_kinds if k in kinds]
+        slots = [k for k in enc.slot_kinds if k.split(".")[0] in kinds]
         if "failure" in kinds and "lease_failure" in enc.slot_kinds:
             slots.append("lease_failure")
         for kind in slots:
-            k = SLOT[kind]
+            k = slot(kind)
             for r in range(enc.n):
                 present = s[f"r{r}.{k}_net"] + s[f"r{r}.{k}_lost"] > 0
                 out.append(([], present, self.slot_fields(kind, r)))
         return out
 
-    def write_fields(self, r: int, j: int) -> dict[str, Any]:
-        """The fields of request r's write of page j (`w{j}`): the encoding keeps a write with its
-        writer, so it carries the writer's grant, room, data and epoch by construction."""
+    def write_fields(self, r: int, j: int, k: int = 0) -> dict[str, Any]:
+        """The fields of request r's write of rank k's shard of page j (`w{j}`, `w{j}s{k}`): the
+        encoding keeps a write with its writer, so it carries the writer's grant, room, data and
+        epoch by construction."""
         s = self.s
         return {
             "req": r,
@@ -337,29 +345,52 @@ class FixedReading(Reading):
             "epoch": s[f"r{r}.p_epoch"],
             "right_room": True,
             "right_tenant": True,
-            "rank": 0,
-            "rank_acked": False,  # one rank: no per-rank acks are kept
+            "rank": k,
+            "rank_acked": self._rank_acked(r, k),
             "room": self.enc.rooms[r],
         }
 
+    def _rank_acked(self, r: int, k: int) -> Any:
+        """Rank k has acknowledged the abort of request r's grant (room and generation): the
+        spec keeps `acked_ranks` by (room, generation, rank), the encoding by the request that
+        owes the ack (`pak`), so any request of the same room owing it for that generation.
+        One rank keeps none: its ack completes the drain."""
+        enc, s = self.enc, self.s
+        if enc.ranks == 1:
+            return False
+        owed = [
+            z3.And(
+                s[f"r{q}.pak{k}"],
+                z3.If(s[f"r{q}.pa"], s[f"r{q}.pa_gen"], enc.K(0)) == s[f"r{r}.p_gen"],
+            )
+            for q in range(enc.n)
+            if enc.rooms[q] == enc.rooms[r]
+        ]
+        return z3.Or(owed)
+
     def slot_fields(self, kind: str, r: int) -> dict[str, Any]:
         """The fields of the message in request r's slot of `kind` (the encoding keeps one
-        distinct message per request and kind; "lease_failure" is the pull path's notice)."""
+        distinct message per request, kind and, for completions and drain acks, rank;
+        "lease_failure" is the pull path's notice)."""
         s = self.s
-        k = SLOT[kind]
+        k = slot(kind)
+        rank = slot_rank(kind)
+        completion = kind.split(".")[0] == "completion"
         return {
             "req": r,
             "gen": s[f"r{r}.{k}_gen"],
             "epoch": s[f"r{r}.g_epoch"] if kind == "grant" else 0,
-            "rank": 0,
-            "rank_done": False,  # one rank: reporting completes the request
+            "rank": rank,
+            # That rank has already reported this request (kept with several ranks only: with
+            # one, reporting completes the request).
+            "rank_done": s[f"r{r}.prd{rank}"] if self.enc.ranks > 1 else False,
             "has_page": _grant_page(s, kind, r),
             "reason_is": _failure_reason(s, kind, r),
             "room": self.enc.rooms[r],
-            "count": s[f"r{r}.c_count"] if kind == "completion" else 0,
-            "has_digest": s[f"r{r}.c_digest"] if kind == "completion" else False,
-            "digest_page": (lambda j: s[f"r{r}.c_dpages{j}"])
-            if kind == "completion"
+            "count": s[f"r{r}.{k}_count"] if completion else 0,
+            "has_digest": s[f"r{r}.{k}_digest"] if completion else False,
+            "digest_page": (lambda j: s[f"r{r}.{k}_dpages{j}"])
+            if completion
             else (lambda j: False),
         }
 
@@ -391,6 +422,12 @@ def _rj(field: str) -> Callable[[FixedReading, int, int], Any]:
 
 def _pg(field: str) -> Callable[[FixedReading, int], Any]:
     return lambda f, j: f.s[f"pg{j}.{field}"]
+
+
+def _ranked(field: str) -> Callable[[FixedReading, int, int], Any]:
+    """A rank set (`prd`, `drk`, `dak`, `pak`): a variable per request and rank with several
+    ranks; with one it stays empty (the one-rank model keeps none)."""
+    return lambda f, r, k: f.s[f"r{r}.{field}{k}"] if f.enc.ranks > 1 else False
 
 
 def _written(f: FixedReading, r: int, j: int) -> Any:
@@ -429,30 +466,33 @@ _FIXED: dict[str, Callable[..., Any]] = {
         [f.s[f"r{r}.p_pages{j}"] for j in range(f.enc.np)]
     ),
     "p_written": _written,
-    "issued": lambda f, r, j: z3.Or(f.s[f"r{r}.w{j}"], _written(f, r, j)),
-    "p_rank_done": lambda f, r, k: False,  # one rank: p_ranks_done stays empty
+    # Issued: counted as written, or some rank's write of it in flight.
+    "issued": lambda f, r, j: z3.Or(
+        *(f.s[write_var(r, j, k)] for k in range(f.enc.ranks)), _written(f, r, j)
+    ),
+    "p_rank_done": _ranked("prd"),
     "d": _r("d"),
     "d_gen": _r("d_gen"),
     "d_holds": _rj("d_pages"),
     "d_awaiting_ack": _r("d_awaiting"),
-    "d_rank": lambda f, r, k: False,  # one rank: d_ranks stays empty
-    "d_ack": lambda f, r, k: False,  # one rank: d_acks stays empty
+    "d_rank": _ranked("drk"),
+    "d_ack": _ranked("dak"),
     "read_done": _r("read_set"),
     "accepted_set": _r("acc_set"),
     "owned": _pg("own"),
     "owner": _pg("own_req"),
     "owner_gen": _pg("own_gen"),
-    "shard_has": lambda f, j, k: f.s[f"pg{j}.has"],
-    "shard_req": lambda f, j, k: f.s[f"pg{j}.c_req"],
-    "shard_gen": lambda f, j, k: f.s[f"pg{j}.c_gen"],
-    "shard_outside": lambda f, j, k: (f.s[f"pg{j}.c_req"] == -1) if f.enc.pull else False,
+    "shard_has": lambda f, j, k: f.s[f"{shard(j, k)}has"],
+    "shard_req": lambda f, j, k: f.s[f"{shard(j, k)}c_req"],
+    "shard_gen": lambda f, j, k: f.s[f"{shard(j, k)}c_gen"],
+    "shard_outside": lambda f, j, k: (f.s[f"{shard(j, k)}c_req"] == -1) if f.enc.pull else False,
     # What decode read: one slot per page (`read_pages{j}`, and the tag it read there,
-    # `rc{j}_...`), meaningful once `read_set`. One rank: the page is its one shard.
+    # `rc{j}_...`, per rank `rc{j}s{k}_...`), meaningful once `read_set`.
     "read_page": lambda f, r, j: z3.And(f.s[f"r{r}.read_set"], f.s[f"r{r}.read_pages{j}"]),
-    "read_has": lambda f, r, j, k: f.s[f"r{r}.rc{j}_has"],
-    "read_req": lambda f, r, j, k: f.s[f"r{r}.rc{j}_req"],
-    "read_gen": lambda f, r, j, k: f.s[f"r{r}.rc{j}_gen"],
-    "read_tenant": lambda f, r, j, k: f.tenant_of_data(f.s[f"r{r}.rc{j}_req"]),
+    "read_has": lambda f, r, j, k: f.s[f"{read_shard(r, j, k)}_has"],
+    "read_req": lambda f, r, j, k: f.s[f"{read_shard(r, j, k)}_req"],
+    "read_gen": lambda f, r, j, k: f.s[f"{read_shard(r, j, k)}_gen"],
+    "read_tenant": lambda f, r, j, k: f.tenant_of_data(f.s[f"{read_shard(r, j, k)}_req"]),
     "accepted_full": _r("acc_full"),
     "tenant": lambda f, r: f.tenant_id(f.enc.config.requests[r].tenant),
     "late_landing": lambda f: f.s["gh.late_landing"],
@@ -499,11 +539,11 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "room": lambda f, r: f.enc.rooms[r],
     "pending_ack": _r("pa"),
     "pending_ack_gen": _r("pa_gen"),
-    "p_acked": lambda f, r, k: False,  # one rank: its ack completes the drain, none is kept
+    "p_acked": _ranked("pak"),
     "p_lease_expired": _r("lease_expired"),
     "next_gen": lambda f: f.s["next_gen"],
     "decode_epoch": lambda f: f.s["decode_epoch"],
-    "prefill_ranks": lambda f: 1,
+    "prefill_ranks": lambda f: f.enc.ranks,
     "drain_fence": lambda f: f.drain,
 }
 
@@ -548,17 +588,21 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     "d_holds": lambda r, j: f"r{r}.d_pages{j}",
     "p_granted": lambda r, j: f"r{r}.p_pages{j}",
     "read_page": lambda r, j: f"r{r}.read_pages{j}",
-    "read_has": lambda r, j, k: f"r{r}.rc{j}_has",
-    "read_req": lambda r, j, k: f"r{r}.rc{j}_req",
-    "read_gen": lambda r, j, k: f"r{r}.rc{j}_gen",
+    "read_has": lambda r, j, k: f"{read_shard(r, j, k)}_has",
+    "read_req": lambda r, j, k: f"{read_shard(r, j, k)}_req",
+    "read_gen": lambda r, j, k: f"{read_shard(r, j, k)}_gen",
     "owned": lambda j: f"pg{j}.own",
     "owner": lambda j: f"pg{j}.own_req",
     "owner_gen": lambda j: f"pg{j}.own_gen",
     "page_used": lambda j: f"pg{j}.lt_set",
     "last_tenant": lambda j: f"pg{j}.lt",
-    "shard_has": lambda j, k: f"pg{j}.has",
-    "shard_req": lambda j, k: f"pg{j}.c_req",
-    "shard_gen": lambda j, k: f"pg{j}.c_gen",
+    "shard_has": lambda j, k: f"{shard(j, k)}has",
+    "shard_req": lambda j, k: f"{shard(j, k)}c_req",
+    "shard_gen": lambda j, k: f"{shard(j, k)}c_gen",
+    "p_rank_done": lambda r, k: f"r{r}.prd{k}",
+    "d_rank": lambda r, k: f"r{r}.drk{k}",
+    "d_ack": lambda r, k: f"r{r}.dak{k}",
+    "p_acked": lambda r, k: f"r{r}.pak{k}",
     "crashes_spent": lambda: "f.crashes",
     "drops_spent": lambda: "f.drops",
     "timeouts_spent": lambda: "f.timeouts",
@@ -575,7 +619,8 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
 }
 """The encoding's variable of each entry of a state symbol."""
 _NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
-"""Rank sets the one-rank encoding does not keep (they stay empty): an effect may only clear them."""
+"""Rank sets the one-rank encoding does not keep (they stay empty): an effect may only clear them.
+With several ranks each is a variable per request and rank."""
 
 
 def _select(when: Any, value: Any, old: Any) -> Any:
@@ -607,18 +652,18 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
     reading = FixedReading(enc, s)
     new: dict[str, Any] = {}
     sent: dict[str, list[Any]] = {}
-    slot: tuple[str, int] | None = None
-    write: tuple[int, int] | None = None
+    taken: tuple[str, int] | None = None
+    write: tuple[int, int, int] | None = None
     if eff.params and isinstance(eff.params[0], Bound) and eff.params[0].what_of == "write":
-        # A step that takes a write: the instance names it, `(r, j)`.
-        write = (args[0], args[1])
+        # A step that takes a write: the instance names it, `(r, j)` or with ranks `(r, j, k)`.
+        write = (args[0], args[1], args[2] if len(args) > 2 else 0)
         args = (reading.write_fields(*write),)
     elif eff.params and isinstance(eff.params[0], Bound):
         # A step that takes a message: the instance names its slot, `(kind, r)`.
-        slot = (args[0], args[1])
-        args = (reading.slot_fields(*slot),)
-    elif len(eff.params) == 2:
-        args = (*args, 0)  # a step of each prefill rank: the encoding has one
+        taken = (args[0], args[1])
+        args = (reading.slot_fields(*taken),)
+    elif len(eff.params) == 2 and len(args) == 1:
+        args = (*args, 0)  # a step of each prefill rank, with one rank: `(r,)`
 
     def old(name: str) -> Any:
         return new.get(name, s[name])
@@ -650,7 +695,7 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                     reading.field(name)  # declared?
                     put(f"v.{name}", when, tr(u.value))
                     continue
-                if name in _NOT_KEPT:
+                if name in _NOT_KEPT and enc.ranks == 1:
                     v = tr(u.value)
                     never = when is False or (_is_z3(when) and z3.is_false(when))
                     if not (never or v is False or (_is_z3(v) and z3.is_false(v))):
@@ -661,8 +706,13 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 put(_FIXED_VARS[name](*at), when, tr(u.value))
             elif isinstance(u, Send):
                 r = tr(u.req)
-                # On the pull path the lease expiry notice has a slot of its own.
-                k = SLOT["lease_failure" if u.reason == "lease expired" else u.kind]
+                # On the pull path the lease expiry notice has a slot of its own; with several
+                # ranks, each rank's completion and drain ack has its own.
+                rank = 0 if u.rank is None else tr(u.rank)
+                if _is_z3(rank):
+                    raise Untranslatable(f"a {u.kind} sent by a rank the step does not name")
+                kind: str = "lease_failure" if u.reason == "lease expired" else u.kind
+                k = slot(slot_kind(kind, rank))
                 net = f"r{r}.{k}_net"
                 # A second send into the same slot under a condition that excludes the first
                 # (decode aborting a request it gives up on, or asking again for a drain ack)
@@ -675,13 +725,13 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 if u.epoch is not None:
                     put(f"r{r}.g_epoch", when, tr(u.epoch))
                 if u.count is not None:
-                    put(f"r{r}.c_count", when, tr(u.count))
+                    put(f"r{r}.{k}_count", when, tr(u.count))
                 if u.kind == "completion":
-                    put(f"r{r}.c_digest", when, u.digest)
+                    put(f"r{r}.{k}_digest", when, u.digest)
                 if u.page is not None and u.digest_page is not None:
                     for j in range(enc.np):
                         env[id(u.page)] = j
-                        put(f"r{r}.c_dpages{j}", when, translate(u.digest_page, reading, env))
+                        put(f"r{r}.{k}_dpages{j}", when, translate(u.digest_page, reading, env))
                 if u.page is not None and u.has_page is not None:
                     for j in range(enc.np):
                         env[id(u.page)] = j
@@ -697,12 +747,15 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 for r in range(enc.n):
                     put(f"r{r}.pa", when, False)
                     put(f"r{r}.orph", when, False)
+                    if enc.ranks > 1:  # the ranks that had acknowledged a drain
+                        for rank in range(enc.ranks):
+                            put(f"r{r}.pak{rank}", when, False)
             elif isinstance(u, Move) and write is not None:
-                put(f"r{write[0]}.w{write[1]}", when, False)  # it arrived: off the wire
+                put(write_var(*write), when, False)  # it arrived: off the wire
             elif isinstance(u, Move):
-                assert slot is not None
-                kind, r = slot
-                net, lost = f"r{r}.{SLOT[kind]}_net", f"r{r}.{SLOT[kind]}_lost"
+                assert taken is not None
+                kind, r = taken
+                net, lost = f"r{r}.{slot(kind)}_net", f"r{r}.{slot(kind)}_lost"
                 if u.op in ("consume", "lose"):
                     put(net, when, old(net) - 1)
                 if u.op == "lose":
@@ -729,7 +782,9 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 for j in range(enc.np):
                     env[id(u.page)] = j
                     issued = translate(u.cond, reading, env)
-                    put(f"r{r}.w{j}", True, z3.Or(old(f"r{r}.w{j}"), issued))
+                    for rank in range(enc.ranks):  # every rank writes its shard of the page
+                        w = write_var(r, j, rank)
+                        put(w, True, z3.Or(old(w), issued))
     return new
 
 

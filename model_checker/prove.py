@@ -1,11 +1,12 @@
 """The `prove` engine: inductive-invariant proofs, for any size when the design allows it.
 
-0. A variant with action overrides or added actions, or a configuration with several prefill
-   ranks, is refused (`CannotEncode`, exit 3): neither model below contains them.
-1. If the any-size model (`z3_prove`) covers the variant's design, discharge its obligations:
-   scope `"any-size"` (every pool size, every number of requests and tenants).
+0. A variant with Python functions (overrides, added actions, state fields written in Python)
+   is refused (`CannotEncode`, exit 3): neither model below contains them.
+1. If the any-size model (`z3_prove`) covers the variant (its design, no formula override or
+   added action, one prefill rank), discharge its obligations: scope `"any-size"` (every pool
+   size, every number of requests and tenants).
 2. Otherwise discharge the same obligations on the fixed-configuration encoding, per spec action
-   and invariant (`z3_invariants`): scope `"fixed-config"`.
+   and invariant (`z3_invariants`): scope `"fixed-config"`, and the result says why not any size.
 
 Every obligation is listed in `extra["obligations"]`. Each property is reported on its own: when
 obligations fail, the claims (invariants and properties) that failed are dropped and the rest
@@ -100,11 +101,17 @@ def prove(
     started = time.perf_counter()
     # Both models below are translations of the spec's own rules under the variant's design
     # options. A Python override or added action reaches neither, so proving the design alone
-    # would prove some other protocol and call it this one; several prefill ranks are outside
-    # both (the any-size model has one rank). The fixed-config encoding refuses all of these
-    # (CannotEncode, naming the action or field), so ask it before either proof.
+    # would prove some other protocol and call it this one. The fixed-config encoding refuses
+    # all of these (CannotEncode, naming the action or field), so ask it before either proof.
     Encoding(variant, config)
     why_not = supports(variant.design)
+    if why_not is None and config.prefill_ranks > 1:
+        # The any-size model has one prefill rank: its proof says nothing about a quorum of
+        # several (first_rank_completion_accepted is safe with one rank and unsafe with two).
+        why_not = (
+            f"prefill_ranks={config.prefill_ranks}: the any-size model has one prefill rank "
+            "(per-rank shards, completions and drain acks are in the fixed-config encoding only)"
+        )
     if why_not is None and variant.formula_guards():
         # The any-size model's actions summarise the spec's (e.g. one `decode_fail` for every way
         # decode gives up), so a replaced guard has no one place in it: prove the fixed config.

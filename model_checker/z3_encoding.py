@@ -152,6 +152,44 @@ SLOT = {
     "abort_ack": "k",
     "lease_failure": "e",
 }
+RANKED = ("completion", "abort_ack")
+"""The messages each prefill rank sends of its own: with several ranks, one slot per rank."""
+RANK_SETS = ("prd", "drk", "dak", "pak")
+"""With several ranks, per request and rank: `p_rank_done`, `d_rank`, `d_ack`, `p_acked`."""
+
+
+def slot(kind: str) -> str:
+    """The variable prefix of a message slot: `SLOT[kind]`, and for rank k's completion or abort
+    ack (`completion.k`, k >= 1) the kind's prefix followed by k (`c1`)."""
+    base, _, rank = kind.partition(".")
+    return SLOT[base] + rank
+
+
+def slot_kind(kind: str, rank: int) -> str:
+    """The slot of a message of `kind` sent by `rank` (rank 0 keeps the one-rank names)."""
+    return f"{kind}.{rank}" if rank and kind in RANKED else kind
+
+
+def slot_rank(kind: str) -> int:
+    """The rank whose message a slot holds (0 for the slots of unranked messages)."""
+    return int(kind.partition(".")[2] or 0)
+
+
+def shard(j: int, k: int) -> str:
+    """The variable prefix of rank k's shard of page j (rank 0: the page's one-rank names)."""
+    return f"pg{j}." if k == 0 else f"pg{j}.s{k}."
+
+
+def read_shard(r: int, j: int, k: int) -> str:
+    """The prefix of what decode read for request r from rank k's shard of page j."""
+    return f"r{r}.rc{j}" if k == 0 else f"r{r}.rc{j}s{k}"
+
+
+def write_var(r: int, j: int, k: int) -> str:
+    """Request r's write of rank k's shard of page j, in flight."""
+    return f"r{r}.w{j}" if k == 0 else f"r{r}.w{j}s{k}"
+
+
 LEASE_EXPIRED = "lease expired"
 """Pull path: a request can send two distinct failure messages (an abort's, and its lease's expiry
 notice), so the expiry notice has a slot of its own, `lease_failure` (a `failure` message with
@@ -216,13 +254,6 @@ class Encoding:
                 f"variant {variant.name!r} has Python code the Z3 encoding cannot translate: "
                 f"{', '.join(variant.untranslated())}"
             )
-        if config.prefill_ranks != 1:
-            # Per-rank shards, completions and drain acks have no encoders: refuse, rather than
-            # check the one-rank protocol and call it the several-rank one.
-            raise CannotEncode(
-                f"prefill_ranks={config.prefill_ranks}: prefill_ranks>1 is not encoded for Z3 "
-                "(per-rank page shards, completions and drain acks); use --engine explore"
-            )
         self.variant = variant
         self.design = variant.design
         self.formula_guards = variant.formula_guards()
@@ -248,8 +279,17 @@ class Encoding:
         self.state_fields: dict[str, Any] = dict(variant.state_fields)
         """The variant's own state fields: one variable each, `v.NAME` (a bool or an int)."""
         self.pull = variant.design.transfer == "pull"
-        self.slot_kinds = KINDS + (("lease_failure",) if self.pull else ())
-        """Message slots per request: `KINDS`, and on the pull path the lease expiry notice."""
+        self.ranks = config.prefill_ranks
+        """Prefill ranks: each writes its own shard of every page and sends its own completion
+        and drain ack, so with several a page has one shard per rank and a request one
+        completion slot and one abort-ack slot per rank (`completion.1`, ...)."""
+        self.slot_kinds = (
+            KINDS
+            + (("lease_failure",) if self.pull else ())
+            + tuple(f"{kind}.{k}" for kind in RANKED for k in range(1, self.ranks))
+        )
+        """Message slots per request: `KINDS`, on the pull path the lease expiry notice, and with
+        several ranks a completion and an abort-ack slot of each further rank."""
         self.config = config
         self.n = len(config.requests)
         self.np = config.decode_pages
@@ -310,23 +350,35 @@ class Encoding:
                 out.append((f"r{r}.{f}", "B"))
             out += [(f"r{r}.read_pages{j}", "B") for j in pages]
             for j in pages:
-                out += [(f"r{r}.rc{j}_has", "B"), (f"r{r}.rc{j}_req", "I")]
-                out.append((f"r{r}.rc{j}_gen", "I"))
+                for k in range(self.ranks):
+                    rc = read_shard(r, j, k)
+                    out += [(f"{rc}_has", "B"), (f"{rc}_req", "I"), (f"{rc}_gen", "I")]
             for kind in self.slot_kinds:
-                k = SLOT[kind]
-                out += [(f"r{r}.{k}_net", "I"), (f"r{r}.{k}_lost", "I"), (f"r{r}.{k}_gen", "I")]
+                sk = slot(kind)
+                out += [(f"r{r}.{sk}_net", "I"), (f"r{r}.{sk}_lost", "I"), (f"r{r}.{sk}_gen", "I")]
             out += [(f"r{r}.g_pages{j}", "B") for j in pages]
-            out += [(f"r{r}.g_epoch", "I"), (f"r{r}.c_count", "I"), (f"r{r}.c_digest", "B")]
-            out += [(f"r{r}.c_dpages{j}", "B") for j in pages]
+            out.append((f"r{r}.g_epoch", "I"))
+            for kind in self.slot_kinds:
+                if kind.split(".")[0] == "completion":
+                    c = slot(kind)
+                    out += [(f"r{r}.{c}_count", "I"), (f"r{r}.{c}_digest", "B")]
+                    out += [(f"r{r}.{c}_dpages{j}", "B") for j in pages]
             out.append((f"r{r}.f_aborted", "B"))
-            out += [(f"r{r}.w{j}", "B") for j in pages]
+            out += [(write_var(r, j, k), "B") for j in pages for k in range(self.ranks)]
             out += [(f"r{r}.pa", "B"), (f"r{r}.pa_gen", "I")]
+            if self.ranks > 1:
+                # The rank sets: completions prefill sent, completions decode accepted, drain
+                # acks decode received, drain acks prefill sent (one rank keeps none of them).
+                for name in RANK_SETS:
+                    out += [(f"r{r}.{name}{k}", "B") for k in range(self.ranks)]
             out += [(f"r{r}.orph", "B"), (f"r{r}.orph_gen", "I")]
             if self.pull:
                 out.append((f"r{r}.lease_expired", "B"))
         for j in pages:
             out += [(f"pg{j}.own", "B"), (f"pg{j}.own_req", "I"), (f"pg{j}.own_gen", "I")]
-            out += [(f"pg{j}.has", "B"), (f"pg{j}.c_req", "I"), (f"pg{j}.c_gen", "I")]
+            for k in range(self.ranks):
+                sh = shard(j, k)
+                out += [(f"{sh}has", "B"), (f"{sh}c_req", "I"), (f"{sh}c_gen", "I")]
             out += [(f"pg{j}.lt_set", "B"), (f"pg{j}.lt", "I")]
         out += [
             ("next_gen", "I"),
@@ -356,6 +408,11 @@ class Encoding:
 
     def _count(self, bools: Sequence[Any]) -> Any:
         return _sum_bools(bools, self.K(0), self.K(1))
+
+    def _write_args(self, r: int, j: int, k: int) -> tuple[int, ...]:
+        """The arguments of an instance that takes request r's write of page j by rank k:
+        `(r, j)` with one rank (its names are the one-rank model's), `(r, j, k)` with several."""
+        return (r, j, k) if self.ranks > 1 else (r, j)
 
     def _rank(self, s: SymState, prefix: str, j: int) -> Any:
         """How many pages below page j are in the set `prefix{*}`: page j's position in the
@@ -493,13 +550,17 @@ class Encoding:
             add("prefill_receive_grant", ("grant", r))
         for r in reqs:
             add("prefill_write_page", (r,))
+        ranks = range(self.ranks)
         for r in reqs:
             for j in range(self.np):
-                add("decode_receive_write", (r, j))
+                for k in ranks:
+                    add("decode_receive_write", self._write_args(r, j, k))
         for r in reqs:
-            add("prefill_send_completion", (r,))
+            for k in ranks:
+                add("prefill_send_completion", (r, k) if self.ranks > 1 else (r,))
         for r in reqs:
-            add("decode_receive_completion", ("completion", r))
+            for k in ranks:
+                add("decode_receive_completion", (slot_kind("completion", k), r))
         for r in reqs:
             add("decode_receive_failure", ("failure", r))
         for r in reqs:
@@ -518,6 +579,9 @@ class Encoding:
         # recorded, so these instances (and every abort_ack slot) are never enabled.
         acks = d.release_fence in ("drain_ack", "ack_or_timeout")
         kinds = KINDS if acks else tuple(k for k in KINDS if k != "abort_ack")
+        kinds += tuple(
+            slot_kind(kind, k) for kind in RANKED if kind in kinds for k in range(1, self.ranks)
+        )
         # Pull path: the lease expiry notice, where prefill sends one (else its slot stays empty).
         if self.pull and d.lease_expiry_notifies_decode:
             kinds += ("lease_failure",)
@@ -525,9 +589,11 @@ class Encoding:
                 add("decode_receive_failure", ("lease_failure", r))
         if acks:
             for r in reqs:
-                add("prefill_send_abort_ack", (r,))
+                for k in ranks:
+                    add("prefill_send_abort_ack", (r, k) if self.ranks > 1 else (r,))
             for r in reqs:
-                add("decode_receive_abort_ack", ("abort_ack", r))
+                for k in ranks:
+                    add("decode_receive_abort_ack", (slot_kind("abort_ack", k), r))
         if d.release_fence == "ack_or_timeout":
             for r in reqs:
                 add("decode_release_timeout", (r,))
@@ -549,7 +615,8 @@ class Encoding:
                 add("prefill_lease_expire", (r,), True)
             for r in reqs:
                 for j in range(self.np):
-                    add("network_fail_transfer", (r, j), True)
+                    for k in ranks:
+                        add("network_fail_transfer", self._write_args(r, j, k), True)
         for kind in kinds:
             for r in reqs:
                 add("network_drop_message", (kind, r), True)
@@ -589,18 +656,20 @@ class Encoding:
 
         reading = FixedReading(self, s)
         if formula.source == "writes":
-            # A step that takes a write: the instance's slot (r, j) holds it while it is in flight.
-            r, j = inst.args
-            env = {id(formula.params[0]): reading.write_fields(r, j)}
-            return z3.And(s[f"r{r}.w{j}"], translate(formula.formula, reading, env))
+            # A step that takes a write: the instance's slot (r, j[, k]) holds it while it is in
+            # flight.
+            r, j, *rank = inst.args
+            k = rank[0] if rank else 0
+            env = {id(formula.params[0]): reading.write_fields(r, j, k)}
+            return z3.And(s[write_var(r, j, k)], translate(formula.formula, reading, env))
         if formula.source:
             # A step that takes a message: the instance's slot holds it, and the step is enabled
             # only while a copy is there (in the network, or among the messages to resend).
             kind, r = inst.args
             env = {id(formula.params[0]): reading.slot_fields(kind, r)}
-            count = s[f"r{r}.{SLOT[kind]}_{'net' if formula.source == 'network' else 'lost'}"]
+            count = s[f"r{r}.{slot(kind)}_{'net' if formula.source == 'network' else 'lost'}"]
             return z3.And(count > 0, translate(formula.formula, reading, env))
-        args = inst.args + (0,) * (len(formula.params) - len(inst.args))  # one prefill rank
+        args = inst.args + (0,) * (len(formula.params) - len(inst.args))  # (r,): one rank
         env = {id(p): a for p, a in zip(formula.params, args, strict=True)}
         return translate(formula.formula, reading, env)
 
@@ -754,29 +823,43 @@ class Encoding:
                 raise EncodingError(f"request {r}: a lease expired on the push path")
             if q.read is not None:
                 v[f"r{r}.read_set"] = True
-                # Decode read its pages in page order; once it released them, which pages they
-                # were no longer matters (only the sequence of tags does): use the first ones.
-                read_at = q.d_pages if q.d_pages else tuple(range(len(q.read)))
-                if len(q.read) != len(read_at):
+                # Decode read its pages in page order, every rank's shard of each (`read` holds
+                # `ranks` tags per page); once it released them, which pages they were no longer
+                # matters (only the sequence of tags does): use the first ones.
+                nk = self.ranks
+                read_at = q.d_pages if q.d_pages else tuple(range(len(q.read) // nk))
+                if len(q.read) != len(read_at) * nk:
                     raise EncodingError(f"request {r}: read {q.read} but pages {q.d_pages}")
-                for j, tag in zip(read_at, q.read, strict=True):
+                for i, j in enumerate(read_at):
                     v[f"r{r}.read_pages{j}"] = True
-                    if tag is not None:
-                        v[f"r{r}.rc{j}_has"] = True
-                        v[f"r{r}.rc{j}_req"], v[f"r{r}.rc{j}_gen"] = tag.request, tag.generation
+                    for rank in range(nk):
+                        tag = q.read[i * nk + rank]
+                        if tag is not None:
+                            rc = read_shard(r, j, rank)
+                            v[f"{rc}_has"] = True
+                            v[f"{rc}_req"], v[f"{rc}_gen"] = tag.request, tag.generation
             if q.accepted_full is not None:
                 v[f"r{r}.acc_set"], v[f"r{r}.acc_full"] = True, q.accepted_full
+            sets = {"prd": q.p_ranks_done, "drk": q.d_ranks, "dak": q.d_acks}
+            for name, ranks in sets.items():
+                for rank in ranks:
+                    if self.ranks == 1:
+                        raise EncodingError(f"request {r}: rank set {name} {ranks} with one rank")
+                    v[f"r{r}.{name}{rank}"] = True
         seen: dict[tuple[str, int], Message] = {}
         for where, bag in (("net", state.network), ("lost", state.lost)):
             for m in bag:
-                slot: str = m.kind
+                kind: str = m.kind
                 if m.kind == "failure" and m.reason == LEASE_EXPIRED:
-                    slot = "lease_failure"
-                key = (slot, m.request)
+                    kind = "lease_failure"
+                kind = slot_kind(kind, m.rank)
+                if kind not in self.slot_kinds:
+                    raise EncodingError(f"message {m} has no slot in this encoding")
+                key = (kind, m.request)
                 if key in seen and seen[key] != m:
-                    raise EncodingError(f"two distinct {slot} messages of request {m.request}")
+                    raise EncodingError(f"two distinct {kind} messages of request {m.request}")
                 seen[key] = m
-                k = SLOT[slot]
+                k = slot(kind)
                 v[f"r{m.request}.{k}_{where}"] += 1
                 v[f"r{m.request}.{k}_gen"] = m.generation
                 if m.kind == "grant":
@@ -784,10 +867,10 @@ class Encoding:
                     for j in m.pages:
                         v[f"r{m.request}.g_pages{j}"] = True
                 if m.kind == "completion":
-                    v[f"r{m.request}.c_count"] = m.count
-                    v[f"r{m.request}.c_digest"] = m.digest is not None
+                    v[f"r{m.request}.{k}_count"] = m.count
+                    v[f"r{m.request}.{k}_digest"] = m.digest is not None
                     for j, _req, _gen in m.digest or ():
-                        v[f"r{m.request}.c_dpages{j}"] = True
+                        v[f"r{m.request}.{k}_dpages{j}"] = True
                 if m.kind == "failure":
                     v[f"r{m.request}.f_aborted"] = m.reason == "aborted"
         for w in state.writes:
@@ -799,12 +882,25 @@ class Encoding:
                 w.page,
                 Tag(r, q.p_gen, c.requests[r].tenant),
                 q.p_epoch,
+                w.rank,
             )
-            if w != expected:
+            if w != expected or not 0 <= w.rank < self.ranks:
                 raise EncodingError(f"write {w} is not derivable from request {r}'s prefill state")
-            v[f"r{r}.w{w.page}"] = True
+            v[write_var(r, w.page, w.rank)] = True
         for _room, gen, r in state.pending_acks:
             v[f"r{r}.pa"], v[f"r{r}.pa_gen"] = True, gen
+        for room, gen, rank in state.acked_ranks:
+            # The spec keeps an ack by (room, generation, rank); the encoding with each request
+            # that owes the ack for that room and generation (none owing it: 0, as `p_acked`).
+            owing = [
+                r
+                for r in range(self.n)
+                if self.rooms[r] == room and (v[f"r{r}.pa_gen"] if v[f"r{r}.pa"] else 0) == gen
+            ]
+            if self.ranks == 1 or not owing:
+                raise EncodingError(f"acked rank {(room, gen, rank)} names no ack a request owes")
+            for r in owing:
+                v[f"r{r}.pak{rank}"] = True
         for room, gen in state.orphans:
             # The encoding keeps an orphan with the request whose grant it came from: the one of
             # that room that decode reserved under that generation (generations are unique).
@@ -817,10 +913,14 @@ class Encoding:
             if page.owner is not None:
                 v[f"pg{j}.own"] = True
                 v[f"pg{j}.own_req"], v[f"pg{j}.own_gen"] = page.owner
-            if page.content is not None:
-                v[f"pg{j}.has"] = True
-                v[f"pg{j}.c_req"] = page.content.request
-                v[f"pg{j}.c_gen"] = page.content.generation
+            if len(page.shards) != self.ranks:
+                raise EncodingError(f"page {j} has {len(page.shards)} shards, not {self.ranks}")
+            for rank, content in enumerate(page.shards):
+                if content is not None:
+                    sh = shard(j, rank)
+                    v[f"{sh}has"] = True
+                    v[f"{sh}c_req"] = content.request
+                    v[f"{sh}c_gen"] = content.generation
             if page.last_tenant is not None:
                 v[f"pg{j}.lt_set"] = True
                 v[f"pg{j}.lt"] = self.tenant_names.index(page.last_tenant)
@@ -853,26 +953,28 @@ class Encoding:
 
     def message(self, v: dict[str, Any], kind: str, r: int) -> Message:
         """The message held in slot (kind, r)."""
-        k, room = SLOT[kind], self.rooms[r]
+        k, room, rank = slot(kind), self.rooms[r], slot_rank(kind)
         gen = v[f"r{r}.{k}_gen"]
+        kind = kind.split(".")[0]
         if kind == "grant":
             pages = tuple(j for j in range(self.np) if v[f"r{r}.g_pages{j}"])
             return Message("grant", room, gen, r, pages=pages, epoch=v[f"r{r}.g_epoch"])
         if kind == "completion":
             digest = None
-            if v[f"r{r}.c_digest"]:
-                digest = tuple((j, r, gen) for j in range(self.np) if v[f"r{r}.c_dpages{j}"])
-            return Message("completion", room, gen, r, count=v[f"r{r}.c_count"], digest=digest)
+            if v[f"r{r}.{k}_digest"]:
+                digest = tuple((j, r, gen) for j in range(self.np) if v[f"r{r}.{k}_dpages{j}"])
+            count = v[f"r{r}.{k}_count"]
+            return Message("completion", room, gen, r, count=count, digest=digest, rank=rank)
         if kind == "failure":
             reason = "aborted" if v[f"r{r}.f_aborted"] else "rejected"
             return Message("failure", room, gen, r, reason=reason)
         if kind == "lease_failure":
             return Message("failure", room, gen, r, reason=LEASE_EXPIRED)
-        return Message(kind, room, gen, r)  # type: ignore[arg-type]
+        return Message(kind, room, gen, r, rank=rank)  # type: ignore[arg-type]
 
-    def write(self, v: dict[str, Any], r: int, j: int) -> Write:
+    def write(self, v: dict[str, Any], r: int, j: int, k: int = 0) -> Write:
         gen = v[f"r{r}.p_gen"]
-        return Write(self.rooms[r], gen, j, self._tag(r, gen), v[f"r{r}.p_epoch"])
+        return Write(self.rooms[r], gen, j, self._tag(r, gen), v[f"r{r}.p_epoch"], k)
 
     def concretize(self, v: dict[str, Any]) -> State:
         """The spec state a time step's values stand for."""
@@ -885,10 +987,9 @@ class Encoding:
             read = None
             if v[f"r{r}.read_set"]:
                 read = tuple(
-                    self._tag(v[f"r{r}.rc{j}_req"], v[f"r{r}.rc{j}_gen"])
-                    if v[f"r{r}.rc{j}_has"]
-                    else None
+                    self._tag(v[f"{rc}_req"], v[f"{rc}_gen"]) if v[f"{rc}_has"] else None
                     for j in pages_of(f"r{r}.read_pages")
+                    for rc in (read_shard(r, j, k) for k in range(self.ranks))
                 )
             answer = None
             if v[f"r{r}.ans_set"]:
@@ -917,32 +1018,63 @@ class Encoding:
                     read=read,
                     accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
                     p_lease_expired=self.pull and v[f"r{r}.lease_expired"],
+                    **(
+                        {
+                            field: tuple(k for k in range(self.ranks) if v[f"r{r}.{name}{k}"])
+                            for field, name in (
+                                ("p_ranks_done", "prd"),
+                                ("d_ranks", "drk"),
+                                ("d_acks", "dak"),
+                            )
+                        }
+                        if self.ranks > 1
+                        else {}
+                    ),
                 )
             )
         network: list[Message] = []
         lost: list[Message] = []
         for r in range(self.n):
             for kind in self.slot_kinds:
-                k = SLOT[kind]
+                k = slot(kind)
                 if v[f"r{r}.{k}_net"] < 0 or v[f"r{r}.{k}_lost"] < 0:
                     raise EncodingError(f"negative message count in slot {kind} of request {r}")
                 m = self.message(v, kind, r) if v[f"r{r}.{k}_net"] + v[f"r{r}.{k}_lost"] else None
                 network += [m] * v[f"r{r}.{k}_net"]  # type: ignore[list-item]
                 lost += [m] * v[f"r{r}.{k}_lost"]  # type: ignore[list-item]
         writes = [
-            self.write(v, r, j) for r in range(self.n) for j in range(self.np) if v[f"r{r}.w{j}"]
+            self.write(v, r, j, k)
+            for r in range(self.n)
+            for j in range(self.np)
+            for k in range(self.ranks)
+            if v[write_var(r, j, k)]
         ]
         pages = []
         for j in range(self.np):
             owner = (v[f"pg{j}.own_req"], v[f"pg{j}.own_gen"]) if v[f"pg{j}.own"] else None
-            content = self._tag(v[f"pg{j}.c_req"], v[f"pg{j}.c_gen"]) if v[f"pg{j}.has"] else None
+            shards = [
+                self._tag(v[f"{sh}c_req"], v[f"{sh}c_gen"]) if v[f"{sh}has"] else None
+                for sh in (shard(j, k) for k in range(self.ranks))
+            ]
             lt = self.tenant_names[v[f"pg{j}.lt"]] if v[f"pg{j}.lt_set"] else None
-            pages.append(PageState(owner=owner, content=content, last_tenant=lt))
+            pages.append(
+                PageState(
+                    owner=owner, content=shards[0], last_tenant=lt, rank_shards=tuple(shards[1:])
+                )
+            )
         pending = sorted(
             (self.rooms[r], v[f"r{r}.pa_gen"], r) for r in range(self.n) if v[f"r{r}.pa"]
         )
         orphans = sorted(
             {(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]}
+        )
+        acked = sorted(
+            {
+                (self.rooms[r], v[f"r{r}.pa_gen"] if v[f"r{r}.pa"] else 0, k)
+                for r in range(self.n)
+                for k in range(self.ranks)
+                if self.ranks > 1 and v[f"r{r}.pak{k}"]
+            }
         )
         fields = {
             name: v[f"v.{name}"]
@@ -962,6 +1094,7 @@ class Encoding:
             decode_sees_prefill_epoch=v["dsp"],
             prefill_sees_decode_epoch=v["psd"],
             pending_acks=tuple(pending),
+            acked_ranks=tuple(acked),
             orphans=tuple(orphans),
             faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
             ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
@@ -972,14 +1105,14 @@ class Encoding:
         inst = self.instances[i]
         cls = _CLASSES.get(inst.name) or self.added_kinds[inst.name]
         if inst.name == "decode_receive_write":
-            r, j = inst.args
-            return DecodeReceiveWrite(self.write(v, r, j))
+            return DecodeReceiveWrite(self.write(v, *inst.args))
         if inst.name == "network_fail_transfer":
-            r, j = inst.args
-            return NetworkFailTransfer(self.write(v, r, j))
+            return NetworkFailTransfer(self.write(v, *inst.args))
         if inst.name == "prefill_send_abort_ack":
-            (r,) = inst.args
-            return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"])
+            r, *rank = inst.args
+            return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"], *rank)
+        if inst.name == "prefill_send_completion" and len(inst.args) == 2:
+            return PrefillSendCompletion(inst.args[0], rank=inst.args[1])
         if inst.args and isinstance(inst.args[0], str):
             kind, r = inst.args
             action: Action = cls(self.message(v, kind, r))

@@ -21,6 +21,8 @@ from kvhandoff.model_checker.z3_encoding import (
     REASONS,
     Encoding,
     SymState,
+    shard,
+    write_var,
 )
 from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 from kvhandoff.spec.logic import Term
@@ -67,10 +69,13 @@ def well_formed(enc: Encoding) -> InvariantFormula:
             out.append(s[f"r{r}.g_epoch"] <= s["decode_epoch"])
             out.append(s[f"r{r}.d_epoch"] <= s["prefill_epoch"])
             for j in pages:
-                out.append(z3.Implies(s[f"r{r}.w{j}"], s[f"r{r}.p_pages{j}"]))
+                for k in range(enc.ranks):
+                    out.append(z3.Implies(s[write_var(r, j, k)], s[f"r{r}.p_pages{j}"]))
         for j in pages:
             out.append(z3.Implies(s[f"pg{j}.own"], s[f"pg{j}.own_req"] < n))
-            out.append(z3.Implies(s[f"pg{j}.has"], s[f"pg{j}.c_req"] < n))
+            for k in range(enc.ranks):
+                sh = shard(j, k)
+                out.append(z3.Implies(s[f"{sh}has"], s[f"{sh}c_req"] < n))
         return z3.And(out)
 
     return holds

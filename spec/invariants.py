@@ -82,6 +82,7 @@ from kvhandoff.spec.vocabulary import (
     p_gen,
     p_granted,
     p_granted_count,
+    p_len,
     p_rank_done,
     p_written,
     p_wrote,
@@ -139,7 +140,7 @@ def unreserved_requests_hold_nothing() -> Term:
     """Before decode reserves for a request (or once it refused it), the request holds no
     generation and no pages; only the phases between reservation and release hold pages, and
     those that hold a live grant hold a generation. A release fenced on the drain ack is an
-    abort decode sent for a grant it made."""
+    abort decode sent for a grant it made. Ranks that reported are kept only while reserved."""
     return And(
         forall(
             REQ,
@@ -151,6 +152,9 @@ def unreserved_requests_hold_nothing() -> Term:
                 forall(PAGE, lambda q: Implies(d_holds(r, q), d(r).is_in(*HOLDING))),
                 Implies(d(r).is_in(*RESERVED), d_gen(r) != 0),
                 Implies(d_awaiting_ack(r), And(d(r) == "failed", d_gen(r) != 0)),
+                # With several ranks: decode keeps the ranks that reported only while it waits
+                # for the rest (validation, a failure and a restart clear them).
+                forall(RANK, lambda k: Implies(d_rank(r, k), d(r) == "reserved")),
             ),
         ),
         each_message(["grant"], lambda m: d(m.req) != "none"),
@@ -159,7 +163,9 @@ def unreserved_requests_hold_nothing() -> Term:
 
 def prefill_holds_decodes_generation() -> Term:
     """The grant prefill holds for a request is the one decode issued for it, and prefill writes
-    only pages of that grant, and only while it holds one."""
+    only pages of that grant, and only while it holds one. A rank that has reported (several
+    ranks) did so while prefill held the grant with every page it had data for written: the
+    ranks write in lockstep, so no page is written after the first rank reports."""
     return forall(
         REQ,
         lambda r: And(
@@ -168,6 +174,16 @@ def prefill_holds_decodes_generation() -> Term:
             Implies(p_wrote(r) > 0, p_gen(r) != 0),
             Implies(p(r).is_in("granted", "completed"), p_gen(r) != 0),
             Implies(p(r).is_in(*P_IDLE), p_wrote(r) == 0),
+            forall(
+                RANK,
+                lambda k: Implies(
+                    p_rank_done(r, k),
+                    And(
+                        p(r) == "granted",
+                        Or(p_wrote(r) == p_len(r), p_wrote(r) == p_granted_count(r)),
+                    ),
+                ),
+            ),
             forall(
                 PAGE,
                 lambda q: And(
@@ -198,8 +214,8 @@ def messages_carry_their_generation() -> Term:
 
 def writes_carry_their_grant() -> Term:
     """A write in flight carries its request's room, generation and data, for a page prefill has
-    already counted as written, and its prefill has not completed (it completes only once its
-    writes returned)."""
+    already counted as written, and its prefill has not completed, nor has the rank writing it
+    reported (a rank reports, and prefill completes, only once the rank's writes returned)."""
     return each_write(
         lambda w: And(
             p_gen(w.req) != 0,
@@ -207,6 +223,7 @@ def writes_carry_their_grant() -> Term:
             w.data_gen == p_gen(w.req),
             p_written(w.req, w.page),
             p(w.req) != "completed",
+            Not(p_rank_done(w.req, w.rank)),
             w.right_room,
             w.right_tenant,
         )
@@ -239,20 +256,24 @@ def owned_pages_hold_owner_data_or_nothing() -> Term:
 def validated_pages_hold_own_data() -> Term:
     """Once decode validated a request's completion, every page it holds for the request holds
     the request's own data for its generation, in every rank's shard (so `decode_generate`
-    reads exactly that)."""
+    reads exactly that). With several ranks, decode validates each rank's completion as it
+    arrives: the shards of a rank it holds a validated completion of already hold that data."""
     return forall(
         REQ,
         lambda r: forall(
             PAGE,
             lambda q: Implies(
-                And(d(r) == "validated", d_holds(r, q)),
+                d_holds(r, q),
                 forall(
                     RANK,
-                    lambda k: And(
-                        shard_has(q, k),
-                        Not(shard_outside(q, k)),
-                        shard_req(q, k) == r,
-                        shard_gen(q, k) == d_gen(r),
+                    lambda k: Implies(
+                        Or(d(r) == "validated", And(d(r) == "reserved", d_rank(r, k))),
+                        And(
+                            shard_has(q, k),
+                            Not(shard_outside(q, k)),
+                            shard_req(q, k) == r,
+                            shard_gen(q, k) == d_gen(r),
+                        ),
                     ),
                 ),
             ),
@@ -316,7 +337,40 @@ def decode_validates_only_completed_prefill() -> Term:
                 And(prefill_ranks() > 1, Or(m.rank_done, p(m.req).is_in(*stopped_or_done))),
             ),
         ),
+        # Several ranks: once every rank has shown that it reported (a completion on the wire,
+        # held by decode, or counted by prefill), prefill completed: the last rank to report
+        # completes it, and nothing takes a completed request back.
+        each_message(
+            ["completion"],
+            lambda m: Implies(
+                And(
+                    prefill_ranks() > 1,
+                    forall(RANK, lambda o: Or(o == m.rank, reported(m.req, o))),
+                ),
+                p(m.req) == "completed",
+            ),
+        ),
+        each_message(
+            ["completion"],
+            lambda m: each_message(
+                ["completion"],
+                lambda n: Implies(
+                    And(
+                        prefill_ranks() > 1,
+                        n.req == m.req,
+                        forall(RANK, lambda o: Or(o == m.rank, o == n.rank, reported(m.req, o))),
+                    ),
+                    p(m.req) == "completed",
+                ),
+            ),
+        ),
     )
+
+
+def reported(r: Term, k: Term) -> Term:
+    """Rank k has reported request r's current grant, as the state shows it: decode holds its
+    validated completion, or prefill counts it as done."""
+    return Or(d_rank(r, k), p_rank_done(r, k))
 
 
 def rejected_requests_are_never_completed() -> Term:

@@ -988,20 +988,38 @@ def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
     return out
 
 
+_Plan = tuple[tuple[type, ...], list[tuple[type, str, Any]]]
+_PLANS: dict[tuple[int, Guard], tuple[Variant, _Plan | None]] = {}
+"""Per variant and rulebook guard: which of its kinds keep the rulebook's guard and which the
+variant replaced (worked out once, not per state: the explorer asks for every state)."""
+
+
+def _override_plan(variant: Variant, guard: Guard, kinds: tuple[type, ...]) -> _Plan | None:
+    key = (id(variant), guard)
+    got = _PLANS.get(key)
+    if got is None or got[0] is not variant:  # the variant is kept, so its id is not reused
+        names = [snake_case(k.__name__) for k in kinds]
+        hooks = [variant.guard_overrides.get(n) for n in names]
+        plan: _Plan | None = None
+        if any(hooks):
+            kept = tuple(k for k, h in zip(kinds, hooks, strict=True) if h is None)
+            replaced = [(k, n, h) for k, n, h in zip(kinds, names, hooks, strict=True) if h]
+            plan = (kept, replaced)
+        got = _PLANS[key] = (variant, plan)
+    return got[1]
+
+
 def _guard_with_overrides(
     variant: Variant, config: Config, state: State, guard: Guard, kinds: tuple[type, ...]
 ) -> list[Action]:
     """A guard's actions, with the kinds a variant replaced listed by the variant's own guard
     (at the same place in the rulebook's order, so shrinking and BFS order are unchanged)."""
-    names = [snake_case(k.__name__) for k in kinds]
-    hooks = [variant.guard_overrides.get(n) for n in names]
-    if not any(hooks):
+    plan = _override_plan(variant, guard, kinds)
+    if plan is None:
         return guard(variant.design, config, state)
-    kept = tuple(k for k, h in zip(kinds, hooks, strict=True) if h is None)
+    kept, replaced = plan
     out = [a for a in guard(variant.design, config, state) if isinstance(a, kept)] if kept else []
-    for kind, name, hook in zip(kinds, names, hooks, strict=True):
-        if hook is None:
-            continue
+    for kind, name, hook in replaced:
         listed: list[Action] = list(hook(config, state))
         for action in listed:
             if type(action) is not kind:

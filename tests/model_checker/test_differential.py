@@ -41,19 +41,21 @@ DEFAULT_ROWS = [
     "preempt_without_scrub_formula",
 ]
 """The default run's rows: every kind of row (the reference; design variants the any-size model
-follows, and two it does not read: the router's and prefill's orphan-grant options; a scenario
-the Z3 engines refuse; the examples; both override variants) at about 2 s of CPU each. Every
+follows, and two it does not read: the router's and prefill's orphan-grant options; two prefill
+ranks; the examples; both override variants) at about 2 s of CPU each. Every
 other catalogue variant is in the slow run (the one-sided and pull designs cost `prove` 15-20 s
 each: it proves them on the fixed-config encoding)."""
 
 SLOW_RUN_ONLY = {
+    ("first_rank_completion_accepted", "prove"),
     ("release_without_drain_ack", "prove"),
     ("placeholder_effect", "prove"),
     ("preempt_without_scrub_formula", "prove"),
 }
-"""A formula guard, effect or added action sends `prove` to the fixed-configuration encoding (of the one-sided
-design, for the guard): about 20 s on an idle machine, over a minute on a loaded one. The other
-engines check these rows here; `prove` checks them in the slow run."""
+"""A formula guard, effect or added action, or several prefill ranks, send `prove` to the
+fixed-configuration encoding (of the one-sided design, for the guard): about 20 s on an idle
+machine, over a minute on a loaded one. The other engines check these rows here; `prove` checks
+them in the slow run."""
 
 FAST = {
     "explore": EngineOptions(),
@@ -103,7 +105,7 @@ def test_no_engine_claims_more_than_the_explorer_on_the_small_scenario(
     _, runs, found = differential(variant, config_for(variant, SMALL), options)
     assert not found, "\n".join(str(m) for m in found)
     assert [r.engine for r in runs] == list(options)
-    if not variant.is_pure_design or variant.config.get("prefill_ranks"):
+    if not variant.is_pure_design:
         assert all(r.verdict == "cannot_encode" for r in runs if r.engine != "explore")
 
 

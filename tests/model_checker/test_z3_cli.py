@@ -86,27 +86,52 @@ def test_matrix_on_a_subset_meets_expectations(
     assert "| m20_unscrubbed_pages |" in md.read_text()
 
 
-@pytest.mark.parametrize("engine", ["bmc", "kind", "prove", "spacer"])
-def test_the_z3_engines_refuse_several_prefill_ranks_with_exit_3(
-    engine: str, capsys: pytest.CaptureFixture[str]
+def test_bmc_and_kind_check_several_prefill_ranks_and_find_the_explorer_s_runs(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["check", "--engine", engine, "--set", "prefill_ranks=2"]) == 3
-    assert "prefill_ranks>1 is not encoded" in capsys.readouterr().out
+    variant = "first_rank_completion_accepted"  # its catalogue scenario has two prefill ranks
+    lengths = {}
+    for engine in ("explore", "bmc", "kind"):
+        assert main(["check", "--engine", engine, "--variant", variant, "--json"]) == 1
+        out = json.loads(capsys.readouterr().out)
+        assert out["config"]["prefill_ranks"] == 2
+        lengths[engine] = {
+            r["property"]: r["depth"] for r in out["results"] if r["verdict"] == "violated"
+        }
+    assert lengths["explore"]["accepted_completion_implies_full_coverage"] == 11
+    assert (
+        lengths["bmc"]
+        == lengths["kind"]
+        == {p: d for p, d in lengths["explore"].items() if p != "every_request_terminates"}
+    )
+
+
+def test_kind_proves_the_reference_with_two_prefill_ranks_and_prove_says_why_not_any_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sets = ["--set", "prefill_ranks=2", "--set", "max_faults=0"]
+    assert main(["check", "--engine", "kind", *sets, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scope"] == "fixed-config"
+    # The any-size model has one rank: prove must not carry its proof over to two.
+    small = ["--set", "decode_pages=2", "--set", "requests=a:1:1,b:2:2"]
+    code = main(["check", "--engine", "prove", *sets, *small, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["scope"] == "fixed-config"
+    assert "one prefill rank" in out["any_size_unavailable"]
 
 
 def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     variant = "first_rank_completion_accepted"
-    code = main(["matrix", "--engines", "explore,bmc,prove", "--variants", variant, "--json"])
+    code = main(["matrix", "--engines", "explore,bmc,kind", "--variants", variant, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"]
     (row,) = out["rows"]
     assert row["config"]["prefill_ranks"] == 2
     cells = {c["engine"]: c for c in row["cells"]}
-    assert cells["explore"]["property"] in get_variant(variant).breaks
-    assert cells["bmc"]["verdict"] == cells["prove"]["verdict"] == "cannot_encode"
-    assert "prefill_ranks>1" in cells["bmc"]["detail"]
+    for engine in ("explore", "bmc", "kind"):
+        assert cells[engine]["caught"] and cells[engine]["property"] in get_variant(variant).breaks
 
 
 def test_check_runs_the_pull_path_under_bmc_and_kind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,21 +179,21 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     assert caught["reference"] == [] and caught["one_sided_fenced"] == []
     assert caught["m15_silent_prefill_abort"] == ["explore"]
     assert caught["m18_orphan_grant_accepted"] == ["explore"]
-    assert caught["first_rank_completion_accepted"] == ["explore"]  # Z3: one rank only
+    assert caught["first_rank_completion_accepted"] == ["bmc", "explore", "kind", "prove"]
     for name in ("incident", "m1_placeholder_rejection", "m20_unscrubbed_pages"):
         assert caught[name] == ["bmc", "explore", "kind", "prove"]
     # The pull path is encoded: its bugs are caught by the Z3 engines too, its reference proved.
     for name in ("m13_lease_expiry_pull", "m14_silent_receive_failure_pull"):
         assert {"bmc", "kind", "prove"} <= set(caught[name])
     assert caught["reference_pull"] == []
-    # Only prefill_ranks>1 is beyond the Z3 encoding (the first-rank variant's own scenario).
+    # Every catalogue variant is within the Z3 encoding (two prefill ranks included).
     unencoded = {
         row["variant"]
         for row in out["rows"]
         for c in row["cells"]
         if c["verdict"] == "cannot_encode"
     }
-    assert unencoded == {"first_rank_completion_accepted"}
+    assert unencoded == set()
 
 
 def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
@@ -188,3 +213,29 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
     assert len(held) + len(violated) == len(out["results"])
     assert main(["check", "--engine", "explore", "--first"]) == 2
     assert "--first applies to --engine bmc only" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_matrix_with_examples_checks_each_kind_of_change_by_bmc_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A design option, a replaced guard, a replaced effect, an added action and state field:
+    each example is caught by BMC as by the explorer (formulas, not Python: no cell refuses)."""
+    args = ["matrix", "--engines", "explore,bmc", "--variants", "reference", "--examples"]
+    code = main([*args, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"]
+    rows = {row["variant"]: row for row in out["rows"]}
+    assert set(rows) == {
+        "reference",
+        "skip_digest",
+        "release_without_drain_ack",
+        "placeholder_effect",
+        "preempt_without_scrub_formula",
+    }
+    for name, row in rows.items():
+        cells = {c["engine"]: c for c in row["cells"]}
+        assert all(c["verdict"] != "cannot_encode" for c in cells.values()), name
+        if name != "reference":
+            assert cells["bmc"]["caught"] and cells["explore"]["caught"], name
+            assert cells["bmc"]["depth"] == cells["explore"]["depth"], name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,39 @@ def test_z3_takes_the_explorers_edges_where_the_pull_path_differs(variant) -> No
     assert any(any(q.p_lease_expired for q in s.requests) for s in picks)
     assert edge_mismatches(variant, SMALL, _sample(picks, 25)) == []
     assert accepted_non_edges(variant, SMALL, picks, samples=3, seed=1) == []
+
+
+RANKED_DESIGNS = [
+    "reference",
+    "one_sided_fenced",
+    "reference_pull",
+    "first_rank_completion_accepted",
+]
+
+
+@pytest.mark.parametrize("name", RANKED_DESIGNS)
+def test_z3_takes_exactly_the_explorers_edges_with_two_prefill_ranks(name: str) -> None:
+    """Per-rank shards, writes, completions, drain acks and rank sets: the states where the
+    ranks stand apart (some rank reported, acknowledged, or has a write in flight that another
+    has not) are the ones the rank encoding is about."""
+    variant = get_variant(name)
+    config = replace(SMALL, prefill_ranks=2)
+    graph, _, _ = build_graph(variant, config)
+
+    def ranks_apart(state) -> bool:  # type: ignore[no-untyped-def]
+        return (
+            any(q.p_ranks_done or q.d_ranks or q.d_acks for q in state.requests)
+            or bool(state.acked_ranks)
+            or any(w.rank for w in state.writes)
+            or any(m.rank for m in state.network)
+        )
+
+    picks = [s for s in graph.states if ranks_apart(s)]
+    assert picks
+    if name != "first_rank_completion_accepted":  # that one accepts the first rank's report
+        assert any(q.d_ranks for s in picks for q in s.requests)
+    assert edge_mismatches(variant, config, _sample(picks, 25)) == []
+    assert accepted_non_edges(variant, config, picks, samples=3, seed=2) == []
 
 
 def test_z3_keeps_two_orphan_grants_of_one_room_apart() -> None:
