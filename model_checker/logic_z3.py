@@ -157,9 +157,12 @@ def translate(t: Term, reading: Reading, env: dict[int, Any] | None = None) -> A
             parts = []
             for bound_vars, present, fields in reading.in_flight(t.what, t.kinds):
                 env[id(t.var)] = fields
-                part = z3.Implies(_bool(present), _bool(go(t.body)))
+                body = go(t.body)
+                if body is True or present is False:
+                    continue  # settled by the reading (e.g. a clause of several ranks, with one)
+                part = z3.Implies(_bool(present), _bool(body))
                 parts.append(z3.ForAll(bound_vars, part) if bound_vars else part)
-            return z3.And(parts)
+            return _and(parts)
         if isinstance(t, Op) and t.op == "ite":
             c, a, b = (go(x) for x in t.args)
             if isinstance(c, bool):

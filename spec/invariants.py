@@ -262,18 +262,18 @@ def validated_pages_hold_own_data() -> Term:
         REQ,
         lambda r: forall(
             PAGE,
-            lambda q: Implies(
-                d_holds(r, q),
-                forall(
-                    RANK,
-                    lambda k: Implies(
+            lambda q: forall(
+                RANK,
+                lambda k: Implies(
+                    And(
                         Or(d(r) == "validated", And(d(r) == "reserved", d_rank(r, k))),
-                        And(
-                            shard_has(q, k),
-                            Not(shard_outside(q, k)),
-                            shard_req(q, k) == r,
-                            shard_gen(q, k) == d_gen(r),
-                        ),
+                        d_holds(r, q),
+                    ),
+                    And(
+                        shard_has(q, k),
+                        Not(shard_outside(q, k)),
+                        shard_req(q, k) == r,
+                        shard_gen(q, k) == d_gen(r),
                     ),
                 ),
             ),

@@ -86,35 +86,15 @@ def test_matrix_on_a_subset_meets_expectations(
     assert "| m20_unscrubbed_pages |" in md.read_text()
 
 
-def test_bmc_and_kind_check_several_prefill_ranks_and_find_the_explorer_s_runs(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    variant = "first_rank_completion_accepted"  # its catalogue scenario has two prefill ranks
-    lengths = {}
-    for engine in ("explore", "bmc", "kind"):
-        assert main(["check", "--engine", engine, "--variant", variant, "--json"]) == 1
-        out = json.loads(capsys.readouterr().out)
-        assert out["config"]["prefill_ranks"] == 2
-        lengths[engine] = {
-            r["property"]: r["depth"] for r in out["results"] if r["verdict"] == "violated"
-        }
-    assert lengths["explore"]["accepted_completion_implies_full_coverage"] == 11
-    assert (
-        lengths["bmc"]
-        == lengths["kind"]
-        == {p: d for p, d in lengths["explore"].items() if p != "every_request_terminates"}
-    )
-
-
 def test_kind_proves_the_reference_with_two_prefill_ranks_and_prove_says_why_not_any_size(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     sets = ["--set", "prefill_ranks=2", "--set", "max_faults=0"]
+    sets += ["--set", "decode_pages=2", "--set", "requests=a:1:1,b:2:2"]
     assert main(["check", "--engine", "kind", *sets, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["scope"] == "fixed-config"
     # The any-size model has one rank: prove must not carry its proof over to two.
-    small = ["--set", "decode_pages=2", "--set", "requests=a:1:1,b:2:2"]
-    code = main(["check", "--engine", "prove", *sets, *small, "--json"])
+    code = main(["check", "--engine", "prove", *sets, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["scope"] == "fixed-config"
     assert "one prefill rank" in out["any_size_unavailable"]
@@ -132,6 +112,11 @@ def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
     cells = {c["engine"]: c for c in row["cells"]}
     for engine in ("explore", "bmc", "kind"):
         assert cells[engine]["caught"] and cells[engine]["property"] in get_variant(variant).breaks
+        # The explorer's shortest run (accepted_completion_implies_full_coverage, 11 steps).
+        assert (cells[engine]["property"], cells[engine]["depth"]) == (
+            cells["explore"]["property"],
+            cells["explore"]["depth"],
+        )
 
 
 def test_check_runs_the_pull_path_under_bmc_and_kind(capsys: pytest.CaptureFixture[str]) -> None:
