@@ -35,6 +35,7 @@ import networkx as nx
 from kvhandoff.model_checker import progress
 from kvhandoff.model_checker.result import CheckResult, PropertyResult, Verdict
 from kvhandoff.spec.actions import Action, action_name, is_fault
+from kvhandoff.spec.compiled import rules
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS, Invariant
 from kvhandoff.spec.machine import enabled, init, step
@@ -251,6 +252,9 @@ def _search(
 
     inspect(0, s0)
     head = 0
+    # The variant's compiled rules, looked up once: `enabled` and `step` without the dispatch.
+    rulebook = rules(variant)
+    enabled_in, effect_of = rulebook.enabled_for(config), rulebook.steps_for(config)
     while head < len(states):
         if not head & 1023:  # often enough for Ctrl-C to report a recent count
             progress.report(
@@ -260,8 +264,8 @@ def _search(
         succ: list[int] = []
         edges: list[tuple[int, Action]] = []
         depth = depth_of[head] + 1
-        for action in enabled(variant, config, s):
-            t = step(variant, config, s, action)
+        for action in enabled_in(config, s):
+            t = effect_of[type(action)](config, s, action)
             transitions += 1
             fault = is_fault(action)
             j = index.get(t)

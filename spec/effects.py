@@ -584,6 +584,28 @@ def run_effect(
                         for rank in range(C.prefill_ranks):
                             room = C.requests[r].room
                             writes.append(Write(room, req.p_gen, q, data, req.p_epoch, rank))
+    return finish(
+        C, S, assigned, messages, replies, writes, moves, forget, adopted, fields_of_variant
+    )
+
+
+def finish(
+    C: Config,
+    S: State,
+    assigned: dict[tuple[str, tuple[int, ...]], Any],
+    messages: list[Message],
+    replies: dict[int, Reply],
+    writes: list[Write],
+    moves: list[tuple[str, Any]],
+    forget: bool,
+    adopted: list[tuple[int, int]],
+    fields_of_variant: dict[str, tuple[Any, Any]],
+) -> State:
+    """The next state from what an effect's updates computed in the old state `S`: the values
+    assigned (by symbol and arguments), the messages sent, the answers given, the writes issued,
+    what happened to the step's own message or write, whether prefill forgot its transfers, the
+    grants it adopted, and a variant's own fields. Shared by `run_effect` and the effects
+    compiled to Python (`spec/compiled.py`), so both build states one way."""
     if moves:
         S = _moved(S, moves)
     if forget:
@@ -770,30 +792,40 @@ def _new_read(C: Config, S: State, r: int, read: dict[Any, Any]) -> tuple[Tag | 
     return tuple(out)
 
 
-def _new_page(C: Config, page: PageState, changes: dict[Any, Any]) -> PageState:
-    def get(name: str, rest: tuple[int, ...], old: Any) -> Any:
-        return changes.get((name, rest), old)
+_UNSET = object()
+_OWNER = frozenset(_PAGE[:3])
+_USED = frozenset(_PAGE[3:])
+_SHARDS = frozenset(_SHARD)
 
+
+def _new_page(C: Config, page: PageState, changes: dict[Any, Any]) -> PageState:
+    names = {name for name, _ in changes}
+    get = changes.get
     fields: dict[str, Any] = {}
-    if any(name in _PAGE[:3] for name, _ in changes):
+    if names & _OWNER:
         owner = page.owner
-        if get("owned", (), owner is not None):
+        if get(("owned", ()), owner is not None):
             old_req, old_gen = owner if owner is not None else (0, 0)
-            fields["owner"] = (get("owner", (), old_req), get("owner_gen", (), old_gen))
+            fields["owner"] = (get(("owner", ()), old_req), get(("owner_gen", ()), old_gen))
         else:
             fields["owner"] = None
-    if any(name in _PAGE[3:] for name, _ in changes):
-        used = get("page_used", (), page.last_tenant is not None)
-        fields["last_tenant"] = get("last_tenant", (), page.last_tenant) if used else None
-    if any(name in _SHARD for name, _ in changes):
+    if names & _USED:
+        used = get(("page_used", ()), page.last_tenant is not None)
+        fields["last_tenant"] = get(("last_tenant", ()), page.last_tenant) if used else None
+    if names & _SHARDS:
         shards = list(page.shards)
-        for k, old in enumerate(page.shards):
-            if get("shard_has", (k,), old is not None):
-                who = get("shard_req", (k,), getattr(old, "request", 0))
-                gen = get("shard_gen", (k,), getattr(old, "generation", 0))
-                shards[k] = Tag(who, gen, _tenant_of(C, who))
-            else:
+        for k, old in enumerate(shards):
+            has = get(("shard_has", (k,)), _UNSET)
+            who = get(("shard_req", (k,)), _UNSET)
+            gen = get(("shard_gen", (k,)), _UNSET)
+            if has is _UNSET and who is _UNSET and gen is _UNSET:
+                continue  # this rank's shard is as it was
+            if not (old is not None if has is _UNSET else has):
                 shards[k] = None
+                continue
+            who = getattr(old, "request", 0) if who is _UNSET else who
+            gen = getattr(old, "generation", 0) if gen is _UNSET else gen
+            shards[k] = Tag(who, gen, _tenant_of(C, who))
         fields["content"] = shards[0]
         fields["rank_shards"] = tuple(shards[1:])
     return evolve(page, **fields)

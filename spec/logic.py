@@ -485,12 +485,28 @@ class PythonReading:
 _PY_OPS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "add": "+", "sub": "-"}
 
 
-def python_source(t: Term, reading: PythonReading) -> str:
+def python_source(
+    t: Term,
+    reading: PythonReading,
+    canonical: bool = False,
+    replace: dict[int, tuple[str, Var]] | None = None,
+) -> str:
     """`t` as one Python expression. Quantifiers become `all(...)`/`any(...)` over generators, so
-    the compiled claim costs about what the same claim written by hand in Python costs."""
+    the compiled claim costs about what the same claim written by hand in Python costs. With
+    `canonical`, the variables `t` binds are named by the order they are bound in, so that two
+    terms built alike are one source (and a compiler can evaluate them once). `replace` gives
+    the source of some subterms (by identity) as a format of the one variable they read: a
+    compiler's table of their values, element by element."""
     names: dict[int, str] = {}
 
+    def bind(v: Var) -> str:
+        names[id(v)] = f"_v{len(names)}" if canonical else v.name
+        return names[id(v)]
+
     def go(t: Term) -> str:
+        if replace and id(t) in replace:
+            fmt, v = replace[id(t)]
+            return fmt.format(names.get(id(v), v.name))
         if isinstance(t, Lit):
             return repr(tuple(t.value) if isinstance(t.value, tuple) else t.value)
         if isinstance(t, Field):
@@ -508,18 +524,18 @@ def python_source(t: Term, reading: PythonReading) -> str:
                 raise KeyError(f"no concrete reading of symbol {t.symbol.name!r}")
             return "(" + reading.symbols[t.symbol.name].format(*(go(a) for a in t.args)) + ")"
         if isinstance(t, Quant):
-            names[id(t.var)] = t.var.name
+            name = bind(t.var)
             body = go(t.body)
             fn = "all" if t.every else "any"
-            return f"{fn}({body} for {t.var.name} in {reading.domains[t.var.sort]})"
+            return f"{fn}({body} for {name} in {reading.domains[t.var.sort]})"
         if isinstance(t, Count):
-            names[id(t.var)] = t.var.name
+            name = bind(t.var)
             body = go(t.body)
-            return f"sum(1 for {t.var.name} in {reading.domains[t.var.sort]} if {body})"
+            return f"sum(1 for {name} in {reading.domains[t.var.sort]} if {body})"
         if isinstance(t, InFlight):
-            names[id(t.var)] = t.var.name
+            name = bind(t.var)
             source = reading.in_flight[t.what].format(kinds=repr(t.kinds))
-            return f"all({go(t.body)} for {t.var.name} in {source})"
+            return f"all({go(t.body)} for {name} in {source})"
         if isinstance(t, Op):
             a = [go(x) for x in t.args]
             if t.op == "and":

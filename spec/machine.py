@@ -81,6 +81,7 @@ from kvhandoff.spec.actions import (
     action_name,
     snake_case,
 )
+from kvhandoff.spec.compiled import rules
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.effects import (
     EffectFormula,
@@ -370,12 +371,13 @@ def _digest_of_shards(
 # state (admission's admit-or-reject is one decision, so one guard lists both). `enabled` is their
 # concatenation in the rulebook's order; `is_enabled` asks only the guard of the action's kind.
 #
-# Beside the Python guard of each protocol step of one request (or of none) stands the same guard
-# as a formula over the vocabulary (`spec/vocabulary.py`), `_..._guard(design)`: that formula is
-# the rule's statement, the one the Z3 encodings translate (`rule_guard`, at the end of this
-# section). The Python function is the explorer's fast path: it lists the enabled requests in one
-# pass over the state. tests/spec/test_guards_once.py pins the two to each other on every
-# reachable state of several variants. Design options are Python `if`s evaluated when the formula
+# Beside the Python guard of each protocol step stands the same guard as a formula over the
+# vocabulary (`spec/vocabulary.py`), `_..._guard(design)`: that formula is the rule's statement,
+# the one every engine reads. The Z3 encodings translate it (`rule_guard`, at the end of this
+# section); `enabled` runs it compiled to Python (`spec/compiled.py`: one function per variant and
+# configuration). The Python guards are the explorer's former path, kept as `python_enabled` until
+# tests/spec/test_compiled_rules.py (same actions, same order, on every reachable state of every
+# catalogue variant) has run on main. Design options are Python `if`s evaluated when the formula
 # is built: a design's guard is a different formula, not a run-time branch.
 
 
@@ -945,15 +947,13 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "prefill_send_abort_ack": _prefill_send_abort_ack_guard,
 }
 """The guards written as formulas: every step of the protocol and every fault. The Z3 encodings
-translate these (`Encoding.rule`); the explorer runs the Python guards above, its fast path,
-pinned to the formulas by tests/spec/test_guards_once.py."""
+translate these (`Encoding.rule`); `enabled` runs them compiled (`spec/compiled.py`)."""
 
 
 @cache
 def rule_guard(design: Design, name: str) -> GuardFormula:
     """The guard of protocol step `name` (snake_case) under `design`, as a formula: what the Z3
-    encodings translate (`Encoding.rule`), pinned to the Python guard by
-    tests/spec/test_guards_once.py. Built once per design."""
+    encodings translate (`Encoding.rule`) and `enabled` runs compiled. Built once per design."""
     return RULE_GUARDS[name](design)
 
 
@@ -966,7 +966,14 @@ _GUARD_OF: dict[type, Guard] = {
 
 
 def enabled(variant: Variant, config: Config, state: State) -> list[Action]:
-    """Every action whose guard holds, protocol steps first, faults last, in a stable order."""
+    """Every action whose guard holds, protocol steps first, faults last, in a stable order: the
+    guard formulas compiled to one Python function per variant (`spec/compiled.py`)."""
+    return rules(variant).enabled_for(config)(config, state)
+
+
+def python_enabled(variant: Variant, config: Config, state: State) -> list[Action]:
+    """`enabled` by the Python guards (kept until the differential test against the compiled
+    formulas has run on main: tests/spec/test_compiled_rules.py)."""
     d = variant.design
     out: list[Action] = []
     replaced = variant.guard_overrides
@@ -1051,17 +1058,31 @@ def is_enabled(variant: Variant, config: Config, state: State, action: Action) -
 
 # --- step ---------------------------------------------------------------------------------------
 #
-# One effect per rule. Beside the Python effect of each protocol step of one request (or of none)
-# stands the same effect as updates over the vocabulary (`spec/effects.py`), `_..._effect(design)`:
-# `assign(d(r), "reserved")`, `send("grant", r, ...)`, `answer_error(r, reason)`, each value read
-# in the state before the step. That formula is what the Z3 encodings translate (`rule_effect`,
-# `RULE_EFFECTS`); the Python function is the explorer's fast path, and
-# tests/spec/test_effects_once.py pins the two to each other (same next state from every reachable
-# state of every catalogue variant).
+# One effect per rule. Beside the Python effect of each protocol step stands the same effect as
+# updates over the vocabulary (`spec/effects.py`), `_..._effect(design)`: `assign(d(r),
+# "reserved")`, `send("grant", r, ...)`, `answer_error(r, reason)`, each value read in the state
+# before the step. That formula is the rule: the Z3 encodings translate it (`rule_effect`,
+# `RULE_EFFECTS`) and `step` runs it compiled to Python (`spec/compiled.py`). The Python effects
+# are the explorer's former path, kept as `python_step` until tests/spec/test_compiled_rules.py
+# (same next state from every reachable state of every catalogue variant) has run on main.
 
 
 def step(variant: Variant, config: Config, state: State, action: Action) -> State:
-    """The state after `action`. The caller must pass an enabled action (see `checked_step`)."""
+    """The state after `action`: its effect formula compiled to Python (`spec/compiled.py`), or
+    the variant's own effect. The caller must pass an enabled action (see `checked_step`)."""
+    effect: Callable[[Config, State, Action], State] | None = (
+        rules(variant).steps_for(config).get(type(action))
+    )
+    if effect is None:
+        raise ActionNotEnabled(
+            f"{action!r}: no rule of variant {variant.name!r} takes a {type(action).__name__}"
+        )
+    return effect(config, state, action)
+
+
+def python_step(variant: Variant, config: Config, state: State, action: Action) -> State:
+    """`step` by the Python effects (kept until the differential test against the compiled
+    formulas has run on main: tests/spec/test_compiled_rules.py)."""
     override = variant.step_overrides.get(action_name(action)) if variant.step_overrides else None
     if override is not None:
         return override(config, state, action)
@@ -2196,15 +2217,13 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "prefill_send_abort_ack": _prefill_send_abort_ack_effect,
 }
 """The effects written as formulas: those of the steps of `RULE_GUARDS`. The Z3 encodings translate
-these (`Encoding.rule`); the explorer runs the Python effects above, its fast path, pinned to the
-formulas by tests/spec/test_effects_once.py."""
+these (`Encoding.rule`); `step` runs them compiled (`spec/compiled.py`)."""
 
 
 @cache
 def rule_effect(design: Design, name: str) -> EffectFormula:
     """The effect of protocol step `name` (snake_case) under `design`, as a formula: what the Z3
-    encodings translate (`Encoding.rule`), pinned to the Python effect by
-    tests/spec/test_effects_once.py. Built once per design."""
+    encodings translate (`Encoding.rule`) and `step` runs compiled. Built once per design."""
     return RULE_EFFECTS[name](design)
 
 

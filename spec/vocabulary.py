@@ -442,7 +442,9 @@ CONCRETE = PythonReading(
             "rank": "{0}.rank",
             "rank_done": "{0}.rank in S.requests[{0}.request].p_ranks_done",
             "has_page": "{1} in {0}.pages",
-            "digest_page": "any(e[0] == {1} for e in ({0}.digest or ()))",
+            # The digest covers page q with the sender's data (its request and generation): a
+            # digest over other data (a forged one) covers no page.
+            "digest_page": "({1}, {0}.request, {0}.generation) in ({0}.digest or ())",
             "room": "{0}.room",
             "count": "{0}.count",
             "has_digest": "{0}.digest is not None",

@@ -2,8 +2,10 @@
 
 `spec/machine.py` states the effect of every protocol step of one request (or of none) as updates
 over the vocabulary (`rule_effect(design, name)`, beside each Python effect), and the Z3 encoding
-translates those updates (tests/model_checker/test_effects_once.py). The explorer keeps the Python
-effects, its fast path. These tests pin the two together on concrete states: from every reachable
+translates those updates (tests/model_checker/test_effects_once.py), and the explorer runs them
+compiled to Python (`spec/compiled.py`, pinned by tests/spec/test_compiled_rules.py). These tests
+pin the formula, read update by update (`run_effect`), to the Python effects the explorer ran
+before (`machine.python_step`, kept until the compiled path has run on main): from every reachable
 state of the small scenario, for every catalogue variant (between them every value of the design
 options the effects read), and of a scenario with a prompt over decode's limit and parallel
 submission, each enabled step's formula (`spec.effects.run_effect`) gives exactly the state the
@@ -21,7 +23,13 @@ from kvhandoff.model_checker.explore import build_graph
 from kvhandoff.spec.actions import action_name
 from kvhandoff.spec.config import Config, parse_set
 from kvhandoff.spec.effects import EffectFormula, run_effect
-from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, enabled, rule_effect, step
+from kvhandoff.spec.machine import (
+    RULE_EFFECTS,
+    RULE_GUARDS,
+    python_enabled,
+    python_step,
+    rule_effect,
+)
 from kvhandoff.spec.variants import VARIANTS, arguments, get_variant
 from kvhandoff.spec.vocabulary import d
 from tests.explored import SMALL
@@ -41,13 +49,15 @@ def _agree(
     drain = _drain(variant_name)
     wrong: list[str] = []
     for state in build_graph(variant, config)[0].states:
-        for action in enabled(variant, config, state):
+        for action in python_enabled(variant, config, state):
             name = action_name(action)
             eff = effects.get(name)
             if eff is None or name in variant.step_overrides:  # the variant's own effect
                 continue
             args = arguments(action, state)
-            if run_effect(eff, config, state, drain, args) != step(variant, config, state, action):
+            if run_effect(eff, config, state, drain, args) != python_step(
+                variant, config, state, action
+            ):
                 wrong.append(f"{variant_name}: {action!r}")
             taken[name] += 1
     return wrong
