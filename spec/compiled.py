@@ -1151,6 +1151,7 @@ def compile_effect(
         "_tenant_of": e._tenant_of,
         "_accepted": _accepted,
         "_tag": _tag,
+        "_rebuilt": _rebuilt,
         "_arguments": arguments,
         "_shard": _shard,
         "_read_pages": _read_pages,
@@ -1161,6 +1162,18 @@ def compile_effect(
     fn: Step = namespace[name]
     fn.__doc__ = source
     return fn
+
+
+def _rebuilt(items: tuple[int, ...], changes: dict[int, Any]) -> tuple[int, ...]:
+    """A request's set of pages (ranks), as the ascending tuple the state keeps, with the
+    elements an effect set (true) or cleared (false)."""
+    out = set(items)
+    for element, member in changes.items():
+        if member:
+            out.add(element)
+        else:
+            out.discard(element)
+    return tuple(sorted(out))
 
 
 _TAGS: dict[tuple[int, int, str], Any] = {}
@@ -1239,13 +1252,7 @@ def _emit_one_request_build(out: _Writer, used: set[str], key: str) -> None:
     emit(1, "_old = S.requests[_k]")
     if "req_set" in used:
         emit(1, "for _f, _es in RS.items():")
-        emit(2, "_items = set(getattr(_old, _f))")
-        emit(2, "for _e, _b in _es.items():")
-        emit(3, "if _b:")
-        emit(4, "_items.add(_e)")
-        emit(3, "else:")
-        emit(4, "_items.discard(_e)")
-        emit(2, "RQ[_f] = tuple(sorted(_items))")
+        emit(2, "RQ[_f] = _rebuilt(getattr(_old, _f), _es)")
     if "read" in used:
         emit(1, "if RD:")
         emit(2, "RQ['read'] = _new_read(C, S, _k, RD)")
@@ -1280,13 +1287,7 @@ def _emit_build(
         used = used - {"req", "req_set", "accepted", "read", "RP"}
     if "req_set" in used:
         emit(1, "for (_r, _f), _es in RS.items():")
-        emit(2, "_items = set(getattr(S.requests[_r], _f))")
-        emit(2, "for _e, _b in _es.items():")
-        emit(3, "if _b:")
-        emit(4, "_items.add(_e)")
-        emit(3, "else:")
-        emit(4, "_items.discard(_e)")
-        emit(2, "RQ.setdefault(_r, {})[_f] = tuple(sorted(_items))")
+        emit(2, "RQ.setdefault(_r, {})[_f] = _rebuilt(getattr(S.requests[_r], _f), _es)")
     if "read" in used:
         emit(1, "for _r, _d in RD.items():")
         emit(2, "RQ.setdefault(_r, {})['read'] = _new_read(C, S, _r, _d)")
