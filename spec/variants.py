@@ -30,7 +30,7 @@ from kvhandoff.spec.config import Config, ConfigError
 from kvhandoff.spec.effects import EffectFormula
 from kvhandoff.spec.logic import GuardFormula
 from kvhandoff.spec.properties import ALL_PROPERTY_NAMES
-from kvhandoff.spec.state import State, evolve
+from kvhandoff.spec.state import MessageKind, State, evolve
 
 Oversize = Literal["reject", "placeholder", "truncate"]
 Completion = Literal["granted", "local"]
@@ -227,6 +227,62 @@ def _field_names(kind: type) -> set[str]:
     import dataclasses
 
     return {f.name for f in dataclasses.fields(kind)}
+
+
+_GUARD_SHAPES = {
+    "none": "nothing",
+    "requests": "requests",
+    "ranks": "(request, prefill rank) pairs",
+    "drain_acks": "the drain acks prefill owes, per rank",
+    "writes": "page writes in flight",
+    "messages": "messages",
+}
+_GUARD_FORMS = {
+    "none": "guard(lambda: ...)",
+    "requests": "guard(lambda r: ...)",
+    "ranks": "rank_guard(lambda r, k: ...)",
+    "drain_acks": "rank_guard(lambda r, k: ...) over the request owing the ack and the rank",
+    "writes": "write_guard(lambda w: ...)",
+    "messages": 'message_guard("network", (KIND,), lambda m: ...)',
+}
+_EFFECT_SHAPES = {
+    "none": "nothing",
+    "request": "one request",
+    "rank": "a request and a prefill rank",
+    "message": "a message",
+    "write": "a page write",
+}
+_EFFECT_FORMS = {
+    "none": "effect(lambda: [...])",
+    "request": "effect(lambda r: [...])",
+    "rank": "effect(lambda r, k: [...])",
+    "message": "message_effect(lambda m: [...])",
+    "write": "write_effect(lambda w: [...])",
+}
+FAULT_COUNTS = frozenset(
+    {
+        "cancels_spent",
+        "timeouts_spent",
+        "prefill_aborts_spent",
+        "crashes_spent",
+        "drops_spent",
+        "duplicates_spent",
+    }
+)
+"""The fault counts a fault's effect spends (their sum is `faults_spent`)."""
+
+
+def _effect_shape(formula: EffectFormula) -> str:
+    """What an effect formula takes: nothing, a request, a request and a rank, a message or a
+    write (a message's or write's fields are a `Bound` of that kind)."""
+    from kvhandoff.spec.logic import Bound
+
+    if not formula.params:
+        return "none"
+    first = formula.params[0]
+    if isinstance(first, Bound):
+        return "write" if first.what_of == "write" else "message"
+    return "rank" if len(formula.params) == 2 else "request"
 
 
 def arguments(action: Any, state: State) -> tuple[Any, ...]:
@@ -484,18 +540,60 @@ class Variant:
                 f"variant {self.name!r}: guard_overrides names {name!r}, which is no action of "
                 f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)}"
             )
-        fields = [f.name for f in dataclasses.fields(kind)]
-        want = (["message"] if formula.source else ["request"]) if formula.params else []
-        if fields != want or is_fault_kind(kind):
-            raise VariantError(
-                f"variant {self.name!r}: guard_overrides[{name!r}] is a formula, but a formula "
-                f"guard can replace only the guard of a protocol step of one request "
-                f"(guard(lambda r: ...)) or of none (guard(lambda: ...)); {kind.__name__} takes "
-                f"({', '.join(fields)}){' and is a fault' if is_fault_kind(kind) else ''}: "
-                "write a Python function (config, state) -> actions instead (only the explorer "
-                "checks those)"
-            )
+        if name in ACTIONS_BY_NAME:
+            # A rulebook action: the formula must range over what the rulebook's guard ranges
+            # over (a request, a request and a rank, a message, a write, a drain ack owed, or
+            # nothing), so that every engine binds its arguments the same way.
+            from kvhandoff.spec.compiled import _shape
+            from kvhandoff.spec.machine import rule_guard
+
+            rulebook = rule_guard(self.design, name)
+            want, got = _shape(rulebook, kind), _shape(formula, kind)
+            if want != got:
+                raise VariantError(
+                    f"variant {self.name!r}: guard_overrides[{name!r}] ranges over "
+                    f"{_GUARD_SHAPES[got]}, but {kind.__name__} is enabled per "
+                    f"{_GUARD_SHAPES[want]}: write it as {_GUARD_FORMS[want]}"
+                )
+            if got == "messages":
+                self._check_message_source(name, rulebook, formula)
+            if is_fault_kind(kind):
+                # A fault stays within the run's fault budget whatever its own guard says: the
+                # explorer checks the total apart, and the Z3 encodings read it from the guard,
+                # so the budget is stated here once for both.
+                from kvhandoff.spec.logic import And
+                from kvhandoff.spec.vocabulary import faults_spent, max_faults
+
+                budget = faults_spent() < max_faults()
+                formula = GuardFormula(
+                    formula.params, And(budget, formula.formula), formula.source, formula.kinds
+                )
+        else:
+            fields = [f.name for f in dataclasses.fields(kind)]
+            want_fields = (["message"] if formula.source else ["request"]) if formula.params else []
+            if fields != want_fields:
+                raise VariantError(
+                    f"variant {self.name!r}: guard_overrides[{name!r}] is a formula, but an "
+                    f"added action's formula guard ranges over one request (guard(lambda r: "
+                    f"...)) or nothing (guard(lambda: ...)); {kind.__name__} takes "
+                    f"({', '.join(fields)})"
+                )
         return FormulaGuard(name, kind, formula, self.design)
+
+    def _check_message_source(self, name: str, rulebook: GuardFormula, mine: GuardFormula) -> None:
+        if mine.source != rulebook.source:
+            raise VariantError(
+                f"variant {self.name!r}: guard_overrides[{name!r}] takes messages from "
+                f"{mine.source!r}, but the rulebook's {name} takes them from {rulebook.source!r}"
+            )
+        every = get_args(MessageKind)
+        extra = sorted(set(mine.kinds or every) - set(rulebook.kinds or every))
+        if extra:
+            raise VariantError(
+                f"variant {self.name!r}: guard_overrides[{name!r}] takes {'/'.join(extra)} "
+                f"messages, which the rulebook's {name} never takes (its kinds: "
+                f"{', '.join(rulebook.kinds) or 'any'}): its effect would not know them"
+            )
 
     def _bind_formula_effect(self, name: str, hook: EffectFormula | FormulaEffect) -> FormulaEffect:
         formula = hook.formula if isinstance(hook, FormulaEffect) else hook
@@ -505,17 +603,32 @@ class Variant:
                 f"variant {self.name!r}: step_overrides names {name!r}, which is no action of "
                 f"the rulebook{_did_you_mean(name, ACTIONS_BY_NAME)} or of extra_action_types"
             )
-        fields = [f.name for f in dataclasses.fields(kind)]
-        message = bool(formula.params) and formula.params[0].sort.name == "Bool"  # a Bound
-        want = (["message"] if message else ["request"]) if formula.params else []
-        if fields != want or is_fault_kind(kind):
+        got = _effect_shape(formula)
+        if name in ACTIONS_BY_NAME:
+            from kvhandoff.spec.machine import rule_effect
+
+            want = _effect_shape(rule_effect(self.design, name))
+            if want != got:
+                raise VariantError(
+                    f"variant {self.name!r}: step_overrides[{name!r}] takes {_EFFECT_SHAPES[got]}"
+                    f", but the effect of {kind.__name__} takes {_EFFECT_SHAPES[want]}: write it "
+                    f"as {_EFFECT_FORMS[want]}"
+                )
+            spent = sorted(formula.written & FAULT_COUNTS)
+            if is_fault_kind(kind) and not spent:
+                # Without it a run could take the fault for ever: the explorer would not end
+                # and the Z3 encodings' fault counts would no longer bound it.
+                raise VariantError(
+                    f"variant {self.name!r}: step_overrides[{name!r}] is the effect of a fault, "
+                    "so it must spend the fault budget, as the rulebook's does: add "
+                    "assign(X_spent(), X_spent() + 1) for one of "
+                    f"{', '.join(sorted(FAULT_COUNTS))}"
+                )
+        elif got not in ("none", "request"):
             raise VariantError(
-                f"variant {self.name!r}: step_overrides[{name!r}] is a formula, but a formula "
-                f"effect can replace only the effect of a protocol step of one request "
-                f"(effect(lambda r: ...)) or of none (effect(lambda: ...)); {kind.__name__} takes "
-                f"({', '.join(fields)}){' and is a fault' if is_fault_kind(kind) else ''}: "
-                "write a Python function (config, state, action) -> state instead (only the "
-                "explorer checks those)"
+                f"variant {self.name!r}: step_overrides[{name!r}] is a formula, but an added "
+                "action's formula effect takes one request (effect(lambda r: ...)) or nothing "
+                f"(effect(lambda: ...)); this one takes {_EFFECT_SHAPES[got]}"
             )
         return FormulaEffect(name, kind, formula, self.design)
 

@@ -39,10 +39,13 @@ DEFAULT_ROWS = [
     "placeholder_effect",
     "preempt_without_scrub",
     "preempt_without_scrub_formula",
+    "ack_before_drain",
+    "timeout_frees_at_once",
 ]
 """The default run's rows: every kind of row (the reference; design variants the any-size model
 follows, and two it does not read: the router's and prefill's orphan-grant options; two prefill
-ranks; the examples; both override variants) at about 2 s of CPU each. Every
+ranks; the examples, a replaced fault and a replaced per-rank guard among them; both override
+variants) at about 2 s of CPU each. Every
 other catalogue variant is in the slow run (the one-sided and pull designs cost `prove` 15-20 s
 each: it proves them on the fixed-config encoding)."""
 
@@ -51,6 +54,8 @@ SLOW_RUN_ONLY = {
     ("release_without_drain_ack", "prove"),
     ("placeholder_effect", "prove"),
     ("preempt_without_scrub_formula", "prove"),
+    ("ack_before_drain", "prove"),
+    ("timeout_frees_at_once", "prove"),
 }
 """A formula guard, effect or added action, or several prefill ranks, send `prove` to the
 fixed-configuration encoding (of the one-sided design, for the guard): about 20 s on an idle

@@ -68,12 +68,14 @@ def test_the_encoding_takes_the_variant_s_effect_in_place_of_the_rulebook_s() ->
     )
 
 
-def test_a_formula_effect_only_replaces_effects_of_one_request_protocol_steps() -> None:
-    with pytest.raises(VariantError, match="formula effect can replace only"):
+def test_a_formula_effect_must_take_what_the_rulebook_s_effect_takes() -> None:
+    from kvhandoff.spec.effects import message_effect
+
+    with pytest.raises(VariantError, match=r"effect\(lambda r: \[\.\.\.\]\)"):
         replace(
             REFERENCE,
-            name="fault_effect",
-            step_overrides={"decode_restart": effect(lambda: [])},
+            name="wrong_shape",
+            step_overrides={"decode_admit_request": message_effect(lambda m: [])},
         )
     with pytest.raises(VariantError, match="no action of the rulebook"):
         replace(

@@ -88,14 +88,15 @@ def test_a_formula_guard_is_read_by_the_z3_encoding_and_bmc_finds_the_same_run()
     assert by_bmc.verdict == "violated" and by_bmc.depth == by_explorer.depth
 
 
-def test_a_formula_guard_only_replaces_guards_of_one_request_protocol_steps() -> None:
+def test_a_formula_guard_must_range_over_what_the_rulebook_s_guard_ranges_over() -> None:
     from kvhandoff.spec.logic import guard
 
-    with pytest.raises(VariantError, match="formula guard can replace only"):
+    # decode_receive_grant's rulebook guard ranges over messages; a request guard cannot bind it.
+    with pytest.raises(VariantError, match=r"message_guard\("):
         replace(
             REFERENCE,
-            name="fault_guard",
-            guard_overrides={"decode_restart": guard(lambda: d_gen_is_zero())},
+            name="wrong_shape",
+            guard_overrides={"prefill_receive_grant": guard(lambda r: d_gen_is_zero())},
         )
 
 
