@@ -69,6 +69,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 import z3
@@ -915,11 +916,22 @@ def _removed(w: Any, when: Any) -> Callable[[Any], Any]:
 def _updated(
     old: Callable[..., Any], es: list[Callable[[tuple[Any, ...]], tuple[Any, Any]]]
 ) -> Callable[..., Any]:
+    """The next state's function: each update's entry, the later winning where its condition
+    holds. Each update is translated once, at fresh arguments, and instantiated by substitution
+    where the claims apply the function (translating it again at every application cost more
+    than the proof)."""
+    at: list[tuple[list[Any], Any, Any]] = []
+
     def new(*xs: Any) -> Any:
+        if not at:
+            params = [_fresh("e", x.sort()) for x in xs]
+            at.extend((params, *(_z(v) for v in entry(tuple(params)))) for entry in es)
         acc = old(*xs)
-        for entry in es:  # the later update wins where its condition holds
-            cond, value = entry(xs)
-            acc = _ite(cond, value, acc)
+        for params, cond, value in at:
+            pairs = list(zip(params, xs, strict=True))
+            c = z3.substitute(cond, *pairs) if pairs else cond
+            v = z3.substitute(value, *pairs) if pairs else value
+            acc = _ite(c, v, acc)
         return _z(acc)
 
     return new
@@ -1037,22 +1049,47 @@ def well_formed(view: View) -> Any:
     )
 
 
-def claims(model: Model, view: View, tag: str) -> dict[str, Any]:
-    """`well_formed`, each invariant of spec/invariants.py and each `ALWAYS` property of
-    spec/properties.py, read over the state `view`."""
+@cache
+def _claim_terms() -> tuple[tuple[str, tuple[Term, ...]], ...]:
+    """Each invariant of spec/invariants.py as its clauses, and each `ALWAYS` property of
+    spec/properties.py, built once (so a clause is the same object at every state)."""
     from kvhandoff.spec.invariants import INVARIANTS
     from kvhandoff.spec.properties import ALWAYS
 
-    out = {"well_formed": well_formed(view)}
-    for inv in INVARIANTS:
-        out[inv.name] = _z(_and([model.tr(c, view, tag, {}) for c in clauses(inv.formula)]))
+    out = [(inv.name, tuple(clauses(inv.formula))) for inv in INVARIANTS]
     for prop in ALWAYS:
         if prop.formula is None:
             raise Untranslatable(f"{prop.name} has no formula")
         # Sent messages stay in this model: a property read over them must only claim
         # something of every one (it then holds of those still in flight).
         _check_no_absence(prop.formula, "property")
-        out[prop.name] = _z(model.tr(prop.formula, view, tag, {}))
+        out.append((prop.name, (prop.formula,)))
+    return tuple(out)
+
+
+def claims(
+    model: Model,
+    view: View,
+    tag: str,
+    memo: dict[int, Any] | None = None,
+    before: dict[int, Any] | None = None,
+) -> dict[str, Any]:
+    """`well_formed`, each invariant of spec/invariants.py and each `ALWAYS` property of
+    spec/properties.py, read over the state `view`. `memo` collects each clause's translation;
+    with `before` (a `memo` of the state before the step), a clause that reads nothing the step
+    changes (`model.changed`) is that translation again: it is the same formula."""
+    out = {"well_formed": well_formed(view)}
+    for name, terms in _claim_terms():
+        parts = []
+        for t in terms:
+            if before is not None and id(t) in before and not (_reads(t) & model.changed):
+                parts.append(before[id(t)])
+                continue
+            value = model.tr(t, view, tag, {})
+            if memo is not None:
+                memo[id(t)] = value
+            parts.append(value)
+        out[name] = _z(_and(parts))
     return out
 
 
@@ -1098,7 +1135,8 @@ def prove_derived(
     model = Model(design)
     model.zero_axiom = zero_axiom
     s = base_view("")
-    cs = claims(model, s, "")
+    translated: dict[int, Any] = {}
+    cs = claims(model, s, "", memo=translated)
     if weaken:
         cs.update({n: _z(f(model, s, "")) for n, f in weaken.items()})
     if only is not None:
@@ -1135,7 +1173,7 @@ def prove_derived(
         check(sv, "initiation", name, None, claim, None)
     for name in names if names is not None else actions(design):
         guard, s2, constraints = step(model, name, s, "")
-        after = claims(model, s2, "'")
+        after = claims(model, s2, "'", before=translated)
         if weaken:
             after.update({n: _z(f(model, s2, "'")) for n, f in weaken.items()})
         sv = solver()
