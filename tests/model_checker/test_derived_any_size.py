@@ -16,6 +16,7 @@ from collections import defaultdict
 from functools import cache
 
 import pytest
+import z3
 
 from kvhandoff.model_checker import z3_derived, z3_prove
 from kvhandoff.model_checker.explore import build_graph
@@ -96,6 +97,33 @@ def test_a_weakened_invariant_fails_where_it_is_needed() -> None:
         names=["decode_receive_write", "decode_reserve_pages"],
     )
     assert any(o.verdict == "failed" for o in obligations)
+
+
+def test_every_action_of_the_derived_model_can_fire_from_inside_its_claims() -> None:
+    # A proof about a model whose actions cannot fire would be vacuous. Dead on the reference,
+    # as in the spec: the steps whose guard is false by design (a timeout fence, the pull path)
+    # and the drain acks (no fence: nobody owes or sends one, which the claims state).
+    model = z3_derived.Model(REFERENCE.design)
+    s = z3_derived.base_view("")
+    claims = list(z3_derived.claims(model, s, "").values())
+    dead = set()
+    for name in z3_derived.actions(REFERENCE.design):
+        guard, s2, constraints = z3_derived.step(model, name, s, "")
+        solver = z3.Solver()
+        solver.set("timeout", 20_000)
+        solver.add(*claims, z3_derived._z(guard), *constraints)
+        solver.add(*model.count_axioms([(s, ""), (s2, "'")]))
+        answer = solver.check()
+        assert answer != z3.unknown, name
+        if answer == z3.unsat:
+            dead.add(name)
+    assert dead == {
+        "decode_release_timeout",
+        "prefill_lease_expire",
+        "network_fail_transfer",
+        "prefill_send_abort_ack",
+        "decode_receive_abort_ack",
+    }
 
 
 def test_designs_outside_the_fragment_are_refused_by_name() -> None:
