@@ -42,9 +42,13 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
   same function where the step changes no symbol the count reads). "Zero exactly when nothing
   satisfies the body" is true too, and available (`zero_axiom=True`), but no proof of the
   catalogue needs it, and with it a failing obligation tends to come back `unknown` instead of
-  with its counterexample (the solver finds no model for that quantifier alternation). So "the first N free pages" (`decode_reserve_pages`) is
-  any set of free pages, "the next page in grant order" (`prefill_write_page`) any set of granted
-  pages at the same unknown position, and the router's load any number.
+  with its counterexample (the solver finds no model for that quantifier alternation). So "the
+  first N free pages" (`decode_reserve_pages`) is any set of free pages, "the next page in grant
+  order" (`prefill_write_page`) any set of granted pages at the same unknown position, and the
+  router's load any number.
+* **A flag set when some element qualifies** (`assign(drain_acked(), True, when=...)` under
+  `each(REQ, ...)`: the bound variable names no entry of the symbol) takes its condition and value
+  at an element chosen with the step: the spec's (the last that qualifies) is one choice.
 * **Page and request order** (`o < q`) are rigid relations with no axioms (any order, or none).
 * **The scenario's facts** (`over_prefill_limit`, `prompt_pages`, `room`, `tenant`, the fault
   limits, `waits_for`, `truncated_len`) are rigid and unconstrained: every configuration at once.
@@ -59,9 +63,16 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
   `initial_state` through the vocabulary's concrete reading); request-, page- and tenant-valued
   symbols, meaningless there, are free.
 
+Two facts of the spec's types that the model's integers and functions do not carry are claims
+of its `well_formed`, proved inductive with the others (not assumed): prefill's page count is
+not negative, and decode read a page only when it read (`read_page -> read_done`).
+
 Refused (`Untranslatable`, naming the construct): the pull path and one-sided writes
-(`supports`), a variant's state fields, an assignment whose entry a bound variable does not name,
-a rank set set to true, a quantifier over messages in a guard or an effect.
+(`supports`), a variant's state fields, a rank set set to true, and a guard, effect or property
+that quantifies over the messages in flight (the model keeps every message sent).
+
+`Simulator` checks the model against the spec on explorer edges, as `z3_simulation` does for the
+hand-written model (tests/model_checker/test_derived_any_size.py).
 """
 
 from __future__ import annotations
