@@ -1,0 +1,1458 @@
+"""The any-size model derived from the rules: the spec's guard and effect formulas, read over
+uninterpreted sorts, with no Z3 code of its own per action.
+
+`z3_prove` proves the invariants for any pool size over a hand-written model (`z3_prove.actions`),
+a second copy of the protocol. This module builds the same kind of model from the spec itself, in
+the style of mypyvy and Ivy: every action of the design is `rule_guard(design, name)` and
+`rule_effect(design, name)` translated over a state made of one uninterpreted function per
+vocabulary symbol, and the obligations are those of `z3_prove.prove_any_size` (initiation,
+consecution per action and claim, safety), over the formulas of `spec/invariants.py` and
+`spec/properties.py` read over that state. `prove_derived(design)` returns the same
+`Obligation` list as `prove_any_size`, so the two can be compared.
+
+The state (`_BASE`): requests, pages and tenants are uninterpreted sorts (`Req`, `Page`,
+`Tenant`); each state symbol of `spec/vocabulary.py` is a function over them (phases and
+generations are integers, phases by their codes in `z3_encoding`); one prefill rank, so a rank
+argument is dropped and the rank sets (`p_rank_done`, `d_rank`, `d_ack`, `p_acked`) are not kept
+(an effect may only clear them, as in the one-rank fixed encoding). The answer is three functions
+(`ans_set`, `ans_ok`, `ans_timeout`: given, output, the "timed out waiting" error). Messages are
+elements of a sort `Msg` with rigid field functions (kind, request, generation, epoch, count,
+digest, the pages a grant names and a digest covers, the failure reason) and a mutable relation
+`sent`; page writes in flight are elements of a sort `Wr` with rigid fields and a mutable relation
+`inflight`. A message or write that an effect creates is a fresh Skolem function of the effect's
+bound variables whose fields are constrained to the values the effect gives; a guard's parameters
+(a request, a message sent, a write in flight) are fresh constants.
+
+An effect `assign(f(args), v, when=c)` (under `each`) becomes the next state's `f'(x) =
+ite(x == args and c, v, f(x))`, the later update winning, inlined where the claims read `f'`
+(no frame axioms: an unassigned symbol is the same function).
+
+What it over-approximates (more behaviours, so a proof still holds for the spec):
+
+* **Messages are never removed.** `consume`, `lose`, `resend` and `copy` change nothing: once
+  sent, a message may be received (again) at any later time, from the network or the lost
+  buffer alike. This covers loss, retransmission, duplication, reordering and delay; it is sound
+  because no guard asks that a message be *absent* (`_check_no_absence` refuses a rule whose
+  guard or effect quantifies over the messages in flight).
+* **Writes are exact**: consumed writes leave `inflight` (guards do ask that no write be in
+  flight: prefill's completion, its abort).
+* **Counts** (`count(sort, body)` over requests or pages) are uninterpreted functions of the
+  count's free variables, one per state and per count's shape, constrained only by facts true of
+  every count: not negative, and unchanged by a step that leaves the counted set unchanged (the
+  same function where the step changes no symbol the count reads). "Zero exactly when nothing
+  satisfies the body" is true too, and available (`zero_axiom=True`), but no proof of the
+  catalogue needs it, and with it a failing obligation tends to come back `unknown` instead of
+  with its counterexample (the solver finds no model for that quantifier alternation). So "the
+  first N free pages" (`decode_reserve_pages`) is any set of free pages, "the next page in grant
+  order" (`prefill_write_page`) any set of granted pages at the same unknown position, and the
+  router's load any number.
+* **A flag set when some element qualifies** (`assign(drain_acked(), True, when=...)` under
+  `each(REQ, ...)`: the bound variable names no entry of the symbol) takes its condition and value
+  at an element chosen with the step: the spec's (the last that qualifies) is one choice.
+* **Page and request order** (`o < q`) are rigid relations with no axioms (any order, or none).
+* **The scenario's facts** (`over_prefill_limit`, `prompt_pages`, `room`, `tenant`, the fault
+  limits, `waits_for`, `truncated_len`) are rigid and unconstrained: every configuration at once.
+* **Derived symbols** are their definitions over the state: `answered`/`answered_ok`/
+  `timed_out_waiting` over the answer, `p_granted_count(r)` the count of r's granted pages,
+  `p_written(r, q)` a granted page whose position in the grant (a count) is below `p_wrote(r)`,
+  `issued` written or in flight, `faults_spent` the sum of the fault counts, `read_tenant` the
+  tenant of the request read; `shard_outside` is false (push path only).
+* **Prefill's orphan grants** (`adopt_orphan`, M18) are not kept: nothing the claims read
+  depends on them.
+* **Initial state**: every symbol at the value it has in the spec's initial state (read off
+  `initial_state` through the vocabulary's concrete reading); request-, page- and tenant-valued
+  symbols, meaningless there, are free.
+
+Two facts of the spec's types that the model's integers and functions do not carry are claims
+of its `well_formed`, proved inductive with the others (not assumed): prefill's page count is
+not negative, and decode read a page only when it read (`read_page -> read_done`).
+
+Refused (`Untranslatable`, naming the construct): the pull path and one-sided writes
+(`supports`), a variant's state fields, a rank set set to true, and a guard, effect or property
+that quantifies over the messages in flight (the model keeps every message sent).
+
+`Simulator` checks the model against the spec on explorer edges, as `z3_simulation` does for the
+hand-written model (tests/model_checker/test_derived_any_size.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
+
+import z3
+
+from kvhandoff.model_checker.logic_z3 import Untranslatable
+from kvhandoff.model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
+from kvhandoff.model_checker.z3_prove import Obligation
+from kvhandoff.spec import vocabulary as V
+from kvhandoff.spec.effects import (
+    WRITABLE,
+    Adopt,
+    Assign,
+    EffectFormula,
+    Forget,
+    IssueWrites,
+    Move,
+    Reply,
+    Send,
+)
+from kvhandoff.spec.logic import (
+    BOOL,
+    D_PHASE,
+    FAILURE_REASONS,
+    INT,
+    P_PHASE,
+    PAGE,
+    RANK,
+    REQ,
+    TENANT,
+    App,
+    Bound,
+    Count,
+    Field,
+    FieldSymbol,
+    GuardFormula,
+    InFlight,
+    Lit,
+    Op,
+    Quant,
+    Sort,
+    Term,
+    Var,
+    clauses,
+    count,
+    each_write,
+)
+from kvhandoff.spec.logic import And as LAnd
+from kvhandoff.spec.logic import Not as LNot
+from kvhandoff.spec.logic import Or as LOr
+from kvhandoff.spec.variants import Design
+
+Req = z3.DeclareSort("Req")
+Page = z3.DeclareSort("Page")
+Tenant = z3.DeclareSort("Tenant")
+Msg = z3.DeclareSort("Msg")
+Wr = z3.DeclareSort("Wr")
+
+_Z3_SORT: dict[Sort, Any] = {
+    REQ: Req,
+    PAGE: Page,
+    TENANT: Tenant,
+    INT: z3.IntSort(),
+    BOOL: z3.BoolSort(),
+    P_PHASE: z3.IntSort(),
+    D_PHASE: z3.IntSort(),
+}
+_CODES: dict[Sort, dict[str, int]] = {P_PHASE: P, D_PHASE: D}
+_KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
+_TIMEOUT = "timed out waiting for prefill"
+
+_NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
+"""Rank sets: with one prefill rank the spec keeps them empty (an effect sets one only when not
+every rank has reported, which one rank always has)."""
+_DERIVED = frozenset(
+    {
+        "answered",
+        "answered_ok",
+        "timed_out_waiting",
+        "p_granted_count",
+        "p_written",
+        "issued",
+        "faults_spent",
+        "read_tenant",
+        "shard_outside",
+        "prefill_ranks",
+        "drain_fence",
+    }
+)
+_ANSWER = {"ans_set": (REQ,), "ans_ok": (REQ,), "ans_timeout": (REQ,)}
+
+
+def _kept_args(args: Sequence[Sort]) -> tuple[Sort, ...]:
+    return tuple(a for a in args if a != RANK)
+
+
+_SYMBOLS = {s.name: s for s in V.SYMBOLS}
+_BASE: dict[str, tuple[tuple[Sort, ...], Sort]] = {
+    **{
+        n: (_kept_args(s.args), s.result)
+        for n, s in _SYMBOLS.items()
+        if n in WRITABLE and n not in _NOT_KEPT
+    },
+    **{n: (a, BOOL) for n, a in _ANSWER.items()},
+}
+"""The mutable symbols, with their argument sorts (rank dropped) and result sort."""
+_RIGID: dict[str, tuple[tuple[Sort, ...], Sort]] = {
+    n: (_kept_args(s.args), s.result)
+    for n, s in _SYMBOLS.items()
+    if n not in WRITABLE and n not in _DERIVED
+}
+"""The scenario's facts: rigid, unconstrained."""
+
+# Rigid fields of messages and writes.
+_MSG_FIELDS = {
+    "kind": z3.IntSort(),
+    "req": Req,
+    "gen": z3.IntSort(),
+    "epoch": z3.IntSort(),
+    "count": z3.IntSort(),
+    "has_digest": z3.BoolSort(),
+    "reason": z3.IntSort(),
+}
+_WR_FIELDS = {
+    "req": Req,
+    "page": Page,
+    "gen": z3.IntSort(),
+    "data_gen": z3.IntSort(),
+    "epoch": z3.IntSort(),
+    "right_tenant": z3.BoolSort(),
+    "room": z3.IntSort(),
+}
+
+
+def _fn(name: str, args: Sequence[Any], result: Any) -> Any:
+    return z3.Function(name, *args, result) if args else z3.Const(name, result)
+
+
+class _Rigid:
+    """Rigid functions: the scenario's facts, the fields of messages and writes, the orders."""
+
+    def __init__(self) -> None:
+        self.f = {
+            n: _fn(n, [_Z3_SORT[a] for a in args], _Z3_SORT[r]) for n, (args, r) in _RIGID.items()
+        }
+        self.msg = {n: z3.Function(f"m_{n}", Msg, s) for n, s in _MSG_FIELDS.items()}
+        self.msg_page = {
+            n: z3.Function(f"m_{n}", Msg, Page, z3.BoolSort()) for n in ("has_page", "digest_page")
+        }
+        self.wr = {n: z3.Function(f"w_{n}", Wr, s) for n, s in _WR_FIELDS.items()}
+        self.lt = {
+            Req: z3.Function("req_lt", Req, Req, z3.BoolSort()),
+            Page: z3.Function("page_lt", Page, Page, z3.BoolSort()),
+        }
+
+
+RIGID = _Rigid()
+
+View = dict[str, Callable[..., Any]]
+"""A state: each mutable symbol (and `sent`, `inflight`) as a function of its arguments."""
+
+
+def base_view(tag: str) -> View:
+    """The state whose symbols are fresh functions named with `tag`."""
+    out: View = {}
+    for name, (args, result) in _BASE.items():
+        out[name] = _applier(_fn(f"{name}{tag}", [_Z3_SORT[a] for a in args], _Z3_SORT[result]))
+    out["sent"] = _applier(z3.Function(f"sent{tag}", Msg, z3.BoolSort()))
+    out["inflight"] = _applier(z3.Function(f"inflight{tag}", Wr, z3.BoolSort()))
+    return out
+
+
+def _applier(f: Any) -> Callable[..., Any]:
+    if isinstance(f, z3.FuncDeclRef):
+        return lambda *xs: f(*xs)
+    return lambda: f
+
+
+def _z(x: Any) -> Any:
+    if isinstance(x, bool):
+        return z3.BoolVal(x)
+    if isinstance(x, int):
+        return z3.IntVal(x)
+    return x
+
+
+def _and(xs: Sequence[Any]) -> Any:
+    if any(x is False for x in xs):
+        return False
+    rest = [x for x in xs if x is not True]
+    return True if not rest else rest[0] if len(rest) == 1 else z3.And([_z(x) for x in rest])
+
+
+def _or(xs: Sequence[Any]) -> Any:
+    if any(x is True for x in xs):
+        return True
+    rest = [x for x in xs if x is not False]
+    return False if not rest else rest[0] if len(rest) == 1 else z3.Or([_z(x) for x in rest])
+
+
+def _ite(c: Any, a: Any, b: Any) -> Any:
+    if c is True:
+        return a
+    if c is False:
+        return b
+    if isinstance(c, z3.ExprRef) and z3.is_false(c):
+        return b
+    return z3.If(_z(c), _z(a), _z(b))
+
+
+# --- derived symbols, defined over the state in the spec's own language --------------------------
+
+_DR, _DQ = Var(REQ, "r"), Var(PAGE, "q")
+_DEFS: dict[str, tuple[tuple[Var, ...], Term]] = {
+    # Written like the rules' own counts, so that the same count is the same function.
+    "p_granted_count": ((_DR,), count(PAGE, lambda q: V.p_granted(_DR, q))),
+    "p_written": (
+        (_DR, _DQ),
+        LAnd(
+            V.p_granted(_DR, _DQ),
+            count(PAGE, lambda o: LAnd(o < _DQ, V.p_granted(_DR, o))) < V.p_wrote(_DR),
+        ),
+    ),
+    "issued": (
+        (_DR, _DQ),
+        LOr(
+            V.p_written(_DR, _DQ),
+            LNot(each_write(lambda w: LNot(LAnd(w.req == _DR, w.page == _DQ)))),
+        ),
+    ),
+}
+
+
+_FRESH = itertools.count()
+
+
+def _fresh(prefix: str, sort: Any) -> Any:
+    """A constant named apart from every other (a bound variable, a parameter of a step)."""
+    return z3.Const(f"{prefix}!{next(_FRESH)}", sort)
+
+
+class Model:
+    """The derived model of one design: translation of terms over a state, counts, obligations."""
+
+    def __init__(self, design: Design) -> None:
+        self.design = design
+        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.counts: dict[str, tuple[Count, list[tuple[Var, Any]]]] = {}
+        """Each count's shape: the term and its free variables (with their Z3 sorts)."""
+        self._count_fns: dict[tuple[str, str], Any] = {}
+        self.changed: set[str] = set()
+        """The symbols the step being translated changes (`effect` sets it)."""
+        self.zero_axiom = False
+
+    # --- terms ---------------------------------------------------------------------------------
+
+    def tr(self, t: Term, view: View, tag: str, env: dict[int, Any]) -> Any:
+        """`t` over the state `view` (named `tag`, for its counts), with bound variables `env`."""
+
+        def go(t: Term) -> Any:
+            if isinstance(t, Lit):
+                if isinstance(t.value, tuple):
+                    return t.value
+                codes = _CODES.get(t.sort)
+                return codes[t.value] if codes is not None else t.value
+            if isinstance(t, Field):
+                return self._field(t, env, view, tag)
+            if isinstance(t, Var):
+                return env[id(t)]
+            if isinstance(t, App) and isinstance(t.symbol, FieldSymbol):
+                raise Untranslatable(
+                    f"a variant's state field ({t.symbol.name!r}) is not in the derived model"
+                )
+            if isinstance(t, App):
+                return self.apply(t.symbol.name, [go(a) for a in t.args], view, tag)
+            if isinstance(t, Quant):
+                if t.var.sort == RANK:
+                    env[id(t.var)] = 0
+                    return go(t.body)
+                x = _fresh(t.var.name, _Z3_SORT[t.var.sort])
+                env[id(t.var)] = x
+                body = _z(go(t.body))
+                return z3.ForAll([x], body) if t.every else z3.Exists([x], body)
+            if isinstance(t, Count):
+                return self._count(t, env, view, tag)
+            if isinstance(t, InFlight):
+                return self._in_flight(t, env, view, tag)
+            if isinstance(t, Op):
+                return self._op(t, [go(a) for a in t.args])
+            raise TypeError(f"cannot translate {t!r}")
+
+        return go(t)
+
+    def _op(self, t: Op, a: list[Any]) -> Any:
+        op = t.op
+        if op == "and":
+            return _and(a)
+        if op == "or":
+            return _or(a)
+        if op == "not":
+            return (not a[0]) if isinstance(a[0], bool) else z3.Not(a[0])
+        if op == "implies":
+            if a[0] is False or a[1] is True:
+                return True
+            if a[0] is True:
+                return a[1]
+            return z3.Implies(_z(a[0]), _z(a[1]))
+        if op == "ite":
+            return _ite(a[0], a[1], a[2])
+        if op == "in":
+            codes = _CODES[t.args[0].sort]
+            return _or([a[0] == codes[n] for n in a[1]])
+        x, y = a
+        sort = t.args[0].sort
+        if op in ("lt", "le") and sort in (REQ, PAGE):
+            # The order of requests or pages: a rigid relation with no axioms (any order).
+            if isinstance(x, int) and isinstance(y, int):
+                return x < y if op == "lt" else x <= y
+            lt = RIGID.lt[_Z3_SORT[sort]](x, y)
+            return lt if op == "lt" else z3.Or(lt, x == y)
+        if op == "eq":
+            return x == y if not (isinstance(x, bool) and isinstance(y, bool)) else x is y
+        if op == "ne":
+            return x != y if not (isinstance(x, bool) and isinstance(y, bool)) else x is not y
+        if op == "lt":
+            return x < y
+        if op == "le":
+            return x <= y
+        if op == "add":
+            return x + y
+        if op == "sub":
+            return x - y
+        raise TypeError(f"unknown operator {op}")
+
+    def apply(self, name: str, args: list[Any], view: View, tag: str) -> Any:
+        symbol = _SYMBOLS.get(name)
+        if symbol is None:
+            raise Untranslatable(f"symbol {name!r} is not in the vocabulary")
+        kept = [x for x, s in zip(args, symbol.args, strict=True) if s != RANK]
+        if name in _NOT_KEPT:
+            return False
+        if name in _BASE:
+            return view[name](*kept)
+        if name in _RIGID:
+            f = RIGID.f[name]
+            return f(*kept) if kept else f
+        if name in _DEFS:
+            params, body = _DEFS[name]
+            env = {id(v): x for v, x in zip(params, kept, strict=True)}
+            return self.tr(body, view, tag, env)
+        if name == "answered":
+            return view["ans_set"](*kept)
+        if name == "answered_ok":
+            return z3.And(view["ans_set"](*kept), view["ans_ok"](*kept))
+        if name == "timed_out_waiting":
+            return z3.And(view["ans_set"](*kept), view["ans_timeout"](*kept))
+        if name == "faults_spent":
+            names = ("crashes", "drops", "duplicates", "timeouts", "cancels", "prefill_aborts")
+            return z3.Sum([view[f"{n}_spent"]() for n in names])
+        if name == "read_tenant":
+            return RIGID.f["tenant"](view["read_req"](*kept))
+        if name == "shard_outside":
+            return False  # push path: every shard holds data of a request of the scenario
+        if name == "prefill_ranks":
+            return 1
+        if name == "drain_fence":
+            return self.drain
+        raise Untranslatable(f"symbol {name!r} has no reading in the derived model")
+
+    def _field(self, t: Field, env: dict[int, Any], view: View, tag: str) -> Any:
+        what, x = env[id(t.var)]
+        name = t.name
+        if what == "message":
+            m = RIGID.msg
+            if name == "rank":
+                return 0
+            if name == "rank_done":
+                return False
+            if name == "room":
+                return RIGID.f["room"](m["req"](x))
+            if name in ("has_page", "digest_page"):
+                assert t.arg is not None
+                return RIGID.msg_page[name](x, self.tr(t.arg, view, tag, env))
+            if name == "reason_is":
+                assert isinstance(t.arg, Lit)
+                return m["reason"](x) == FAILURE_REASONS.index(t.arg.value)
+            return m[name](x)
+        if what == "write":
+            if name == "rank":
+                return 0
+            if name == "rank_acked":
+                return False
+            if name == "right_room":  # its room is its request's (the concrete reading)
+                return RIGID.wr["room"](x) == RIGID.f["room"](RIGID.wr["req"](x))
+            return RIGID.wr[name](x)
+        if what == "pending_ack":
+            if name == "req":
+                return x
+            return view["pending_ack_gen"](x)
+        raise TypeError(f"no field {name} of {what}")
+
+    def _in_flight(self, t: InFlight, env: dict[int, Any], view: View, tag: str) -> Any:
+        if t.what == "message":
+            x = _fresh("m", Msg)
+            kinds = t.kinds or _KINDS
+            present = z3.And(
+                view["sent"](x), z3.Or([RIGID.msg["kind"](x) == _KINDS.index(k) for k in kinds])
+            )
+        elif t.what == "write":
+            x = _fresh("w", Wr)
+            present = view["inflight"](x)
+        elif t.what == "pending_ack":
+            x = _fresh("a", Req)
+            present = view["pending_ack"](x)
+        else:
+            raise Untranslatable(f"{t.what} in flight is not in the derived model")
+        env[id(t.var)] = (t.what, x)
+        body = self.tr(t.body, view, tag, env)
+        if body is True:
+            return True
+        return z3.ForAll([x], z3.Implies(present, _z(body)))
+
+    # --- counts --------------------------------------------------------------------------------
+
+    def _count(self, t: Count, env: dict[int, Any], view: View, tag: str) -> Any:
+        if t.var.sort == RANK:
+            env[id(t.var)] = 0
+            return _ite(self.tr(t.body, view, tag, env), 1, 0)
+        shape, free = _shape(t)
+        args = []
+        sorts = []
+        for v in free:
+            value = env[id(v)]
+            if isinstance(value, tuple):
+                value = value[1]
+            if isinstance(value, int) and not isinstance(value, z3.ExprRef):
+                raise Untranslatable(f"a count over a fixed {v.sort.name} ({shape})")
+            args.append(value)
+            sorts.append(value.sort())
+        if shape not in self.counts:
+            self.counts[shape] = (t, [(v, s) for v, s in zip(free, sorts, strict=True)])
+        return self.count_fn(shape, tag)(*args)
+
+    def unchanged(self, shape: str, tag: str) -> bool:
+        """The count at `tag` is the count before the step: the step changes nothing its body
+        reads (so it is the same function, with no axiom to say so)."""
+        return tag == "'" and not (_reads(self.counts[shape][0].body) & self.changed)
+
+    def count_fn(self, shape: str, tag: str) -> Any:
+        if self.unchanged(shape, tag):
+            tag = ""
+        key = (shape, tag)
+        if key not in self._count_fns:
+            _t, free = self.counts[shape]
+            n = len(self._count_fns)
+            self._count_fns[key] = _applier(
+                _fn(f"count{n}{tag}", [s for _v, s in free], z3.IntSort())
+            )
+        return self._count_fns[key]
+
+    def _count_parts(
+        self, shape: str, view: View, tag: str, at: tuple[list[Any], Any] | None = None
+    ) -> tuple[list[Any], Any, Any, Any]:
+        """Arguments (fresh, or `at`), the counted element, the body and the count's value."""
+        t, free = self.counts[shape]
+        if at is None:
+            ys = [_fresh("y", s) for _v, s in free]
+            x = _fresh("x", _Z3_SORT[t.var.sort])
+        else:
+            ys, x = at
+        env: dict[int, Any] = {}
+        for (v, _s), y in zip(free, ys, strict=True):
+            env[id(v)] = (v.what_of, y) if isinstance(v, Bound) else y
+        env[id(t.var)] = x
+        body = _z(self.tr(t.body, view, tag, env))
+        return ys, x, body, self.count_fn(shape, tag)(*ys)
+
+    def count_axioms(self, views: Sequence[tuple[View, str]]) -> list[Any]:
+        """What every count satisfies, in each state of `views`, and, between consecutive states,
+        that a count whose counted set is unchanged is unchanged."""
+        out: list[Any] = []
+        done: set[tuple[str, str]] = set()
+        while True:  # a count's body may hold counts of its own
+            todo = [(s, v, tag) for s in list(self.counts) for v, tag in views]
+            todo = [
+                (s, v, tag)
+                for s, v, tag in todo
+                if (s, tag) not in done and not self.unchanged(s, tag)
+            ]
+            steps = [
+                (s, a, b)
+                for s in list(self.counts)
+                for a, b in itertools.pairwise(views)
+                if (s, f"{a[1]}>{b[1]}") not in done and not self.unchanged(s, b[1])
+            ]
+            if not todo and not steps:
+                return out
+            for shape, view, tag in todo:
+                done.add((shape, tag))
+                ys, x, body, k = self._count_parts(shape, view, tag)
+                fact = k >= 0
+                if self.zero_axiom:
+                    fact = z3.And(fact, (k == 0) == z3.Not(z3.Exists([x], body)))
+                out.append(z3.ForAll(ys, fact) if ys else fact)
+            for shape, (v1, t1), (v2, t2) in steps:
+                done.add((shape, f"{t1}>{t2}"))
+                ys, x, b1, k1 = self._count_parts(shape, v1, t1)
+                _ys, _x, b2, k2 = self._count_parts(shape, v2, t2, (ys, x))
+                same = z3.Implies(z3.ForAll([x], b1 == b2), k2 == k1)
+                out.append(z3.ForAll(ys, same) if ys else same)
+
+    # --- rules ---------------------------------------------------------------------------------
+
+    def guard(
+        self, gf: GuardFormula, view: View, tag: str
+    ) -> tuple[list[Any], dict[int, Any], Any]:
+        """The action's parameters (values to bind the effect's), and its guard over `view`."""
+        env: dict[int, Any] = {}
+        values: list[Any] = []
+        pre: list[Any] = []
+        for v in gf.params:
+            if isinstance(v, Bound) and v.what_of == "message":
+                m = _fresh("a_m", Msg)
+                kinds = gf.kinds or _KINDS
+                pre += [
+                    view["sent"](m),
+                    z3.Or([RIGID.msg["kind"](m) == _KINDS.index(k) for k in kinds]),
+                ]
+                value: Any = ("message", m)
+            elif isinstance(v, Bound) and v.what_of == "write":
+                w = _fresh("a_w", Wr)
+                pre.append(view["inflight"](w))
+                value = ("write", w)
+            elif v.sort == RANK:
+                value = 0
+            else:
+                value = _fresh(f"a_{v.name}", _Z3_SORT[v.sort])
+            env[id(v)] = value
+            values.append(value)
+        _check_no_absence(gf.formula, "guard")
+        return values, env, _and([*pre, self.tr(gf.formula, view, tag, env)])
+
+    def effect(
+        self, eff: EffectFormula, values: list[Any], view: View, tag: str
+    ) -> tuple[View, list[Any]]:
+        """The next state (the symbols `eff` changes, as functions of their arguments) and the
+        constraints on what it creates (messages, writes)."""
+        if len(eff.params) != len(values):
+            raise Untranslatable(f"{eff!r}: its guard takes {len(values)} arguments")
+        env0 = {id(p): x for p, x in zip(eff.params, values, strict=True)}
+        entries: dict[str, list[Callable[[tuple[Any, ...]], tuple[Any, Any]]]] = {}
+        replies: list[Callable[[Any], tuple[Any, bool, bool]]] = []
+        sent: list[Callable[[Any], Any]] = []
+        writes: list[tuple[str, Callable[[Any], Any]]] = []
+        constraints: list[Any] = []
+
+        def tr(t: Term, env: dict[int, Any]) -> Any:
+            return self.tr(t, view, tag, dict(env))
+
+        for u in eff.updates:
+            for t in _terms(u):
+                _check_no_absence(t, "effect")
+            env = dict(env0)
+            elems = [v for v in u.over if v.sort != RANK]
+            for v in u.over:
+                if v.sort == RANK:
+                    env[id(v)] = 0
+            if isinstance(u, Assign):
+                if isinstance(u.target.symbol, FieldSymbol):
+                    raise Untranslatable(
+                        f"a variant's state field ({u.target.symbol.name!r}) is not in the "
+                        "derived model"
+                    )
+                name = u.target.symbol.name
+                targets = [
+                    a for a, s in zip(u.target.args, u.target.symbol.args, strict=True) if s != RANK
+                ]
+                entry = _entry(targets, elems, u.when, u.value, env, tr, name)
+                if name in _NOT_KEPT:
+                    xs = tuple(_fresh("n", _Z3_SORT[a]) for a in _kept_args(_SYMBOLS[name].args))
+                    cond, value = entry(xs)
+                    both = z3.simplify(_z(_and([cond, value])))
+                    if not z3.is_false(both):
+                        raise Untranslatable(f"{name} is set, and the one-rank model keeps none")
+                    continue
+                entries.setdefault(name, []).append(entry)
+            elif isinstance(u, Reply):
+                reason_timeout = (not u.ok) and u.reason == _TIMEOUT
+                get = _entry([u.req], elems, u.when, Lit(True, BOOL), env, tr, "answer")
+                replies.append(_reply(get, u.ok, reason_timeout))
+            elif isinstance(u, Send):
+                sent.append(self._send(u, elems, env, tr, constraints))
+            elif isinstance(u, IssueWrites):
+                writes.append(("add", self._issue(u, elems, env, tr, constraints, view)))
+            elif isinstance(u, Move):
+                what, x = env[id(u.m)]
+                if what == "write":
+                    writes.append(("remove", _removed(x, tr(u.when, env))))
+                # A message stays: see the module docstring.
+            elif isinstance(u, Forget):
+                # Prefill forgets the drain acks it owed: every entry of `pending_ack`.
+                forgot = tr(u.when, env)
+                entries.setdefault("pending_ack", []).append(_cleared(forgot))
+            elif isinstance(u, Adopt):
+                pass  # orphans: see the module docstring
+            else:
+                raise Untranslatable(f"update {u!r}")
+
+        self.changed = set(entries)
+        if replies:
+            self.changed |= set(_ANSWER)
+        if sent:
+            self.changed.add("sent")
+        if writes:
+            self.changed.add("inflight")
+        new: View = dict(view)
+        for name, es in entries.items():
+            new[name] = _updated(view[name], es)
+        if replies:
+            ans_set, ans_ok, ans_to = view["ans_set"], view["ans_ok"], view["ans_timeout"]
+
+            def set_(x: Any) -> Any:
+                return _z(_or([ans_set(x), *(rep(x)[0] for rep in replies)]))
+
+            def first(x: Any, old: Any, pick: Callable[[bool, bool], bool]) -> Any:
+                acc = old
+                for rep in reversed(replies):  # the first answer given stands
+                    c, ok, to = rep(x)
+                    acc = _ite(_and([c, z3.Not(ans_set(x))]), pick(ok, to), acc)
+                return _z(acc)
+
+            new["ans_set"] = set_
+            new["ans_ok"] = lambda x: first(x, ans_ok(x), lambda ok, to: ok)
+            new["ans_timeout"] = lambda x: first(x, ans_to(x), lambda ok, to: to)
+        if sent:
+            old_sent = view["sent"]
+            new["sent"] = lambda m: _z(_or([old_sent(m), *(s(m) for s in sent)]))
+        if writes:
+            old_w = view["inflight"]
+
+            def inflight(y: Any) -> Any:
+                acc = old_w(y)
+                for op, f in writes:
+                    acc = _and([acc, z3.Not(_z(f(y)))]) if op == "remove" else _or([acc, f(y)])
+                return _z(acc)
+
+            new["inflight"] = inflight
+        return new, constraints
+
+    def _send(
+        self,
+        u: Send,
+        elems: list[Var],
+        env: dict[int, Any],
+        tr: Callable[[Term, dict[int, Any]], Any],
+        constraints: list[Any],
+    ) -> Callable[[Any], Any]:
+        """A message sent (for each value of the update's bound variables): a fresh element of
+        `Msg` with the fields the update gives; the fields it leaves unsaid are free."""
+        ys = [_fresh(f"s_{v.name}", _Z3_SORT[v.sort]) for v in elems]
+        made = _fn(f"new_msg!{id(u)}!{len(constraints)}", [y.sort() for y in ys], Msg)
+        msg = made(*ys) if ys else made
+        e = dict(env)
+        e.update({id(v): y for v, y in zip(elems, ys, strict=True)})
+        f = RIGID.msg
+        when = _z(tr(u.when, e))
+        fields = [
+            f["kind"](msg) == _KINDS.index(u.kind),
+            f["req"](msg) == tr(u.req, e),
+            f["gen"](msg) == _z(tr(u.gen, e)),
+            f["has_digest"](msg) == z3.BoolVal(u.digest),
+        ]
+        if u.epoch is not None:
+            fields.append(f["epoch"](msg) == _z(tr(u.epoch, e)))
+        if u.count is not None:
+            fields.append(f["count"](msg) == _z(tr(u.count, e)))
+        if u.reason:
+            fields.append(f["reason"](msg) == FAILURE_REASONS.index(u.reason))
+        for name, term in (("has_page", u.has_page), ("digest_page", u.digest_page)):
+            if u.page is None:
+                continue
+            q = _fresh("s_q", Page)
+            e[id(u.page)] = q
+            if term is None and name == "digest_page" and u.digest:
+                continue
+            value = False if term is None else _z(tr(term, e))
+            fields.append(z3.ForAll([q], RIGID.msg_page[name](msg, q) == value))
+        fact = z3.Implies(when, z3.And(fields))
+        constraints.append(z3.ForAll(ys, fact) if ys else fact)
+
+        def is_new(m: Any) -> Any:
+            hit = z3.And(when, m == msg)
+            return z3.Exists(ys, hit) if ys else hit
+
+        return is_new
+
+    def _issue(
+        self,
+        u: IssueWrites,
+        elems: list[Var],
+        env: dict[int, Any],
+        tr: Callable[[Term, dict[int, Any]], Any],
+        constraints: list[Any],
+        view: View,
+    ) -> Callable[[Any], Any]:
+        """The writes issued: a fresh element of `Wr` per page (and bound variables) where the
+        condition holds, carrying the writer's grant, room, data and epoch (`run_effect`)."""
+        ys = [_fresh(f"i_{v.name}", _Z3_SORT[v.sort]) for v in elems]
+        q = _fresh("i_q", Page)
+        made = z3.Function(f"new_wr!{id(u)}!{len(constraints)}", *[y.sort() for y in ys], Page, Wr)
+        w = made(*ys, q)
+        e = dict(env)
+        e.update({id(v): y for v, y in zip(elems, ys, strict=True)})
+        e[id(u.page)] = q
+        r = tr(u.req, e)
+        cond = _z(_and([tr(u.when, e), tr(u.cond, e)]))
+        f = RIGID.wr
+        gen = _z(view["p_gen"](r))
+        fields = z3.And(
+            f["req"](w) == r,
+            f["page"](w) == q,
+            f["gen"](w) == gen,
+            f["data_gen"](w) == gen,
+            f["epoch"](w) == view["p_epoch"](r),
+            f["room"](w) == RIGID.f["room"](r),
+            f["right_tenant"](w),
+        )
+        constraints.append(z3.ForAll([*ys, q], z3.Implies(cond, fields)))
+        return lambda x: z3.Exists([*ys, q], z3.And(cond, x == w))
+
+
+_DERIVED_READS: dict[str, set[str]] = {
+    "answered": {"ans_set"},
+    "answered_ok": {"ans_set", "ans_ok"},
+    "timed_out_waiting": {"ans_set", "ans_timeout"},
+    "p_granted_count": {"p_granted"},
+    "p_written": {"p_granted", "p_wrote"},
+    "issued": {"p_granted", "p_wrote", "inflight"},
+    "faults_spent": {f"{n}_spent" for n in ("crashes", "drops", "duplicates", "timeouts")}
+    | {"cancels_spent", "prefill_aborts_spent"},
+    "read_tenant": {"read_req"},
+}
+
+
+def _reads(t: Term) -> set[str]:
+    """The mutable symbols (and `sent`, `inflight`) a term reads."""
+    out: set[str] = set()
+    if isinstance(t, App):
+        out |= _DERIVED_READS.get(t.symbol.name, {t.symbol.name})
+    if isinstance(t, InFlight):
+        out |= {"message": {"sent"}, "write": {"inflight"}}.get(
+            t.what, {"pending_ack", "pending_ack_gen"}
+        )
+    if isinstance(t, Field) and t.name == "gen":
+        out.add("pending_ack_gen")  # a pending ack's generation is read off the state
+    for child in _children(t):
+        out |= _reads(child)
+    return out
+
+
+def _terms(u: Any) -> list[Term]:
+    from kvhandoff.spec.effects import terms_of
+
+    return terms_of(u)
+
+
+def _check_no_absence(t: Term, where: str) -> None:
+    """Messages are never removed in this model: a rule that asks about the messages in flight
+    (their absence) would lose behaviours. Refused."""
+    if isinstance(t, InFlight) and t.what == "message":
+        raise Untranslatable(
+            f"a {where} quantifies over the messages in flight, which the derived model keeps for "
+            "ever"
+        )
+    for child in _children(t):
+        _check_no_absence(child, where)
+
+
+def _children(t: Term) -> list[Term]:
+    if isinstance(t, (App, Op)):
+        return list(t.args)
+    if isinstance(t, (Quant, Count, InFlight)):
+        return [t.body]
+    if isinstance(t, Field) and t.arg is not None:
+        return [t.arg]
+    return []
+
+
+def _entry(
+    targets: list[Term],
+    elems: list[Var],
+    when: Term,
+    value: Term,
+    env: dict[int, Any],
+    tr: Callable[[Term, dict[int, Any]], Any],
+    name: str,
+) -> Callable[[tuple[Any, ...]], tuple[Any, Any]]:
+    """The entry an update writes: for the symbol's arguments `xs`, whether the update writes
+    it (`cond`) and the value. Each bound variable must name an argument (it is bound to it)."""
+    named = {id(v) for v in elems if any(t is v for t in targets)}
+    env = dict(env)
+    for v in elems:
+        if id(v) not in named:
+            # A bound variable that names no entry (a flag set when some request qualifies):
+            # some element, chosen with the step. The spec's (the last that qualifies) is one
+            # of the choices; the others are more behaviours.
+            env[id(v)] = _fresh(f"some_{v.name}", _Z3_SORT[v.sort])
+
+    def entry(xs: tuple[Any, ...]) -> tuple[Any, Any]:
+        e = dict(env)
+        conds: list[Any] = []
+        for t, x in zip(targets, xs, strict=True):
+            if isinstance(t, Var) and id(t) in named:
+                if id(t) in e:
+                    conds.append(e[id(t)] == x)
+                else:
+                    e[id(t)] = x
+        for t, x in zip(targets, xs, strict=True):
+            if not (isinstance(t, Var) and id(t) in named):
+                conds.append(tr(t, e) == x)
+        conds.append(tr(when, e))
+        return _and(conds), tr(value, e)
+
+    return entry
+
+
+def _reply(
+    get: Callable[[tuple[Any, ...]], tuple[Any, Any]], ok: bool, timeout: bool
+) -> Callable[[Any], tuple[Any, bool, bool]]:
+    """An answer: for a request x, whether it is answered by this update, output or not, and
+    whether it is the "timed out waiting" error."""
+    return lambda x: (get((x,))[0], ok, timeout)
+
+
+def _cleared(when: Any) -> Callable[[tuple[Any, ...]], tuple[Any, Any]]:
+    """Every entry set to false where `when` holds."""
+    return lambda xs: (when, False)
+
+
+def _removed(w: Any, when: Any) -> Callable[[Any], Any]:
+    """The step's own write leaves the wire (where `when` holds)."""
+    return lambda y: _and([y == w, when])
+
+
+def _updated(
+    old: Callable[..., Any], es: list[Callable[[tuple[Any, ...]], tuple[Any, Any]]]
+) -> Callable[..., Any]:
+    """The next state's function: each update's entry, the later winning where its condition
+    holds. Each update is translated once, at fresh arguments, and instantiated by substitution
+    where the claims apply the function (translating it again at every application cost more
+    than the proof)."""
+    at: list[tuple[list[Any], Any, Any]] = []
+
+    def new(*xs: Any) -> Any:
+        if not at:
+            params = [_fresh("e", x.sort()) for x in xs]
+            at.extend((params, *(_z(v) for v in entry(tuple(params)))) for entry in es)
+        acc = old(*xs)
+        for params, cond, value in at:
+            pairs = list(zip(params, xs, strict=True))
+            c = z3.substitute(cond, *pairs) if pairs else cond
+            v = z3.substitute(value, *pairs) if pairs else value
+            acc = _ite(c, v, acc)
+        return _z(acc)
+
+    return new
+
+
+def _shape(t: Count) -> tuple[str, list[Var]]:
+    """The count as text with its variables named by the order they occur (so that the same
+    count written at two places is one function), and its free variables in that order."""
+    names: dict[int, str] = {id(t.var): "_x"}
+    free: list[Var] = []
+
+    def name(v: Var) -> str:
+        if id(v) not in names:
+            names[id(v)] = f"_f{len(free)}"
+            free.append(v)
+        return names[id(v)]
+
+    def go(t: Term) -> str:
+        if isinstance(t, Lit):
+            return repr(t.value)
+        if isinstance(t, Field):
+            arg = f"({go(t.arg)})" if t.arg is not None else ""
+            return f"{name(t.var)}.{t.name}{arg}"
+        if isinstance(t, Var):
+            return name(t)
+        if isinstance(t, App):
+            return f"{t.symbol.name}({', '.join(go(a) for a in t.args)})"
+        if isinstance(t, (Quant, Count, InFlight)):
+            names[id(t.var)] = f"_b{len(names)}"
+            head = type(t).__name__ + (f"[{t.what}{t.kinds}]" if isinstance(t, InFlight) else "")
+            every = f"{t.every}" if isinstance(t, Quant) else ""
+            return f"{head}{every}({names[id(t.var)]}: {go(t.body)})"
+        if isinstance(t, Op):
+            return f"{t.op}({', '.join(go(a) for a in t.args)})"
+        raise TypeError(f"cannot name {t!r}")
+
+    text = f"count({t.var.sort.name}: {go(t.body)})"
+    return text, free
+
+
+# --- the initial state ---------------------------------------------------------------------------
+
+
+def _initial_values() -> dict[str, Any]:
+    """Each mutable symbol's value in the spec's initial state (the same for every request and
+    page), read through the vocabulary's concrete reading; None where it means nothing there (a
+    request, page or tenant)."""
+    from kvhandoff.spec.config import default_config
+    from kvhandoff.spec.state import initial_state
+
+    config = default_config()
+    state = initial_state(config)
+    scope = {
+        "S": state,
+        "C": config,
+        "DRAIN": False,
+        "_shard": V._shard,
+        "_read_pages": V._read_pages,
+        "_read_shard": V._read_shard,
+    }
+    out: dict[str, Any] = {}
+    for name, (_args, result) in _BASE.items():
+        if name in _ANSWER:
+            out[name] = False
+            continue
+        if result in (REQ, PAGE, TENANT):
+            out[name] = None
+            continue
+        source = V.CONCRETE.symbols[name].format("0", "0", "0")
+        try:
+            value = eval(source, scope)  # the vocabulary's own reading
+        except (TypeError, IndexError):  # read only where it means something (an owner's)
+            out[name] = None
+            continue
+        if result in _CODES:
+            value = _CODES[result][value]
+        out[name] = value
+    return out
+
+
+def init(view: View) -> Any:
+    """The initial state: every symbol at its initial value, nothing sent, no write in flight."""
+    facts = []
+    for name, value in _initial_values().items():
+        if value is None:
+            continue
+        args, _result = _BASE[name]
+        xs = [_fresh("i", _Z3_SORT[a]) for a in args]
+        fact = view[name](*xs) == _z(value)
+        facts.append(z3.ForAll(xs, fact) if xs else fact)
+    m, w = _fresh("im", Msg), _fresh("iw", Wr)
+    facts += [z3.ForAll([m], z3.Not(view["sent"](m))), z3.ForAll([w], z3.Not(view["inflight"](w)))]
+    return z3.And(facts)
+
+
+# --- claims and obligations ----------------------------------------------------------------------
+
+
+def well_formed(view: View) -> Any:
+    """Facts of the spec's types that the model's integers do not carry: phases are codes of
+    the spec's phases, and prefill's count of pages written is a natural number. (A claim like
+    the others: proved inductive, not assumed.)"""
+    r, q = _fresh("wf", Req), _fresh("wf", Page)
+    return z3.ForAll(
+        [r],
+        z3.And(
+            view["p"](r) >= 0,
+            view["p"](r) < len(P_PHASES),
+            view["d"](r) >= 0,
+            view["d"](r) < len(D_PHASES),
+            view["p_wrote"](r) >= 0,
+            # The concrete reading: decode read pages only when it read (`_read_pages`).
+            z3.ForAll([q], z3.Implies(view["read_page"](r, q), view["read_done"](r))),
+        ),
+    )
+
+
+@cache
+def _claim_terms() -> tuple[tuple[str, tuple[Term, ...]], ...]:
+    """Each invariant of spec/invariants.py as its clauses, and each `ALWAYS` property of
+    spec/properties.py, built once (so a clause is the same object at every state)."""
+    from kvhandoff.spec.invariants import INVARIANTS
+    from kvhandoff.spec.properties import ALWAYS
+
+    out = [(inv.name, tuple(clauses(inv.formula))) for inv in INVARIANTS]
+    for prop in ALWAYS:
+        if prop.formula is None:
+            raise Untranslatable(f"{prop.name} has no formula")
+        # Sent messages stay in this model: a property read over them must only claim
+        # something of every one (it then holds of those still in flight).
+        _check_no_absence(prop.formula, "property")
+        out.append((prop.name, (prop.formula,)))
+    return tuple(out)
+
+
+def claims(
+    model: Model,
+    view: View,
+    tag: str,
+    memo: dict[int, Any] | None = None,
+    before: dict[int, Any] | None = None,
+) -> dict[str, Any]:
+    """`well_formed`, each invariant of spec/invariants.py and each `ALWAYS` property of
+    spec/properties.py, read over the state `view`. `memo` collects each clause's translation;
+    with `before` (a `memo` of the state before the step), a clause that reads nothing the step
+    changes (`model.changed`) is that translation again: it is the same formula."""
+    out = {"well_formed": well_formed(view)}
+    for name, terms in _claim_terms():
+        parts = []
+        for t in terms:
+            if before is not None and id(t) in before and not (_reads(t) & model.changed):
+                parts.append(before[id(t)])
+                continue
+            value = model.tr(t, view, tag, {})
+            if memo is not None:
+                memo[id(t)] = value
+            parts.append(value)
+        out[name] = _z(_and(parts))
+    return out
+
+
+def supports(d: Design) -> str | None:
+    """Why the derived model cannot represent design d (None when it can): the same fragment as
+    the hand-written one."""
+    if d.transfer != "push":
+        return "the pull path (read-time data, lease expiry) is outside the derived any-size model"
+    if d.write_path != "receiver_checked":
+        return "one-sided writes and their fences are outside the derived any-size model"
+    return None
+
+
+def actions(design: Design) -> list[str]:
+    from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS
+
+    return [n for n in RULE_GUARDS if n in RULE_EFFECTS]
+
+
+def step(model: Model, name: str, view: View, tag: str) -> tuple[Any, View, list[Any]]:
+    """Action `name`'s guard over `view`, the next state, and the constraints of its effect."""
+    from kvhandoff.spec.machine import rule_effect, rule_guard
+
+    values, _env, guard = model.guard(rule_guard(model.design, name), view, tag)
+    new, constraints = model.effect(rule_effect(model.design, name), values, view, tag)
+    return guard, new, constraints
+
+
+def prove_derived(
+    design: Design,
+    timeout: float | None = 60.0,
+    weaken: dict[str, Callable[[Model, View, str], Any]] | None = None,
+    only: set[str] | None = None,
+    names: Sequence[str] | None = None,
+    zero_axiom: bool = False,
+) -> list[Obligation]:
+    """Discharge every obligation of the derived model (see `z3_prove.prove_any_size`):
+    initiation and consecution of each claim, safety of each property. `weaken` replaces claims
+    by name (tests plant a broken one); `only` keeps these claims; `names` these actions."""
+    why = supports(design)
+    if why is not None:
+        raise Untranslatable(why)
+    model = Model(design)
+    model.zero_axiom = zero_axiom
+    s = base_view("")
+    translated: dict[int, Any] = {}
+    cs = claims(model, s, "", memo=translated)
+    if weaken:
+        cs.update({n: _z(f(model, s, "")) for n, f in weaken.items()})
+    if only is not None:
+        cs = {n: c for n, c in cs.items() if n in only}
+    inv_all = z3.And(list(cs.values()))
+    out: list[Obligation] = []
+
+    def solver() -> Any:
+        sv = z3.Solver()
+        if timeout is not None:
+            sv.set("timeout", max(1, int(timeout * 1000)))
+        return sv
+
+    def check(
+        sv: Any, kind: str, claim: str, action: str | None, goal: Any, after: View | None
+    ) -> None:
+        started = time.perf_counter()
+        sv.push()
+        sv.add(z3.Not(goal))
+        answer = sv.check()
+        seconds = time.perf_counter() - started
+        if answer == z3.unsat:
+            out.append(Obligation(kind, claim, action, "proved", seconds))
+        elif answer == z3.sat:
+            cex = describe(sv.model(), s, after)
+            out.append(Obligation(kind, claim, action, "failed", seconds, cex))
+        else:
+            out.append(Obligation(kind, claim, action, "unknown", seconds))
+        sv.pop()
+
+    sv = solver()
+    sv.add(init(s), *model.count_axioms([(s, "")]))
+    for name, claim in cs.items():
+        check(sv, "initiation", name, None, claim, None)
+    for name in names if names is not None else actions(design):
+        guard, s2, constraints = step(model, name, s, "")
+        after = claims(model, s2, "'", before=translated)
+        if weaken:
+            after.update({n: _z(f(model, s2, "'")) for n, f in weaken.items()})
+        sv = solver()
+        sv.add(inv_all, _z(guard), *constraints)
+        sv.add(*model.count_axioms([(s, ""), (s2, "'")]))
+        for claim_name in cs:
+            check(sv, "consecution", claim_name, name, after[claim_name], s2)
+    sv = solver()
+    sv.add(inv_all)
+    for name in cs:
+        if name in _property_names():
+            check(sv, "safety", name, None, cs[name], None)
+    return out
+
+
+def _property_names() -> set[str]:
+    from kvhandoff.spec.properties import ALWAYS
+
+    return {p.name for p in ALWAYS}
+
+
+def describe(model: Any, s: View, s2: View | None) -> dict[str, Any]:
+    """A readable finite counterexample to induction: sort sizes and some function tables."""
+    out: dict[str, Any] = {}
+    for sort in (Req, Page, Tenant, Msg, Wr):
+        universe = model.get_universe(sort)
+        out[f"{sort}s"] = 0 if universe is None else len(universe)
+    reqs = model.get_universe(Req) or []
+    pages = model.get_universe(Page) or []
+    for label, st in (("before", s), ("after", s2)):
+        if st is None:
+            continue
+        table: dict[str, Any] = {}
+        for name in ("submitted", "d", "p", "d_gen", "p_gen", "p_wrote", "not_as_is", "ans_set"):
+            table[name] = {
+                str(x): _show(name, model.eval(_z(st[name](x)), model_completion=True))
+                for x in reqs
+            }
+        for name in ("owned", "owner", "owner_gen", "shard_has", "shard_req", "shard_gen"):
+            table[name] = {
+                str(x): str(model.eval(_z(st[name](x)), model_completion=True)) for x in pages
+            }
+        table["d_holds"] = [
+            f"{x}:{y}"
+            for x in reqs
+            for y in pages
+            if z3.is_true(model.eval(_z(st["d_holds"](x, y)), model_completion=True))
+        ]
+        table["next_gen"] = str(model.eval(_z(st["next_gen"]()), model_completion=True))
+        out[label] = table
+    return out
+
+
+def _show(name: str, value: Any) -> str:
+    names: tuple[str, ...] | None = {"d": D_PHASES, "p": P_PHASES}.get(name)
+    if names is not None and z3.is_int_value(value):
+        code = int(value.as_long())
+        if 0 <= code < len(names):
+            return names[code]
+    return str(value)
+
+
+# --- the simulation check: spec steps are steps of the derived model ----------------------------
+
+
+_MEANINGFUL: dict[str, tuple[str, ...]] = {
+    "shard_req": ("shard_has",),
+    "shard_gen": ("shard_has",),
+    "read_has": ("read_page",),
+    "read_req": ("read_page", "read_has"),
+    "read_gen": ("read_page", "read_has"),
+    "accepted_full": ("accepted_set",),
+    "pending_ack_gen": ("pending_ack",),
+}
+"""Entries the spec's state gives a value only where another symbol holds (a zeroed shard has
+no writer; what decode read exists only for the pages it read): α leaves them free elsewhere
+(the concrete reading's default there, request 0 or generation 0, is no fact of the state)."""
+
+
+class Simulator:
+    """Does the derived model cover the spec? For an edge `before --a--> after` of the explorer's
+    graph it asks whether the model's step `a` (its parameters free) takes α(before), a state
+    inside every claim, to a state that agrees with α(after): α reads every mutable symbol of
+    the spec state through the vocabulary's concrete reading, over a universe of exactly the
+    config's requests and pages; the messages in the network or lost are `sent` (after the step,
+    among those sent: the model keeps messages), the writes in flight exactly `inflight`. Counts
+    are left to the model's own facts. `unsat` is a divergence: a spec step the model cannot
+    take, or a reachable state outside the claims."""
+
+    def __init__(self, design: Design, config: Any) -> None:
+        why = supports(design)
+        if why is not None:
+            raise Untranslatable(why)
+        if config.prefill_ranks != 1:
+            raise Untranslatable("the derived any-size model has one prefill rank")
+        self.design, self.config = design, config
+        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        n, m = len(config.requests), config.decode_pages
+        self.reqs = [z3.Const(f"R{i}", Req) for i in range(n)]
+        self.pages = [z3.Const(f"Q{j}", Page) for j in range(m)]
+        tenants = sorted({r.tenant for r in config.requests} | {"other"})
+        self.tenants = {t: z3.Const(f"T_{t}", Tenant) for t in tenants}
+        x, q = z3.Const("u_r", Req), z3.Const("u_q", Page)
+        self.axioms: list[Any] = [
+            z3.Distinct(*self.reqs) if n > 1 else z3.BoolVal(True),
+            z3.Distinct(*self.pages) if m > 1 else z3.BoolVal(True),
+            z3.Distinct(*self.tenants.values()),
+            z3.ForAll([x], z3.Or([x == r for r in self.reqs])),
+            z3.ForAll([q], z3.Or([q == p for p in self.pages])),
+        ]
+        self._domains = {REQ: range(n), PAGE: range(m)}
+        self.with_claims = True
+        """Ask that the state before lie inside every claim (off for a variant whose claims
+        fail on reachable states: its steps are then checked alone)."""
+
+    def _value(self, name: str, args: tuple[int, ...], state: Any) -> Any:
+        """The symbol's concrete value at `args` (a rank argument is rank 0)."""
+        symbol = _SYMBOLS[name]
+        full = []
+        rest = iter(args)
+        for sort in symbol.args:
+            full.append(0 if sort == RANK else next(rest))
+        source = V.CONCRETE.symbols[name].format(*map(str, full))
+        scope = {
+            "S": state,
+            "C": self.config,
+            "DRAIN": self.drain,
+            "_shard": V._shard,
+            "_read_pages": V._read_pages,
+            "_read_shard": V._read_shard,
+        }
+        try:
+            return eval(source, scope)  # the vocabulary's own reading
+        except (TypeError, IndexError):
+            return None  # meaningless here (the owner of a free page)
+
+    def _term(self, value: Any, sort: Sort) -> Any:
+        if value is None:
+            return None
+        if sort == REQ:
+            return self.reqs[value] if 0 <= value < len(self.reqs) else None
+        if sort == PAGE:
+            return self.pages[value]
+        if sort == TENANT:
+            return self.tenants.get(value)
+        if sort in _CODES:
+            return z3.IntVal(_CODES[sort][value])
+        return _z(value)
+
+    def _entries(self, args: tuple[Sort, ...]) -> list[tuple[int, ...]]:
+        return list(itertools.product(*(self._domains[a] for a in args)))
+
+    def _symbols(self, view: View, state: Any, names: Sequence[str]) -> list[Any]:
+        out = []
+        concrete = {"ans_set": "answered", "ans_ok": "answered_ok"}
+        for name in names:
+            args, result = _BASE[name]
+            for entry in self._entries(args):
+                if not all(self._value(g, entry, state) for g in _MEANINGFUL.get(name, ())):
+                    continue  # what the spec reads only where another symbol holds
+                if name == "ans_timeout":
+                    value = self._value("timed_out_waiting", entry, state)
+                else:
+                    value = self._value(concrete.get(name, name), entry, state)
+                term = self._term(value, result)
+                if term is None:
+                    continue
+                zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+                out.append(view[name](*zargs) == term)
+        return out
+
+    def _rigid(self, state: Any) -> list[Any]:
+        out = []
+        for name, (args, result) in _RIGID.items():
+            f = RIGID.f[name]
+            for entry in self._entries(args):
+                term = self._term(self._value(name, entry, state), result)
+                if term is not None:
+                    zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+                    out.append((f(*zargs) if zargs else f) == term)
+        for sort, items in ((Req, self.reqs), (Page, self.pages)):
+            for i, a in enumerate(items):
+                for j, b in enumerate(items):
+                    out.append(RIGID.lt[sort](a, b) == (i < j))
+        return out
+
+    def _message(self, x: Any, m: Any) -> Any:
+        f, fp = RIGID.msg, RIGID.msg_page
+        facts = [
+            f["kind"](x) == _KINDS.index(m.kind),
+            f["req"](x) == self.reqs[m.request],
+            f["gen"](x) == m.generation,
+            f["epoch"](x) == m.epoch,
+            f["count"](x) == m.count,
+            f["has_digest"](x) == (m.digest is not None),
+        ]
+        if m.reason:
+            facts.append(f["reason"](x) == FAILURE_REASONS.index(m.reason))
+        for j, q in enumerate(self.pages):
+            facts.append(fp["has_page"](x, q) == (j in m.pages))
+            covered = (j, m.request, m.generation) in (m.digest or ())
+            facts.append(fp["digest_page"](x, q) == covered)
+        return z3.And(facts)
+
+    def _write(self, x: Any, w: Any) -> Any:
+        f = RIGID.wr
+        right_tenant = w.data.tenant == self.config.requests[w.data.request].tenant
+        return z3.And(
+            f["req"](x) == self.reqs[w.data.request],
+            f["page"](x) == self.pages[w.page],
+            f["gen"](x) == w.generation,
+            f["data_gen"](x) == w.data.generation,
+            f["epoch"](x) == w.epoch,
+            f["room"](x) == w.room,
+            f["right_tenant"](x) == right_tenant,
+        )
+
+    def check_step(self, before: Any, action: Any, after: Any) -> str | None:
+        """None when the model's step covers the edge, else why not."""
+        from kvhandoff.spec.actions import action_name
+
+        name = action_name(action)
+        model = Model(self.design)
+        s = base_view("@0")
+        sv = z3.Solver()
+        sv.set("timeout", 60_000)
+        sv.add(*self.axioms, *self._rigid(before))
+        mutable = [n for n in _BASE]
+        sv.add(*self._symbols(s, before, mutable))
+        msgs = [z3.Const(f"M{k}", Msg) for k in range(len(before.network) + len(before.lost))]
+        for x, m in zip(msgs, (*before.network, *before.lost), strict=True):
+            sv.add(s["sent"](x), self._message(x, m))
+        y = z3.Const("u_m", Msg)
+        sv.add(z3.ForAll([y], z3.Implies(s["sent"](y), z3.Or([y == x for x in msgs]))))
+        wrs = [z3.Const(f"W{k}", Wr) for k in range(len(before.writes))]
+        for x, w in zip(wrs, before.writes, strict=True):
+            sv.add(s["inflight"](x), self._write(x, w))
+        if len(wrs) > 1:
+            sv.add(z3.Distinct(*wrs))
+        v = z3.Const("u_w", Wr)
+        sv.add(z3.ForAll([v], z3.Implies(s["inflight"](v), z3.Or([v == x for x in wrs]))))
+        if self.with_claims:
+            sv.add(*claims(model, s, "").values())
+        guard, s2, constraints = step(model, name, s, "")
+        sv.add(_z(guard), *constraints)
+        sv.add(*self._symbols(s2, after, mutable))
+        for k, m in enumerate((*after.network, *after.lost)):
+            x = z3.Const(f"M'{k}", Msg)
+            sv.add(s2["sent"](x), self._message(x, m))
+        after_w = [z3.Const(f"W'{k}", Wr) for k in range(len(after.writes))]
+        for x, w in zip(after_w, after.writes, strict=True):
+            sv.add(s2["inflight"](x), self._write(x, w))
+        if len(after_w) > 1:
+            sv.add(z3.Distinct(*after_w))
+        v2 = z3.Const("u_w2", Wr)
+        sv.add(
+            z3.ForAll(
+                [v2],
+                z3.Implies(s2["inflight"](v2), z3.Or([self._write(v2, w) for w in after.writes])),
+            )
+        )
+        sv.add(*model.count_axioms([(s, ""), (s2, "'")]))
+        answer = sv.check()
+        if answer == z3.sat:
+            return None
+        if answer == z3.unknown:
+            return f"{name}: solver answered unknown ({sv.reason_unknown()})"
+        return f"{name}: the derived model cannot take {action!r} from a state inside its claims"
+
+
+__all__ = ["Model", "Simulator", "actions", "claims", "init", "prove_derived", "step", "supports"]
