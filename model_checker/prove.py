@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import z3
 
+from kvhandoff.model_checker.engines import ANY_SIZE_MODELS, DEFAULT_ANY_SIZE_MODEL
 from kvhandoff.model_checker.result import CheckResult, PropertyResult
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import (
@@ -39,7 +41,11 @@ from kvhandoff.model_checker.z3_engines import (
 )
 from kvhandoff.model_checker.z3_invariants import fixed_invariants
 from kvhandoff.model_checker.z3_prove import Obligation, prove_any_size, supports
-from kvhandoff.model_checker.z3_witnesses import any_size_movement_cached, fixed_movement_cached
+from kvhandoff.model_checker.z3_witnesses import (
+    any_size_movement_cached,
+    derived_movement_cached,
+    fixed_movement_cached,
+)
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.variants import Variant
@@ -94,54 +100,55 @@ def prove_fixed(
     return out
 
 
+Run = Callable[[set[str] | None], list[Obligation]]
+
+
 def prove(
-    variant: Variant, config: Config, timeout: float | None = None, depth: int | None = None
+    variant: Variant,
+    config: Config,
+    timeout: float | None = None,
+    depth: int | None = None,
+    model: str = DEFAULT_ANY_SIZE_MODEL,
 ) -> CheckResult:
-    """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails."""
+    """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails;
+    `model`: the any-size model, "derived" (`z3_derived`) or "hand" (`z3_prove`)."""
+    from kvhandoff.model_checker.logic_z3 import Untranslatable
+
+    if model not in ANY_SIZE_MODELS:
+        raise ValueError(f"any-size model {model!r}: one of {', '.join(ANY_SIZE_MODELS)}")
     started = time.perf_counter()
     # Both models below are translations of the spec's own rules under the variant's design
     # options. A Python override or added action reaches neither, so proving the design alone
     # would prove some other protocol and call it this one. The fixed-config encoding refuses
     # all of these (CannotEncode, naming the action or field), so ask it before either proof.
     Encoding(variant, config)
-    why_not = supports(variant.design)
-    if why_not is None and config.prefill_ranks > 1:
-        # The any-size model has one prefill rank: its proof says nothing about a quorum of
-        # several (first_rank_completion_accepted is safe with one rank and unsafe with two).
-        why_not = (
-            f"prefill_ranks={config.prefill_ranks}: the any-size model has one prefill rank "
-            "(per-rank shards, completions and drain acks are in the fixed-config encoding only)"
-        )
-    if why_not is None and variant.formula_guards():
-        # The any-size model's actions summarise the spec's (e.g. one `decode_fail` for every way
-        # decode gives up), so a replaced guard has no one place in it: prove the fixed config.
-        names = ", ".join(sorted(variant.formula_guards()))
-        why_not = f"a guard replaced by a formula ({names}) is outside the any-size model"
-    if why_not is None and (variant.extra_action_types or variant.state_fields):
-        added = [a.__name__ for a in variant.extra_action_types] + [
-            f"state field {n!r}" for n in sorted(variant.state_fields)
-        ]
-        why_not = f"what the variant adds ({', '.join(added)}) is outside the any-size model"
-    if why_not is None and variant.formula_effects():
-        names = ", ".join(sorted(variant.formula_effects()))
-        why_not = f"an effect replaced by a formula ({names}) is outside the any-size model"
+    obligations: list[Obligation] | None = None
+    run: Run
+    if model == "derived":
+        why_not = _derived_why_not(variant, config)
+        if why_not is None:
+            run = partial(_run_derived, variant, timeout)
+            try:
+                # Translating every guard, effect and claim is the proof's first part: a
+                # construct outside the model (a guard over the messages in flight) is refused.
+                obligations = run(None)
+            except Untranslatable as exc:
+                why_not = f"outside the derived any-size model: {exc}"
+    else:
+        why_not = _hand_why_not(variant, config)
+        run = partial(_run_hand, variant, timeout)
     if why_not is None:
-
-        def run(only: set[str] | None) -> list[Obligation]:
-            return prove_any_size(variant.design, timeout=timeout, only=only)
-
         scope = "any-size"
     else:
-
-        def run(only: set[str] | None) -> list[Obligation]:
-            return prove_fixed(variant, config, timeout=timeout, only=only)
-
+        run = partial(_run_fixed, variant, config, timeout)
         scope = "fixed-config"
-    obligations = run(None)
+    if obligations is None:
+        obligations = run(None)
     proved, rounds, first_failure = _inductive_subset(run, obligations)
     failed = [o for o in obligations if o.verdict != "proved"]
     extra: dict[str, Any] = {
         "scope": scope,
+        "any_size_model": model,
         "obligations": [o.to_json() for o in obligations],
         "obligations_proved": len(obligations) - len(failed),
         "obligations_total": len(obligations),
@@ -156,7 +163,11 @@ def prove(
         extra["inductive_subset_rounds"] = rounds
     # Every Z3 model shows it can move before a `holds` counts (z3_witnesses).
     if any(p.name in proved for p in ALWAYS):
-        if why_not is None:
+        if why_not is None and model == "derived":
+            movement = derived_movement_cached(
+                variant, config, timeout=timeout, proved=frozenset(proved)
+            )
+        elif why_not is None:
             movement = any_size_movement_cached(variant, config, timeout=timeout)
         else:
             movement = fixed_movement_cached(variant, config, DEFAULT_BMC_DEPTH, timeout=timeout)
@@ -211,6 +222,73 @@ def prove(
         seconds=time.perf_counter() - started,
         extra=extra,
     )
+
+
+def _run_derived(
+    variant: Variant, timeout: float | None, only: set[str] | None
+) -> list[Obligation]:
+    from kvhandoff.model_checker.z3_derived import prove_derived
+
+    return prove_derived(variant.design, timeout=timeout, only=only, variant=variant)
+
+
+def _run_hand(variant: Variant, timeout: float | None, only: set[str] | None) -> list[Obligation]:
+    return prove_any_size(variant.design, timeout=timeout, only=only)
+
+
+def _run_fixed(
+    variant: Variant, config: Config, timeout: float | None, only: set[str] | None
+) -> list[Obligation]:
+    return prove_fixed(variant, config, timeout=timeout, only=only)
+
+
+def _derived_why_not(variant: Variant, config: Config) -> str | None:
+    """Why the derived any-size model cannot prove this variant (None when it can). It reads the
+    variant's own formulas (replaced guards and effects, added actions, state fields); what it
+    lacks is a design outside its fragment and more than one prefill rank (and a construct it
+    refuses when translating, which `prove` reports the same way)."""
+    from kvhandoff.model_checker.z3_derived import supports as derived_supports
+
+    why_not = derived_supports(variant.design)
+    if why_not is None and config.prefill_ranks > 1:
+        why_not = (
+            f"prefill_ranks={config.prefill_ranks}: the derived any-size model has one prefill "
+            "rank (per-rank shards, completions and drain acks are in the fixed-config encoding "
+            "only)"
+        )
+    return why_not
+
+
+def _hand_why_not(variant: Variant, config: Config) -> str | None:
+    """Why the hand-written any-size model cannot prove this variant (None when it can)."""
+    why_not = supports(variant.design)
+    if why_not is None and config.prefill_ranks > 1:
+        # The any-size model has one prefill rank: its proof says nothing about a quorum of
+        # several (first_rank_completion_accepted is safe with one rank and unsafe with two).
+        why_not = (
+            f"prefill_ranks={config.prefill_ranks}: the any-size model has one prefill rank "
+            "(per-rank shards, completions and drain acks are in the fixed-config encoding only)"
+        )
+    if why_not is None and variant.formula_guards():
+        # The hand-written model's actions summarise the spec's (e.g. one `decode_fail` for every
+        # way decode gives up), so a replaced guard has no one place in it: prove the fixed config.
+        names = ", ".join(sorted(variant.formula_guards()))
+        why_not = (
+            f"a guard replaced by a formula ({names}) is outside the hand-written any-size model"
+        )
+    if why_not is None and (variant.extra_action_types or variant.state_fields):
+        added = [a.__name__ for a in variant.extra_action_types] + [
+            f"state field {n!r}" for n in sorted(variant.state_fields)
+        ]
+        why_not = (
+            f"what the variant adds ({', '.join(added)}) is outside the hand-written any-size model"
+        )
+    if why_not is None and variant.formula_effects():
+        names = ", ".join(sorted(variant.formula_effects()))
+        why_not = (
+            f"an effect replaced by a formula ({names}) is outside the hand-written any-size model"
+        )
+    return why_not
 
 
 def _inductive_subset(

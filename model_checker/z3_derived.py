@@ -81,7 +81,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import z3
 
@@ -89,6 +89,7 @@ from kvhandoff.model_checker.logic_z3 import Untranslatable
 from kvhandoff.model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
 from kvhandoff.model_checker.z3_prove import Obligation
 from kvhandoff.spec import vocabulary as V
+from kvhandoff.spec.actions import snake_case
 from kvhandoff.spec.effects import (
     WRITABLE,
     Adopt,
@@ -130,7 +131,7 @@ from kvhandoff.spec.logic import (
 from kvhandoff.spec.logic import And as LAnd
 from kvhandoff.spec.logic import Not as LNot
 from kvhandoff.spec.logic import Or as LOr
-from kvhandoff.spec.variants import Design
+from kvhandoff.spec.variants import Design, Variant
 
 Req = z3.DeclareSort("Req")
 Page = z3.DeclareSort("Page")
@@ -238,13 +239,31 @@ class _Rigid:
 
 RIGID = _Rigid()
 
+
+def _rigid_decls() -> list[Any]:
+    """Every rigid declaration, as an expression (an unrolling keeps them across its steps)."""
+    out: list[Any] = []
+    for f in [*RIGID.f.values(), *RIGID.msg.values(), *RIGID.msg_page.values()]:
+        out.append(f)
+    out += [*RIGID.wr.values(), *RIGID.lt.values()]
+    return [f if isinstance(f, z3.ExprRef) else _apply_fresh(f) for f in out]
+
+
+def _apply_fresh(f: Any) -> Any:
+    return f(*[z3.Const(f"_rigid{i}", f.domain(i)) for i in range(f.arity())])
+
+
 View = dict[str, Callable[..., Any]]
 """A state: each mutable symbol (and `sent`, `inflight`) as a function of its arguments."""
 
 
-def base_view(tag: str) -> View:
-    """The state whose symbols are fresh functions named with `tag`."""
+def base_view(tag: str, fields: dict[str, Any] | None = None) -> View:
+    """The state whose symbols are fresh functions named with `tag`; `fields`: a variant's state
+    fields (`Model.fields`), each a constant keyed `field:<name>`."""
     out: View = {}
+    for name, initial in (fields or {}).items():
+        sort = z3.BoolSort() if isinstance(initial, bool) else z3.IntSort()
+        out[f"field:{name}"] = _applier(z3.Const(f"field:{name}{tag}", sort))
     for name, (args, result) in _BASE.items():
         out[name] = _applier(_fn(f"{name}{tag}", [_Z3_SORT[a] for a in args], _Z3_SORT[result]))
     out["sent"] = _applier(z3.Function(f"sent{tag}", Msg, z3.BoolSort()))
@@ -253,9 +272,18 @@ def base_view(tag: str) -> View:
 
 
 def _applier(f: Any) -> Callable[..., Any]:
+    out: Any
     if isinstance(f, z3.FuncDeclRef):
-        return lambda *xs: f(*xs)
-    return lambda: f
+        out = lambda *xs: f(*xs)  # noqa: E731
+    else:
+        out = lambda: f  # noqa: E731
+    out.decl = f if isinstance(f, z3.FuncDeclRef) else f.decl()
+    return cast(Callable[..., Any], out)
+
+
+def _decl(fn: Callable[..., Any]) -> Any:
+    """The declaration of a base state's symbol (`base_view`) or of a count function."""
+    return getattr(fn, "decl")  # noqa: B009
 
 
 def _z(x: Any) -> Any:
@@ -322,10 +350,32 @@ def _fresh(prefix: str, sort: Any) -> Any:
 
 
 class Model:
-    """The derived model of one design: translation of terms over a state, counts, obligations."""
+    """The derived model of one design: translation of terms over a state, counts, obligations.
+    With a `variant`, its own formulas replace the rulebook's: the guards and effects it replaces
+    (`formula_guards`, `formula_effects`), the actions it adds (`extra_action_types`, whose
+    guard and effect are formulas) and its state fields (`state_fields`, read and assigned through
+    `spec.logic.state_field`). A variant with Python hooks is refused (`Untranslatable`)."""
 
-    def __init__(self, design: Design) -> None:
+    def __init__(self, design: Design, variant: Variant | None = None) -> None:
+        from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS
+
         self.design = design
+        self.guards: dict[str, GuardFormula | None] = {n: None for n in RULE_GUARDS}
+        """Each action's guard: None for the rulebook's (`rule_guard`), else the variant's."""
+        self.effects: dict[str, EffectFormula | None] = {n: None for n in RULE_EFFECTS}
+        self.fields: dict[str, Any] = {}
+        """The variant's state fields and their initial values."""
+        if variant is not None:
+            if variant.design != design:
+                raise ValueError("the variant's design is not the model's")
+            hooks = variant.untranslated()
+            if hooks:
+                raise Untranslatable(
+                    f"the variant's Python code ({', '.join(hooks)}) is not in the derived model"
+                )
+            self.guards.update({n: h.formula for n, h in variant.formula_guards().items()})
+            self.effects.update({n: h.formula for n, h in variant.formula_effects().items()})
+            self.fields = dict(variant.state_fields)
         self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
         self.counts: dict[str, tuple[Count, list[tuple[Var, Any]]]] = {}
         """Each count's shape: the term and its free variables (with their Z3 sorts)."""
@@ -350,9 +400,13 @@ class Model:
             if isinstance(t, Var):
                 return env[id(t)]
             if isinstance(t, App) and isinstance(t.symbol, FieldSymbol):
-                raise Untranslatable(
-                    f"a variant's state field ({t.symbol.name!r}) is not in the derived model"
-                )
+                key = f"field:{t.symbol.name}"
+                if key not in view:
+                    raise Untranslatable(
+                        f"state field {t.symbol.name!r} is not declared in the variant's "
+                        "state_fields"
+                    )
+                return view[key]()
             if isinstance(t, App):
                 return self.apply(t.symbol.name, [go(a) for a in t.args], view, tag)
             if isinstance(t, Quant):
@@ -648,12 +702,18 @@ class Model:
                 if v.sort == RANK:
                     env[id(v)] = 0
             if isinstance(u, Assign):
-                if isinstance(u.target.symbol, FieldSymbol):
-                    raise Untranslatable(
-                        f"a variant's state field ({u.target.symbol.name!r}) is not in the "
-                        "derived model"
-                    )
                 name = u.target.symbol.name
+                if isinstance(u.target.symbol, FieldSymbol):
+                    name = f"field:{name}"
+                    if name not in view:
+                        raise Untranslatable(
+                            f"state field {u.target.symbol.name!r} is not declared in the "
+                            "variant's state_fields"
+                        )
+                    entries.setdefault(name, []).append(
+                        _entry([], elems, u.when, u.value, env, tr, name)
+                    )
+                    continue
                 targets = [
                     a for a, s in zip(u.target.args, u.target.symbol.args, strict=True) if s != RANK
                 ]
@@ -827,7 +887,9 @@ _DERIVED_READS: dict[str, set[str]] = {
 def _reads(t: Term) -> set[str]:
     """The mutable symbols (and `sent`, `inflight`) a term reads."""
     out: set[str] = set()
-    if isinstance(t, App):
+    if isinstance(t, App) and isinstance(t.symbol, FieldSymbol):
+        out.add(f"field:{t.symbol.name}")
+    elif isinstance(t, App):
         out |= _DERIVED_READS.get(t.symbol.name, {t.symbol.name})
     if isinstance(t, InFlight):
         out |= {"message": {"sent"}, "write": {"inflight"}}.get(
@@ -1023,9 +1085,10 @@ def _initial_values() -> dict[str, Any]:
     return out
 
 
-def init(view: View) -> Any:
-    """The initial state: every symbol at its initial value, nothing sent, no write in flight."""
-    facts = []
+def init(view: View, fields: dict[str, Any] | None = None) -> Any:
+    """The initial state: every symbol at its initial value, nothing sent, no write in flight;
+    `fields`: a variant's state fields at theirs."""
+    facts = [view[f"field:{n}"]() == _z(v) for n, v in (fields or {}).items()]
     for name, value in _initial_values().items():
         if value is None:
             continue
@@ -1104,6 +1167,33 @@ def claims(
     return out
 
 
+def claims_after(model: Model, cs: dict[str, Any], s: View, s2: View) -> dict[str, Any]:
+    """The claims `cs` (over the base state `s`) read over the next state `s2` of the step just
+    translated: each symbol the step changes (`model.changed`), and each count whose counted set
+    it may change, replaced by its next-state definition (`substitute_funs`, in Z3). The same
+    formulas `claims(model, s2, "'")` builds, for a fraction of the cost: the claims are
+    translated once, not once per action."""
+    pairs = []
+    for key in sorted(model.changed):
+        decl = _decl(s[key])
+        sorts = [decl.domain(i) for i in range(decl.arity())]
+        params = [_fresh("sub", srt) for srt in sorts]
+        body = _z(s2[key](*params))
+        if params:
+            body = z3.substitute(body, *[(p, z3.Var(i, p.sort())) for i, p in enumerate(params)])
+        pairs.append((decl, body))
+    for shape in list(model.counts):
+        if model.unchanged(shape, "'"):
+            continue
+        old = _decl(model.count_fn(shape, ""))
+        new = _decl(model.count_fn(shape, "'"))
+        sorts = [old.domain(i) for i in range(old.arity())]
+        pairs.append((old, new(*[z3.Var(i, srt) for i, srt in enumerate(sorts)])))
+    if not pairs:
+        return dict(cs)
+    return {n: z3.substitute_funs(_z(c), *pairs) for n, c in cs.items()}
+
+
 def supports(d: Design) -> str | None:
     """Why the derived model cannot represent design d (None when it can): the same fragment as
     the hand-written one."""
@@ -1114,18 +1204,29 @@ def supports(d: Design) -> str | None:
     return None
 
 
-def actions(design: Design) -> list[str]:
+def actions(design: Design, variant: Variant | None = None) -> list[str]:
+    """The model's actions: the rulebook's (with a guard and an effect), then those the variant
+    adds."""
     from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS
 
-    return [n for n in RULE_GUARDS if n in RULE_EFFECTS]
+    out = [n for n in RULE_GUARDS if n in RULE_EFFECTS]
+    if variant is not None:
+        out += [snake_case(t.__name__) for t in variant.extra_action_types]
+    return out
 
 
 def step(model: Model, name: str, view: View, tag: str) -> tuple[Any, View, list[Any]]:
-    """Action `name`'s guard over `view`, the next state, and the constraints of its effect."""
+    """Action `name`'s guard over `view`, the next state, and the constraints of its effect
+    (the variant's formula where it replaces the rulebook's)."""
     from kvhandoff.spec.machine import rule_effect, rule_guard
 
-    values, _env, guard = model.guard(rule_guard(model.design, name), view, tag)
-    new, constraints = model.effect(rule_effect(model.design, name), values, view, tag)
+    gf, ef = model.guards.get(name), model.effects.get(name)
+    if (gf is None and name not in model.guards) or (ef is None and name not in model.effects):
+        raise Untranslatable(f"action {name!r} has no guard and effect formula")
+    gf = gf or rule_guard(model.design, name)
+    ef = ef or rule_effect(model.design, name)
+    values, _env, guard = model.guard(gf, view, tag)
+    new, constraints = model.effect(ef, values, view, tag)
     return guard, new, constraints
 
 
@@ -1136,18 +1237,19 @@ def prove_derived(
     only: set[str] | None = None,
     names: Sequence[str] | None = None,
     zero_axiom: bool = False,
+    variant: Variant | None = None,
 ) -> list[Obligation]:
     """Discharge every obligation of the derived model (see `z3_prove.prove_any_size`):
     initiation and consecution of each claim, safety of each property. `weaken` replaces claims
-    by name (tests plant a broken one); `only` keeps these claims; `names` these actions."""
+    by name (tests plant a broken one); `only` keeps these claims; `names` these actions;
+    `variant` (of this design): its own formulas, actions and state fields (see `Model`)."""
     why = supports(design)
     if why is not None:
         raise Untranslatable(why)
-    model = Model(design)
+    model = Model(design, variant)
     model.zero_axiom = zero_axiom
-    s = base_view("")
-    translated: dict[int, Any] = {}
-    cs = claims(model, s, "", memo=translated)
+    s = base_view("", model.fields)
+    cs = claims(model, s, "")
     if weaken:
         cs.update({n: _z(f(model, s, "")) for n, f in weaken.items()})
     if only is not None:
@@ -1179,12 +1281,12 @@ def prove_derived(
         sv.pop()
 
     sv = solver()
-    sv.add(init(s), *model.count_axioms([(s, "")]))
+    sv.add(init(s, model.fields), *model.count_axioms([(s, "")]))
     for name, claim in cs.items():
         check(sv, "initiation", name, None, claim, None)
-    for name in names if names is not None else actions(design):
+    for name in names if names is not None else actions(design, variant):
         guard, s2, constraints = step(model, name, s, "")
-        after = claims(model, s2, "'", before=translated)
+        after = claims_after(model, cs, s, s2)
         if weaken:
             after.update({n: _z(f(model, s2, "'")) for n, f in weaken.items()})
         sv = solver()

@@ -540,6 +540,15 @@ def _unroll(
         for n in goals:
             at_step[n].append(sel == names.index(n) if n in names else ground(ws[n]()))
         solver.add(*ground.closure())
+    return _first_steps(solver, at_step, "any-size")
+
+
+def _first_steps(
+    solver: Any, at_step: dict[str, list[Any]], what: str
+) -> tuple[dict[str, int], str | None]:
+    """On an unrolling in `solver`, a step at which each goal holds (`at_step[goal][t]`: it holds
+    at step t + 1) on some path: "some pending goal holds at some step", repeated while
+    satisfiable; and a solver `unknown`, if one came."""
     pending = {n: z3.Or(fs) for n, fs in at_step.items()}
     found: dict[str, int] = {}
     # A whole handoff first: its path takes most actions at once, and leaves fewer queries.
@@ -549,14 +558,10 @@ def _unroll(
         goal = pending[first.pop()] if alone else z3.Or(list(pending.values()))
         answer = solver.check(goal)
         if answer == z3.unknown:
-            return found, f"solver unknown on the any-size model: {solver.reason_unknown()}"
+            return found, f"solver unknown on the {what} model: {solver.reason_unknown()}"
         if answer == z3.unsat:
             if alone:
                 continue
-            break
-        if answer == z3.unknown:
-            return found, f"solver unknown on the any-size model: {solver.reason_unknown()}"
-        if answer == z3.unsat:
             break
         model = solver.model()
         for n in [n for n, g in pending.items() if z3.is_true(model.eval(g, True))]:
@@ -665,3 +670,232 @@ def apply_movement(result: CheckResult, movement: Movement) -> None:
         if r.verdict not in ("violated", "unknown"):
             r.verdict = "unknown"
             r.detail = f"not counted: {movement.problems[0]}"
+
+
+# --- the derived any-size model -------------------------------------------------------------------
+
+
+def _derived_passes() -> tuple[tuple[dict[Any, int], int, tuple[str, ...] | None], ...]:
+    from kvhandoff.model_checker import z3_derived as zd
+
+    # Messages are kept for ever and a write in flight is an element of its own, so a path needs
+    # an element per distinct message and write it makes (a grant, a completion, an abort, one
+    # write per page and grant). The sizes and depths are the least that reach every witness of
+    # the reference (fewer messages cost little time: the queries are the cost).
+    return (
+        ({zd.Req: 1, zd.Page: 1, zd.Tenant: 1, zd.Msg: 4, zd.Wr: 2}, 10, None),
+        (
+            {zd.Req: 2, zd.Page: 1, zd.Tenant: 2, zd.Msg: 2, zd.Wr: 1},
+            7,
+            ("can_reuse_page_across_tenants", "can_reuse_freed_page"),
+        ),
+    )
+
+
+def _uninterpreted(exprs: Sequence[Any]) -> dict[str, Any]:
+    """The uninterpreted function and constant declarations in `exprs`, by name."""
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    todo = list(exprs)
+    while todo:
+        e = todo.pop()
+        if e.get_id() in seen:
+            continue
+        seen.add(e.get_id())
+        if z3.is_app(e):
+            d = e.decl()
+            if d.kind() == z3.Z3_OP_UNINTERPRETED:
+                out.setdefault(d.name(), d)
+            todo.extend(e.children())
+        elif z3.is_quantifier(e):
+            todo.append(e.body())
+    return out
+
+
+def _derived_unroll(
+    variant: Variant,
+    universe: dict[Any, int],
+    depth: int,
+    goals: Sequence[str],
+    timeout: float | None,
+    names: Sequence[str],
+) -> tuple[dict[str, int], str | None, dict[str, str]]:
+    """`_unroll` for the model derived from the rules (`z3_derived`): one template step from the
+    state `@wA` to `@wB` whose action is a selector over every action's guard and effect, every
+    symbol of `@wB` its `ite` over the actions that change it; the witnesses are the formulas of
+    spec/properties.py read over `@wB` (the derived state keeps their ghost flags). Returns what
+    `_unroll` does and the witnesses whose formulas the model cannot read, with why."""
+    from kvhandoff.model_checker import z3_derived as zd
+    from kvhandoff.model_checker.logic_z3 import Untranslatable
+
+    design = variant.design
+    model = zd.Model(design, variant)
+    a, b = zd.base_view("@wA", model.fields), zd.base_view("@wB", model.fields)
+    sel = z3.Int("w_sel@T")
+    cs: list[Any] = [sel >= 0, sel < len(names)]
+    changes: list[tuple[int, zd.View, set[str]]] = []
+    for i, name in enumerate(names):
+        guard, new, constraints = zd.step(model, name, a, "@wA")
+        cs.append(z3.Implies(sel == i, z3.And(zd._z(guard), *constraints)))
+        changes.append((i, new, set(model.changed)))
+    sorts = {n: [zd._Z3_SORT[x] for x in args] for n, (args, _r) in zd._BASE.items()}
+    sorts.update({"sent": [zd.Msg], "inflight": [zd.Wr]})
+    sorts.update({f"field:{n}": [] for n in model.fields})
+    for key, arg_sorts in sorts.items():
+        xs = [z3.Const(f"w_x{k}", srt) for k, srt in enumerate(arg_sorts)]
+        expr = zd._z(a[key](*xs))
+        for i, new, changed in reversed(changes):
+            if key in changed:
+                expr = z3.If(sel == i, zd._z(new[key](*xs)), expr)
+        fact = zd._z(b[key](*xs)) == expr
+        cs.append(z3.ForAll(xs, fact) if xs else fact)
+    witness_at: dict[str, Any] = {}
+    left_out: dict[str, str] = {}
+    for w in SOMETIMES:
+        if w.formula is None:
+            left_out[w.name] = "no formula"
+            continue
+        try:
+            witness_at[w.name] = zd._z(model.tr(w.formula, b, "@wB", {}))
+        except Untranslatable as exc:
+            left_out[w.name] = str(exc)
+    # Every count is a function of its state here (the step's action is a choice, so no count
+    # is "the one before" by construction): what every count satisfies, per state and step.
+    cs += model.count_axioms([(a, "@wA"), (b, "@wB")])
+    ground = _Ground(universe)
+    solver = z3.SolverFor("QF_UFLIA")
+    if timeout is not None:
+        solver.set("timeout", max(1, int(timeout * 1000)))
+    s0 = zd.base_view("@wA", model.fields)
+    start = [ground(zd.init(s0, model.fields))]
+    template = [ground(c) for c in cs]
+    goal_tpl = {n: ground(f) for n, f in witness_at.items() if n in goals}
+    template += ground.closure()
+    rigid = {str(d) for d in _uninterpreted([*zd._rigid_decls()])}
+    elements = {str(x) for xs in ground.elements.values() for x in xs}
+    decls = _uninterpreted([*template, *goal_tpl.values(), sel, *start])
+
+    def renaming(d: int) -> list[tuple[Any, Any]]:
+        pairs = []
+        for name, decl in decls.items():
+            if name in rigid or name in elements:
+                continue
+            if name.endswith("@wA"):
+                new = name[: -len("@wA")] + f"@w{d - 1}"
+            elif name.endswith("@wB"):
+                new = name[: -len("@wB")] + f"@w{d}"
+            else:
+                new = f"{name}@{d - 1}"  # the step's own: parameters, messages made, choices
+            pairs.append(_renamed_to(decl, new))
+        return pairs
+
+    solver.add(z3.substitute_funs(z3.And(start), *renaming(1)))
+    at_step: dict[str, list[Any]] = {n: [] for n in goals}
+    for d in range(1, depth + 1):
+        pairs = renaming(d)
+        solver.add(z3.substitute_funs(z3.And(template), *pairs))
+        sel_d = z3.substitute_funs(sel, *pairs)
+        for n in goals:
+            if n in names:
+                at_step[n].append(sel_d == names.index(n))
+            elif n in goal_tpl:
+                at_step[n].append(z3.substitute_funs(goal_tpl[n], *pairs))
+    at_step = {n: fs for n, fs in at_step.items() if fs}
+    found, unknown = _first_steps(solver, at_step, "derived any-size")
+    return found, unknown, left_out
+
+
+def _renamed_to(decl: Any, new: str) -> tuple[Any, Any]:
+    """(decl, the same declaration named `new`, applied to the bound variables), as
+    `substitute_funs` takes it."""
+    sorts = [decl.domain(i) for i in range(decl.arity())]
+    target = z3.Function(new, *sorts, decl.range())
+    return decl, target(*[z3.Var(i, s) for i, s in enumerate(sorts)])
+
+
+def derived_dead(
+    variant: Variant, proved: frozenset[str], timeout: float | None = None
+) -> dict[str, str]:
+    """The actions of the derived model that cannot fire from any state inside the `proved`
+    claims (proved inductive, so they hold in every state the model reaches): its actions are
+    the rulebook's whatever the design, and a design turns some off by their guards (a timeout
+    fence on another design, the pull path's faults, drain acks when no fence owes one). Asking
+    the unrolling for them would only prove, at length, that no path of 10 steps takes them."""
+    from kvhandoff.model_checker import z3_derived as zd
+
+    model = zd.Model(variant.design, variant)
+    s = zd.base_view("", model.fields)
+    claims = [c for n, c in zd.claims(model, s, "").items() if n in proved]
+    out: dict[str, str] = {}
+    for name in zd.actions(variant.design, variant):
+        guard, s2, constraints = zd.step(model, name, s, "")
+        solver = z3.Solver()
+        if timeout is not None:
+            solver.set("timeout", max(1, int(timeout * 1000)))
+        solver.add(*claims, zd._z(guard), *constraints)
+        solver.add(*model.count_axioms([(s, ""), (s2, "'")]))
+        if solver.check() == z3.unsat:
+            out[name] = (
+                "dead: its guard and effect are unsatisfiable in every state of the proved claims"
+            )
+    return out
+
+
+def derived_movement(
+    variant: Variant,
+    config: Config,
+    timeout: float | None = None,
+    proved: frozenset[str] = frozenset(),
+) -> Movement:
+    """Which actions of the derived any-size model (`z3_derived`) fire and which witnesses hold
+    on its unrollings (`_derived_passes`: a step on the path found, not always the shortest).
+    Its actions are the rulebook's, whatever the design: those dead in every state of the
+    `proved` claims (`derived_dead`) are not asked for (listed in `not_checked`, with why); any
+    other action or witness it misses is a finding where the spec's explorer takes or reaches it
+    on the configuration within `SPEC_DEPTH` steps."""
+    from kvhandoff.model_checker import z3_derived as zd
+
+    started = time.perf_counter()
+    dead = derived_dead(variant, proved, timeout) if proved else {}
+    names = [n for n in zd.actions(variant.design, variant) if n not in dead]
+    actions: dict[str, int | None] = dict.fromkeys(names)
+    witnesses: dict[str, int | None] = {w.name: None for w in SOMETIMES}
+    passes = _derived_passes()
+    later = {n for _u, _d, goals in passes for n in goals or ()}
+    problems: list[str] = []
+    not_checked: dict[str, str] = dict(dead)
+    for universe, depth, goals in passes:
+        wanted = list(goals) if goals is not None else [*names, *witnesses]
+        wanted = [n for n in wanted if goals is not None or n not in later]
+        found, unknown, left_out = _derived_unroll(variant, universe, depth, wanted, timeout, names)
+        not_checked.update({n: why for n, why in left_out.items() if n in wanted})
+        for n, step_at in found.items():
+            (actions if n in actions else witnesses)[n] = step_at
+        if unknown:
+            problems.append(unknown)
+    for n in not_checked:
+        if n not in dead:
+            witnesses.pop(n, None)
+    steps = max(d for _u, d, _g in passes)
+    out = Movement("derived any-size", steps, actions, witnesses, problems, not_checked)
+    if not problems:
+        _compare_with_spec(out, variant, config, SPEC_DEPTH)
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+_DERIVED_CACHE: dict[tuple[Any, ...], Movement] = {}
+
+
+def derived_movement_cached(
+    variant: Variant,
+    config: Config,
+    timeout: float | None = None,
+    proved: frozenset[str] = frozenset(),
+) -> Movement:
+    """`derived_movement`, remembered per (variant's rules, config); asked again after an
+    `unknown`."""
+    key = (variant.rules_key(), config, proved)
+    if key not in _DERIVED_CACHE or _DERIVED_CACHE[key].unknown:
+        _DERIVED_CACHE[key] = derived_movement(variant, config, timeout, proved)
+    return _copy(_DERIVED_CACHE[key])
