@@ -1,12 +1,16 @@
 """The `prove` engine: inductive-invariant proofs, for any size when the design allows it.
 
 0. A variant with Python functions (overrides, added actions, state fields written in Python)
-   is refused (`CannotEncode`, exit 3): neither model below contains them.
-1. If the any-size model (`z3_prove`) covers the variant (its design, no formula override or
-   added action, one prefill rank), discharge its obligations: scope `"any-size"` (every pool
-   size, every number of requests and tenants).
+   is refused (`CannotEncode`, exit 3): no model below contains them.
+1. If the any-size model covers the variant, discharge its obligations: scope `"any-size"` (every
+   pool size, every number of requests and tenants). Two any-size models (`model=`, the CLI's
+   `--any-size-model`): `"derived"` (`z3_derived`: the spec's guard and effect formulas and the
+   variant's own, its added actions and state fields; push path, receiver-checked writes, one
+   prefill rank) and `"hand"` (`z3_prove`, hand-written: the same designs, and no formula
+   override, added action or state field), the default until the derived model replaces it.
 2. Otherwise discharge the same obligations on the fixed-configuration encoding, per spec action
-   and invariant (`z3_invariants`): scope `"fixed-config"`, and the result says why not any size.
+   and invariant (`z3_invariants`): scope `"fixed-config"`, and the result says why not any size
+   (`extra["any_size_unavailable"]`).
 
 Every obligation is listed in `extra["obligations"]`. Each property is reported on its own: when
 obligations fail, the claims (invariants and properties) that failed are dropped and the rest
@@ -16,8 +20,9 @@ real counterexample at the fixed configuration: a property it violates is `viola
 replayed trace), the rest `unknown`, naming the obligation that failed (or came back unknown).
 
 Before a `holds` counts, the model shows it can move (`z3_witnesses`): every action fires and every
-witness the model can express is reached (for the any-size model, in a few unrolled steps over a
-small universe; for the fixed encoding, within the BMC depth). A model that cannot is vacuous: its
+witness the model can express is reached (for an any-size model, in a few unrolled steps of that
+model over a small universe, `any_size_movement` or `derived_movement`; for the fixed encoding,
+within the BMC depth). A model that cannot is vacuous: its
 properties are `unknown` (exit 3) with the finding in `extra["vacuity"]`, never "holds".
 """
 
