@@ -48,9 +48,9 @@ rank's shards: one rank's Success says nothing about the others', which is why d
 all of them. After an abort each rank acknowledges the drain of its own writes.
 
 (Until commit 6dda962 each rule was also written as a Python function, the explorer's former path;
-those copies were retired once tests/spec/test_compiled_rules.py had shown, on main, that the
-compiled formulas list the same actions in the same order and give the same next states. See
-docs/one-semantics.md.)
+those copies were retired in d40c5de, once tests/spec/test_compiled_rules.py had shown, on main,
+that the compiled formulas list the same actions in the same order and give the same next states.
+See docs/one-semantics.md.)
 """
 
 from __future__ import annotations
