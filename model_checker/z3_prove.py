@@ -155,8 +155,8 @@ def actions(d: Design, tag: str = "") -> list[Action]:
     validated = "full" == d.validation
 
     def answer_error(s: St, who: Any) -> Update:
-        # A client keeps the first answer it got (the spec's `_answer_error`): an error after an
-        # OK answer changes nothing.
+        # A client keeps the first answer it got (the spec's `answer_error` update): an error
+        # after an OK answer changes nothing.
         return {
             "ans_set": lambda x: z3.Or(s.ans_set(x), x == who),
             "ans_ok": lambda x: z3.And(s.ans_ok(x), z3.Or(x != who, s.ans_set(x))),
