@@ -558,6 +558,10 @@ def supports(d: Design) -> str | None:
         return "the pull path (read-time data, lease expiry, failed reads) is outside the any-size model"
     if d.write_path != "receiver_checked":
         return "one-sided writes and their release fences are outside the any-size model"
+    if d.matching != "request":
+        return "room-keyed matching (a grant, abort or failure notice taken by another request on its room) is outside the any-size model"
+    if not d.binds_request:
+        return "writes and completions not bound to decode's request are outside the any-size model"
     return None
 
 

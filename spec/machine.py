@@ -251,6 +251,12 @@ def init(config: Config) -> State:
 # different formula, not a run-time branch. The pieces several effects share come first.
 
 
+def _first(t: Var, holds: Callable[[Var], Term]) -> Term:
+    """t is the first request (in request order) for which `holds`: how a worker that keys
+    transfer state by room picks one request among those sharing the room."""
+    return And(holds(t), forall(REQ, lambda u: Implies(u < t, Not(holds(u)))))
+
+
 def _decode_fail_effect(design: Design, r: Var, reason: str, when: Term, abort: Term) -> Updates:
     """Decode gives up on request r, where `when` holds: the client gets an error, decode forgets
     the ranks that reported, and (where `abort` also holds) prefill is told to stop.
@@ -487,17 +493,29 @@ def _prefill_receive_grant_effect(design: Design) -> EffectFormula:
     # and dropped, except where prefill keeps transfer state for a grant of a room it no longer
     # serves (M18): that state is never freed.
     def body(m: Bound) -> Updates:
+        def waiting(t: Var) -> Term:
+            return And(p(t).is_in("received", "admitted"), p_gen(t) == 0)
+
+        def take(t: Var, when: Term) -> Updates:
+            return [
+                assign(p(t), "granted", when=And(when, p(t) == "admitted")),
+                assign(p_gen(t), m.gen, when=when),
+                assign(p_epoch(t), m.epoch, when=when),
+                each(PAGE, lambda q: assign(p_granted(t, q), m.has_page(q), when=when)),
+            ]
+
+        if design.matching == "room":
+            # Keyed by room alone (SGLang's `bootstrap_room`): the first request waiting on the
+            # grant's room takes it, whichever request decode made it for.
+            def on_room(t: Var) -> Term:
+                return And(waiting(t), room(t) == m.room)
+
+            return [consume(m), each(REQ, lambda t: take(t, _first(t, on_room)))]
+        # Keyed by the request id the grant carries (and its room: our implementation).
         r = m.req
-        take = And(p(r).is_in("received", "admitted"), p_gen(r) == 0)
-        out: list[Any] = [
-            consume(m),
-            assign(p(r), "granted", when=And(take, p(r) == "admitted")),
-            assign(p_gen(r), m.gen, when=take),
-            assign(p_epoch(r), m.epoch, when=take),
-            each(PAGE, lambda q: assign(p_granted(r, q), m.has_page(q), when=take)),
-        ]
+        out: list[Any] = [consume(m), take(r, waiting(r))]
         if design.prefill_adopts_unknown_grant:
-            unknown = And(Not(take), Not(p(r).is_in(*PREFILL_LIVE)))
+            unknown = And(Not(waiting(r)), Not(p(r).is_in(*PREFILL_LIVE)))
             out.append(adopt_orphan(r, m.gen, when=unknown))
         return out
 
@@ -560,6 +578,8 @@ def _decode_receive_write_effect(design: Design) -> EffectFormula:
     def body(w: Bound) -> Updates:
         q, k = w.page, w.rank
         owns = And(owned(q), room(owner(q)) == w.room, owner_gen(q) == w.gen)
+        if design.binds_request:
+            owns = And(owns, owner(q) == w.req)
         if design.write_path == "receiver_checked":
             refused: Term = Not(owns)
         elif design.release_fence != "none":
@@ -657,7 +677,7 @@ def _decode_receive_completion_effect(design: Design) -> EffectFormula:
             return And(same, d_gen(t) == m.gen) if design.check_generation else same
 
         def request(t: Var) -> Updates:
-            first = And(waiting(t), forall(REQ, lambda u: Implies(u < t, Not(waiting(u)))))
+            first = _first(t, waiting)
             hit = And(first, Not(d_rank(t, m.rank)))  # a rank that reported already: a duplicate
             count_ok = m.count == count(PAGE, lambda q: d_holds(t, q))
             digest_ok = And(
@@ -685,6 +705,9 @@ def _decode_receive_completion_effect(design: Design) -> EffectFormula:
                 valid = And(count_ok, Or(digest_ok, Not(m.has_digest)))
             else:
                 valid = And(count_ok, digest_ok)
+            if design.binds_request:
+                # The completion names the request it was made for: it must be this one.
+                valid = And(valid, m.req == t)
             every_rank = forall(RANK, lambda o: Or(o == m.rank, d_rank(t, o)))
             enough = every_rank if design.completion_quorum == "every_rank" else TRUE
             accept = And(hit, valid, enough)
@@ -731,15 +754,27 @@ def _decode_receive_failure_effect(design: Design) -> EffectFormula:
     # sent before any grant) fails it; any other is stale. The language has no strings: each
     # reason a notice can give is a predicate of the message (`m.reason_is(...)`).
     def body(m: Bound) -> Updates:
-        r = m.req
-        applies = And(
-            d(r).is_in("received", "admitted", "reserved"), Or(m.gen == 0, d_gen(r) == m.gen)
-        )
-        out: list[Any] = [consume(m)]
-        for reason in FAILURE_REASONS:
-            why = f"prefill reported failure: {reason}"
-            out += [_decode_fail_effect(design, r, why, And(applies, m.reason_is(reason)), FALSE)]
-        return out
+        def applies(t: Var) -> Term:
+            return And(
+                d(t).is_in("received", "admitted", "reserved"), Or(m.gen == 0, d_gen(t) == m.gen)
+            )
+
+        def fail(t: Var, hit: Term) -> Updates:
+            out: list[Any] = []
+            for reason in FAILURE_REASONS:
+                why = f"prefill reported failure: {reason}"
+                when = And(hit, applies(t), m.reason_is(reason))
+                out += [_decode_fail_effect(design, t, why, when, FALSE)]
+            return out
+
+        if design.matching == "room":
+            # Keyed by room (and generation, where the notice names one): the first request
+            # decode is still waiting on for that room.
+            def on_room(t: Var) -> Term:
+                return And(room(t) == m.room, applies(t))
+
+            return [consume(m), each(REQ, lambda t: fail(t, _first(t, on_room)))]
+        return [consume(m), fail(m.req, TRUE)]
 
     return message_effect(body)
 
@@ -900,16 +935,30 @@ def _prefill_receive_abort_effect(design: Design) -> EffectFormula:
     # Prefill stops a request still waiting, or writing under the aborted grant. Where release is
     # fenced on its drain ack, it owes decode that ack once its writes of the grant drained.
     def body(m: Bound) -> Updates:
-        r = m.req
-        stop = Or(p(r).is_in("received", "admitted"), And(p(r) == "granted", p_gen(r) == m.gen))
-        out: list[Any] = [consume(m), _stop_prefill_effect(r, stop)]
-        if design.release_fence in ("drain_ack", "ack_or_timeout"):
-            owes = m.gen != 0
-            out += [
-                assign(pending_ack(r), True, when=owes),
-                assign(pending_ack_gen(r), m.gen, when=owes),
-            ]
-        return out
+        def stops(t: Var) -> Term:
+            return Or(p(t).is_in("received", "admitted"), And(p(t) == "granted", p_gen(t) == m.gen))
+
+        def abort(t: Var, hit: Term) -> Updates:
+            out: list[Any] = [_stop_prefill_effect(t, And(hit, stops(t)))]
+            if design.release_fence in ("drain_ack", "ack_or_timeout"):
+                owes = And(hit, m.gen != 0)
+                out += [
+                    assign(pending_ack(t), True, when=owes),
+                    assign(pending_ack_gen(t), m.gen, when=owes),
+                ]
+            return out
+
+        if design.matching == "room":
+            # Keyed by room: the request on the abort's room that took the aborted grant (it owes
+            # the drain ack even if it has finished writing), or, for an abort sent before any
+            # grant, the first one still waiting on that room.
+            def on_room(t: Var) -> Term:
+                waiting = And(m.gen == 0, p(t).is_in("received", "admitted"))
+                took = And(m.gen != 0, p_gen(t) == m.gen)
+                return And(room(t) == m.room, Or(waiting, took))
+
+            return [consume(m), each(REQ, lambda t: abort(t, _first(t, on_room)))]
+        return [consume(m), abort(m.req, TRUE)]
 
     return message_effect(body)
 
@@ -967,7 +1016,7 @@ def _decode_receive_abort_ack_effect(design: Design) -> EffectFormula:
             return And(d_awaiting_ack(t), room(t) == m.room, d_gen(t) == m.gen)
 
         def request(t: Var) -> Updates:
-            first = And(fenced(t), forall(REQ, lambda u: Implies(u < t, Not(fenced(u)))))
+            first = _first(t, fenced)
             hit = And(first, Not(d_ack(t, m.rank)))  # a rank that acknowledged: a duplicate
             every_rank = forall(RANK, lambda o: Or(o == m.rank, d_ack(t, o)))
             done = And(hit, every_rank)
@@ -1282,7 +1331,7 @@ def _fail_transfer_effect(design: Design) -> EffectFormula:
             return And(d(t) == "reserved", room(t) == w.room, d_gen(t) == w.gen)
 
         def request(t: Var) -> Updates:
-            first = And(reading(t), forall(REQ, lambda u: Implies(u < t, Not(reading(u)))))
+            first = _first(t, reading)
             return _decode_fail_effect(design, t, "page transfer failed", first, TRUE)
 
         return [*out, each(REQ, request)]
