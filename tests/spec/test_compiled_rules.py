@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,13 +74,11 @@ from tests.explored import SMALL
 from tests.spec.test_guards_once import WIDE
 
 EXAMPLES = [
-    "examples/variant_add_action.py",
-    "examples/variant_replace_effect.py",
-    "examples/variant_replace_guard.py",
-    "examples/variant_skip_digest.py",
+    *sorted(f"examples/{p.name}" for p in (Path(__file__).parents[2] / "examples").glob("*.py")),
     "tests/data/python_variants/override_reject.py",
     "tests/data/python_variants/state_field.py",
 ]
+"""Every file in examples/ (a new one joins by being there) and the Python-function forms."""
 
 
 def _drain(variant: Variant) -> bool:
