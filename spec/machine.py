@@ -15,8 +15,8 @@ The rules, in the order a successful handoff takes them:
 3. `decode_admit_request` / `decode_reject_request`  Decode checks its own limit.
 4. `decode_reserve_pages`  Decode takes free pages under a fresh generation and sends the grant.
 5. `prefill_receive_grant`, `prefill_write_page`, `decode_receive_write`  Prefill writes each
-   granted page; decode accepts a write only into a page it owns for that room and generation
-   (receiver-checked path) or the write lands wherever it points (one-sided path).
+   granted page; decode accepts a write only into a page it owns for that room, generation and
+   request (receiver-checked path) or the write lands wherever it points (one-sided path).
 6. `prefill_send_completion`  Once its writes have returned, prefill sends its completion: the page
    count it wrote and a digest of the data.
 7. `decode_receive_completion`  Decode validates the completion before anything is read.
@@ -37,8 +37,15 @@ decode checks nothing (M3, `decode_receive_completion`) and reads pages prefill 
 which, where the pool did not zero them on release (M20, `decode_release_pages`), still hold an
 earlier request's data, possibly another tenant's.
 
-Messages are matched the way real workers match them: by room and generation (generation 0 for
-messages sent before any grant, which are matched by the request id every message carries).
+How a message finds its request is the design's, stated in each receiving rule. Decode takes a
+completion or a drain ack for the first request it holds on the message's room and generation
+(generations are decode's own, one per grant). Prefill takes a grant, and either side an abort or
+a failure notice, by the request id the message carries (`matching="request"`, as our
+implementation keys transfer state) or by room alone (`matching="room"`, SGLang's
+`bootstrap_room`, which clients can choose and fan-outs share: then the first request on the room
+takes it, whichever request it was made for). With `binds_request` a page write and a completion
+name their request, and decode takes them only for that request: the defence that keeps a
+grant taken by the wrong request from filling another tenant's pages.
 
 With several prefill ranks (`Config.prefill_ranks`; see `state.py`, "Prefill ranks"), steps 5-7
 happen per rank: `prefill_write_page` queues one write per rank (each rank's shard of the page),
