@@ -579,9 +579,10 @@ def _decode_receive_write_guard(design: Design) -> GuardFormula:
 
 def _decode_receive_write_effect(design: Design) -> EffectFormula:
     # Where a write lands is the design's: the receiver-checked path refuses a write into a page
-    # decode does not own for the write's room and generation; the one-sided path lets it land
-    # (a fencing design's restarted decode has revoked the old key: writes issued against the
-    # old epoch are refused by the NIC).
+    # decode does not own for the write's room and generation (and, with `binds_request`, for
+    # the request the write names: a write made under a grant some other request took is
+    # refused); the one-sided path lets it land (a fencing design's restarted decode has revoked
+    # the old key: writes issued against the old epoch are refused by the NIC).
     def body(w: Bound) -> Updates:
         q, k = w.page, w.rank
         owns = And(owned(q), room(owner(q)) == w.room, owner_gen(q) == w.gen)
