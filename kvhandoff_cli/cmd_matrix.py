@@ -68,8 +68,9 @@ def register(sub: Any) -> None:
         action="store_true",
         help=(
             "also run the example variant files (`kvhandoff examples`: a design option, a "
-            "replaced guard, a replaced effect, an added action with a state field of its own), "
-            "so that the matrix shows every engine checking a reviewer's own kind of change"
+            "replaced guard, a replaced effect, an added action with a state field of its own, "
+            "a fault's replaced effect, a per-rank step's replaced guard), so that the matrix "
+            "shows every engine checking a reviewer's own kind of change"
         ),
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

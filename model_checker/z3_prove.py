@@ -155,8 +155,8 @@ def actions(d: Design, tag: str = "") -> list[Action]:
     validated = "full" == d.validation
 
     def answer_error(s: St, who: Any) -> Update:
-        # A client keeps the first answer it got (the spec's `_answer_error`): an error after an
-        # OK answer changes nothing.
+        # A client keeps the first answer it got (the spec's `answer_error` update): an error
+        # after an OK answer changes nothing.
         return {
             "ans_set": lambda x: z3.Or(s.ans_set(x), x == who),
             "ans_ok": lambda x: z3.And(s.ans_ok(x), z3.Or(x != who, s.ans_set(x))),
@@ -558,6 +558,10 @@ def supports(d: Design) -> str | None:
         return "the pull path (read-time data, lease expiry, failed reads) is outside the any-size model"
     if d.write_path != "receiver_checked":
         return "one-sided writes and their release fences are outside the any-size model"
+    if d.matching != "request":
+        return "room-keyed matching (a grant, abort or failure notice taken by another request on its room) is outside the any-size model"
+    if not d.binds_request:
+        return "writes and completions not bound to decode's request are outside the any-size model"
     return None
 
 

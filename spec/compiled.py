@@ -7,14 +7,15 @@ Why one function and not one call per guard: the explorer asks for every state i
 state has about thirty guards; one function reads the state's sizes and sorts its messages once,
 evaluates the conditions a guard states about no request (the router's load, a fault budget) once
 per guard instead of once per request, and binds everything it calls as a local name. It is how
-the formulas run at least as fast as the Python guards they replace (`benchmarks/against.py`).
+the formulas run at least as fast as the Python guards they replaced did (retired after 6dda962;
+`benchmarks/against.py`).
 
-The order is the rulebook's, group by group (`PROTOCOL_GUARDS`, then `FAULT_GUARDS` while the
-fault budget lasts): within a group, request by request, each of the group's kinds in turn (so an
-admission lists, per request, the admit or the reject its prompt gets). Breadth-first search, and
-so which shortest counterexample is found first, depends on that order.
+The order is the rulebook's, group by group (`machine.PROTOCOL_GROUPS`, then `FAULT_GROUPS`
+while the fault budget lasts): within a group, request by request, each of the group's kinds in
+turn (so an admission lists, per request, the admit or the reject its prompt gets). Breadth-first
+search, and so which shortest counterexample is found first, depends on that order.
 
-A variant's overrides are placed as `machine.enabled` placed them: a kind whose guard a variant
+A variant's overrides keep the places the Python guards gave them: a kind whose guard a variant
 replaced is listed after the kinds of its group it kept, by the variant's formula (compiled in
 place) or by its Python function (called, and its actions checked for their kind); the variant's
 added actions come after the protocol's steps, before the faults.
@@ -390,7 +391,7 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
     first, faults last, in the rulebook's order (see the module's docstring). Given a `config`,
     the function is made for that configuration alone (`fold`): it must be called with it."""
     from kvhandoff.spec.actions import snake_case
-    from kvhandoff.spec.machine import FAULT_GUARDS, PROTOCOL_GUARDS, rule_guard
+    from kvhandoff.spec.machine import FAULT_GROUPS, PROTOCOL_GROUPS, rule_guard
     from kvhandoff.spec.variants import FormulaGuard
     from kvhandoff.spec.vocabulary import _read_pages, _read_shard, _shard
 
@@ -429,14 +430,14 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
                 fn = out.bind(_checked(hook, kind, name, variant.name), "H")
                 out.emit(depth, f"out += {fn}(C, S)")
 
-    for kinds in PROTOCOL_GUARDS.values():
+    for kinds in PROTOCOL_GROUPS:
         group(kinds, 1)
     if variant.extra_actions is not None:
         out.emit(1, f"out += {out.bind(variant.extra_actions, 'X')}(C, S)")
     for added in variant.added_guards:
         out.emit(1, f"out += {out.bind(added, 'A')}(C, S)")
     out.emit(1, "if S.faults.total < C.max_faults:")
-    for kinds in FAULT_GUARDS.values():
+    for kinds in FAULT_GROUPS:
         group(kinds, 2)
     out.emit(1, "return out")
     # The state's requests and pages, by index: one attribute lookup for the whole function.

@@ -207,8 +207,12 @@ class Tag:
 class Message:
     """A control message between prefill and decode.
 
-    Receivers match messages by `room` and `generation` only, as real workers do; `request` is the
-    model's bookkeeping of who sent it and is never used to match.
+    `room` and `generation` are what every receiver matches on. `request` is the request id the
+    message carries: under the design option `matching="request"` (our implementation) prefill
+    and decode also match grants, aborts and failure notices by it, and under `binds_request`
+    decode checks that a completion names the request it holds the pages for; under
+    `matching="room"` (SGLang's `bootstrap_room`) it is only the model's bookkeeping of whom the
+    message was made for.
     """
 
     __hash__ = _cached_hash

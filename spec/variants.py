@@ -39,6 +39,7 @@ WritePath = Literal["receiver_checked", "one_sided"]
 Fence = Literal["generation", "drain_ack", "ack_or_timeout", "none"]
 Transfer = Literal["push", "pull"]
 Quorum = Literal["every_rank", "first_rank"]
+Matching = Literal["request", "room"]
 
 
 class VariantError(ValueError):
@@ -111,6 +112,16 @@ class Design:
     transfer_failure_reported: bool = True
     """Pull: a failed read fails the request (False: decode carries on as if the page arrived,
     M14)."""
+    matching: Matching = "request"
+    """How a worker finds the request a grant, an abort or a failure notice is for: by the request
+    id the message carries and the room (`request`: our implementation, which keys transfer state
+    by both), or by the room (and generation) alone (`room`: SGLang keys it by `bootstrap_room`,
+    which the router picks per request and a client can choose, so two requests can share one)."""
+    binds_request: bool = True
+    """Decode accepts a page write or a completion only if it names the request decode holds the
+    pages for (our implementation's writes and completions carry the request id, checked with the
+    grant's capability token). False: a write or completion is matched by room and generation
+    only, so data written for another request sharing the room is taken for this one's."""
     completion_quorum: Quorum = "every_rank"
     """How many prefill ranks' completions decode waits for before it accepts the transfer:
     every rank's (`every_rank`, as SGLang's `len(prefill_response_tracker[room]) >=
@@ -827,10 +838,13 @@ VARIANTS: tuple[Variant, ...] = (
             "Matching status by room alone lets a duplicate of an old request's completion be "
             "adopted by a new request that reuses the room (client-chosen rooms, n>1 fan-outs; "
             "sglang #40125). Even a digest does not save it when the digest is not bound to the "
-            "generation and the pages still hold the old request's data (M20): the digests match."
+            "generation and the pages still hold the old request's data (M20): the digests match. "
+            "SGLang's decode checks the room alone (the aux row's `bootstrap_room`), so the "
+            "completion is not bound to the request either (binds_request=False)."
         ),
         check_generation=False,
         scrub=False,
+        binds_request=False,
     ),
     _R.derive(
         "m15_silent_prefill_abort",
@@ -889,9 +903,47 @@ VARIANTS: tuple[Variant, ...] = (
         explanation=(
             "Generations are what fence old writes. If the counter is volatile, a write issued "
             "before a decode crash carries a (room, generation) that a new request on the same room "
-            "is granted again, and the receiver check lets it in."
+            "is granted again, and the receiver check lets it in. Only where the write does not "
+            "name its request as well (binds_request=False): a write bound to the old request is "
+            "refused by the new one's pages."
         ),
         generations_persist=False,
+        binds_request=False,
+    ),
+    _R.derive(
+        "room_keyed_matching",
+        "Prefill matches grants and aborts by room; decode takes writes and completions by room.",
+        breaks=(
+            "decode_reads_only_validated_pages",
+            "no_cross_tenant_read",
+            "accepted_completion_implies_full_coverage",
+            "no_late_write_lands_in_reallocated_page",
+            "every_request_terminates",
+        ),
+        explanation=(
+            "SGLang keys transfer state by `bootstrap_room`, which the router picks per request and "
+            "a client request can carry, so two requests can share a room (n>1 fan-outs: sglang "
+            "#26486, #30723, #40297; room collisions: ray #62953). A cancelled request still "
+            "waiting at prefill takes the grant decode issued for the next request on its room, "
+            "writes its own data into that request's pages, and its completion and digest "
+            "validate: they name the pages' writer and the grant's generation, not decode's "
+            "request. Decode then generates for the next tenant from the cancelled one's data."
+        ),
+        matching="room",
+        binds_request=False,
+    ),
+    _R.derive(
+        "room_keyed_with_binding",
+        "Room-keyed matching, with writes and completions bound to decode's request.",
+        breaks=("every_request_terminates",),
+        explanation=(
+            "The reference's binding on its own: prefill still matches by room, but decode takes a "
+            "write or a completion only if it names the request decode holds the pages for. Every "
+            "safety property holds (a mismatched transfer is refused and the request fails "
+            "closed); what breaks is liveness: the request whose grant another one took waits for "
+            "a transfer that never comes. The reference also matches the grant by request id."
+        ),
+        matching="room",
     ),
     _R.derive(
         "m13_lease_expiry_pull",

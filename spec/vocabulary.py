@@ -189,8 +189,8 @@ over_prefill_limit = _sym(
     "r's prompt has more pages than prefill admits (rigid: the config)",
 )
 
-# What the guards of the protocol steps read (`spec/machine.py`, the `*_guard` formulas beside
-# each Python guard). A guard reads only what the acting component knows: its own phase and
+# What the guards of the protocol steps read (`spec/machine.py`, the `*_guard` formulas, one in
+# each action's section). A guard reads only what the acting component knows: its own phase and
 # counters, the messages it was handed, and the scenario's fixed limits.
 p_len = _sym(
     "p_len", (REQ,), INT, "prefill's view of r's prompt length in pages (what it has data for)"
@@ -232,10 +232,10 @@ waits_for = _sym(
     "before r (rigid)",
 )
 
-# What the effects write (`spec/machine.py`, the `*_effect` formulas beside each Python effect)
-# beyond what the claims read: the epoch a request reached decode with, the ghost record of which
-# tenant last held a page (the witnesses' page reuse is about it), the fault counts an answer's
-# ghost flags depend on, and the scenario's limits an effect applies.
+# What the effects write (`spec/machine.py`, the `*_effect` formulas, one in each action's
+# section) beyond what the claims read: the epoch a request reached decode with, the ghost record
+# of which tenant last held a page (the witnesses' page reuse is about it), the fault counts an
+# answer's ghost flags depend on, and the scenario's limits an effect applies.
 d_epoch = _sym("d_epoch", (REQ,), INT, "prefill's boot epoch request r was sent to decode with")
 page_used = _sym("page_used", (PAGE,), BOOL, "page q has been granted before (ghost)")
 last_tenant = _sym(

@@ -105,6 +105,41 @@ def test_generations_never_repeat_and_a_stale_generation_write_is_refused() -> N
     assert reply.status is Status.FAILED_PRECONDITION and str(grant.generation - 1) in reply.message
 
 
+def test_decode_binds_writes_and_completions_to_the_request_that_shares_the_room() -> None:
+    # The spec's `binds_request` (catalogue: room_keyed_matching breaks without it): two requests
+    # on one room; a write and a completion carrying b's room, generation and token but naming a
+    # are refused, so a's data can never fill b's pages.
+    core = dc.DecodeCore(dc.DecodeConfig(8, 4, 32))
+    grants = {}
+    for rid, token in (("a", b"ka"), ("b", b"kb")):
+        cmds = core.handle(dc.SubmitRequest(RequestId(rid), Tenant(rid), Room(1), 8, 2, token, 0.0))
+        grants[rid] = next(c for c in cmds if isinstance(c, dc.SendGrant))
+    b = grants["b"]
+    page = int(b.pages[0])
+    write = dc.WriteReceived(RequestId("a"), Room(1), b.generation, b"kb", page, 0, b"d", b"d")
+    reply = next(c for c in core.handle(write) if isinstance(c, Reply))
+    assert reply.status is not Status.OK and "'a'" in reply.message
+    done = dc.CompletionReceived(RequestId("a"), Room(1), b.generation, b"kb", 2, b"x" * 16)
+    cmds = core.handle(done)
+    assert not any(isinstance(c, dc.Log) and c.kind == "decode_generate" for c in cmds)
+    assert core.active_requests()["b"] == "waiting"
+
+
+def test_prefill_takes_a_grant_only_for_the_request_it_names_not_any_on_its_room() -> None:
+    # The spec's `matching="request"`: keyed by (request, room), a grant for b is parked, not
+    # taken by a, which waits on the same room.
+    core = pc.PrefillCore(pc.PrefillConfig(page_size=16, max_prompt_tokens=64))
+    core.handle(pc.SubmitRequest(RequestId("a"), Tenant("A"), Room(1), 8, 0.0))
+    ev = pc.GrantReceived(RequestId("b"), Room(1), Generation(5), (PageId(0),), b"kb", 8, 0.0)
+    cmds = list(core.handle(ev))
+    assert not [c for c in cmds if isinstance(c, pc.StartWrites)]
+    assert core.parked_grants == 1
+    cmds = list(core.handle(pc.SubmitRequest(RequestId("b"), Tenant("B"), Room(1), 8, 0.0)))
+    assert [(w.request_id, w.generation) for w in cmds if isinstance(w, pc.StartWrites)] == [
+        ("b", 5)
+    ]
+
+
 def test_an_undeliverable_grant_fails_that_request_alone_and_says_why_in_the_log() -> None:
     # The log's cause is what lets the validator read this as decode giving up on one request
     # (decode_waiting_timeout), not as a prefill restart's detection (which fails them all).

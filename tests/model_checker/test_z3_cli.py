@@ -204,7 +204,8 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
 def test_the_matrix_with_examples_checks_each_kind_of_change_by_bmc_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A design option, a replaced guard, a replaced effect, an added action and state field:
+    """A design option, a replaced guard, a replaced effect, an added action and state field, a
+    fault's replaced effect, a per-rank step's replaced guard:
     each example is caught by BMC as by the explorer (formulas, not Python: no cell refuses)."""
     args = ["matrix", "--engines", "explore,bmc", "--variants", "reference", "--examples"]
     code = main([*args, "--json"])
@@ -217,6 +218,8 @@ def test_the_matrix_with_examples_checks_each_kind_of_change_by_bmc_too(
         "release_without_drain_ack",
         "placeholder_effect",
         "preempt_without_scrub_formula",
+        "ack_before_drain",
+        "timeout_frees_at_once",
     }
     for name, row in rows.items():
         cells = {c["engine"]: c for c in row["cells"]}

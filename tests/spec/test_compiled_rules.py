@@ -1,11 +1,20 @@
-"""The explorer runs the rules' formulas, compiled to Python, and they say what the Python rules say.
+"""The explorer runs the rules' formulas compiled to Python, and they say what the formulas say.
 
 `spec/compiled.py` turns the guard and effect formulas of `spec/machine.py` into one `enabled`
 function per variant (and per configuration: what the scenario fixes folded, loops over requests
 unrolled) and one function per action kind; `machine.enabled` and `machine.step`, and so the
-explorer, the conformance oracle and the log validator, run those. The Python guards and effects
-the explorer ran before stay, as `machine.python_enabled` and `machine.python_step`, until this
-differential test has passed on main. It checks, from every reachable state:
+explorer, the conformance oracle and the log validator, run those. This test compares them with
+the same formulas read directly:
+
+* each guard formula evaluated on its own (`FormulaGuard`: the formula as one claim, nothing folded,
+  nothing unrolled or shared), the actions listed in the rulebook's order (`PROTOCOL_GROUPS`, the
+  variant's extra actions, then `FAULT_GROUPS` while the fault budget lasts; within a group,
+  request by request, each kind in turn; a kind whose guard a variant replaced after the kinds of
+  its group it kept);
+* each effect formula read update by update (`spec.effects.run_effect`), or the variant's own
+  Python effect;
+
+from every reachable state:
 
 * of the small scenario, for every catalogue variant (between them every design option the rules
   read), every file in examples/ (a replaced guard, a replaced effect, an added action with a
@@ -16,65 +25,149 @@ differential test has passed on main. It checks, from every reachable state:
 * of the same scenarios with the configuration not folded (`Rules.enabled` and `Rules.steps`, the
   form the log validator's large scenarios get),
 
-that the compiled `enabled` lists exactly the actions the Python guards list, in the same order
-(breadth-first search, and so which shortest counterexample is found, depends on it), and that
-each enabled action's compiled effect gives exactly the state the Python effect gives. A planted
-change to one formula is caught, and every compiled effect is taken somewhere.
+that the compiled `enabled` lists exactly those actions in the same order (breadth-first search,
+and so which shortest counterexample is found, depends on it), that `is_enabled` agrees with it,
+and that each enabled action's compiled effect gives exactly the state the formula gives. A
+planted change to one formula is caught, and every compiled effect is taken somewhere.
+
+History: until commit 6dda962 the rules were also written as Python functions
+(`machine.python_enabled`, `machine.python_step`, the explorer's former path), and this test
+compared the compiled formulas with them; it passed on main in CI (stop 23) before they were
+retired.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvhandoff.model_checker.variant_loader import load_variant
 from kvhandoff.spec import compiled as compiled_module
-from kvhandoff.spec.actions import action_name
+from kvhandoff.spec.actions import FAULT_ACTIONS, PROTOCOL_ACTIONS, action_name, snake_case
 from kvhandoff.spec.compiled import Rules, compile_effect
 from kvhandoff.spec.config import Config, parse_set
+from kvhandoff.spec.effects import run_effect
 from kvhandoff.spec.machine import (
+    FAULT_GROUPS,
+    PROTOCOL_GROUPS,
     RULE_EFFECTS,
     init,
-    python_enabled,
-    python_step,
+    is_enabled,
     rule_effect,
+    rule_guard,
 )
-from kvhandoff.spec.variants import VARIANTS, Variant, get_variant
+from kvhandoff.spec.state import State
+from kvhandoff.spec.variants import (
+    VARIANTS,
+    Design,
+    FormulaEffect,
+    FormulaGuard,
+    Variant,
+    arguments,
+    get_variant,
+)
 from tests.explored import SMALL
 from tests.spec.test_guards_once import WIDE
 
 EXAMPLES = [
-    "examples/variant_add_action.py",
-    "examples/variant_replace_effect.py",
-    "examples/variant_replace_guard.py",
-    "examples/variant_skip_digest.py",
+    *sorted(f"examples/{p.name}" for p in (Path(__file__).parents[2] / "examples").glob("*.py")),
     "tests/data/python_variants/override_reject.py",
     "tests/data/python_variants/state_field.py",
 ]
+"""Every file in examples/ (a new one joins by being there) and the Python-function forms."""
+
+
+def _drain(variant: Variant) -> bool:
+    return variant.design.release_fence in ("drain_ack", "ack_or_timeout")
+
+
+@cache
+def _read_guard(design: Design, kind: type) -> FormulaGuard:
+    """The guard formula of `kind`, read on its own (compiled once, as one claim)."""
+    name = snake_case(kind.__name__)
+    return FormulaGuard(name, kind, rule_guard(design, name), design)
+
+
+def read_enabled(variant: Variant, config: Config, state: State) -> list[Any]:
+    """`enabled` with each guard formula read on its own, in the rulebook's order."""
+    design = variant.design
+
+    def group(kinds: tuple[type, ...]) -> list[Any]:
+        names = [snake_case(k.__name__) for k in kinds]
+        out: list[Any] = []
+        for kind, name in zip(kinds, names, strict=True):
+            if name not in variant.guard_overrides:
+                out += _read_guard(design, kind)(config, state)
+        if len(kinds) > 1:
+            out.sort(key=lambda a: a.request)  # stable: request by request, each kind in turn
+        for name in names:
+            hook = variant.guard_overrides.get(name)
+            if hook is not None:
+                out += list(hook(config, state))
+        return out
+
+    out = [a for kinds in PROTOCOL_GROUPS for a in group(kinds)]
+    if variant.extra_actions is not None:
+        out += variant.extra_actions(config, state)
+    for added in variant.added_guards:
+        out += added(config, state)
+    if state.faults.total < config.max_faults:
+        out += [a for kinds in FAULT_GROUPS for a in group(kinds)]
+    return out
+
+
+def read_step(variant: Variant, config: Config, state: State, action: Any) -> State:
+    """The state after `action`: its effect formula read update by update (`run_effect`), or the
+    variant's own Python effect."""
+    name = action_name(action)
+    hook = variant.step_overrides.get(name)
+    if hook is not None and not isinstance(hook, FormulaEffect):
+        after: State = hook(config, state, action)
+        return after
+    formula = hook.formula if hook is not None else rule_effect(variant.design, name)
+    return run_effect(formula, config, state, _drain(variant), arguments(action, state))
 
 
 def _disagreements(
     variant: Variant, sets: list[str], taken: Counter[str], compiled: Rules | None = None
 ) -> list[str]:
-    """Every reachable state, by the Python rules; where the compiled rules say otherwise."""
+    """Every reachable state, by the formulas read directly; where the compiled rules say
+    otherwise (and where `is_enabled` does)."""
     config = parse_set(variant.scenario(Config()), sets)
     compiled = compiled or Rules(variant)
     listed = compiled.enabled_for(config)
     effects = compiled.steps_for(config)
     wrong: list[str] = []
+    direct: dict[State, list[Any]] = {}  # each state's actions, by the formulas read directly
+
+    def actions_of(state: State) -> list[Any]:
+        got = direct.get(state)
+        if got is None:
+            got = direct[state] = read_enabled(variant, config, state)
+        return got
+
     seen = {init(config)}
     frontier = list(seen)
     while frontier:
         following = []
         for state in frontier:
-            actions = python_enabled(variant, config, state)
+            actions = actions_of(state)
             if listed(config, state) != actions:
                 wrong.append(f"{variant.name}: enabled {listed(config, state)} != {actions}")
             for action in actions:
-                after = python_step(variant, config, state, action)
+                after = read_step(variant, config, state, action)
                 if effects[type(action)](config, state, action) != after:
                     wrong.append(f"{variant.name}: {action!r}")
+                # `is_enabled` says yes to the action, and after it, yes exactly where the action
+                # is listed again.
+                if not is_enabled(variant, config, state, action):
+                    wrong.append(f"{variant.name}: is_enabled says no to {action!r}")
+                if is_enabled(variant, config, after, action) != (action in actions_of(after)):
+                    wrong.append(f"{variant.name}: is_enabled of {action!r} after it")
                 taken[action_name(action)] += 1
                 if after not in seen:
                     seen.add(after)
@@ -96,8 +189,14 @@ def compile_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled_module, "_WARM", 1)
 
 
+def test_the_groups_list_every_action_in_the_rulebook_s_order() -> None:
+    """Protocol steps first, in `PROTOCOL_ACTIONS`' order, faults last, in `FAULT_ACTIONS`'."""
+    assert tuple(k for kinds in PROTOCOL_GROUPS for k in kinds) == PROTOCOL_ACTIONS
+    assert tuple(k for kinds in FAULT_GROUPS for k in kinds) == FAULT_ACTIONS
+
+
 @pytest.mark.parametrize("name", sorted(v.name for v in VARIANTS))
-def test_compiled_and_python_rules_agree_on_every_variant(name: str, taken: Counter[str]) -> None:
+def test_compiled_rules_and_formulas_agree_on_every_variant(name: str, taken: Counter[str]) -> None:
     assert _disagreements(get_variant(name), SMALL, taken) == []
 
 
@@ -151,22 +250,33 @@ def test_a_planted_change_to_one_formula_is_caught() -> None:
     assert wrong and all("DecodeAdmitRequest" in w for w in wrong)
 
 
+def test_a_planted_change_to_one_guard_is_caught() -> None:
+    """The compiled `enabled` with decode's admission listed twice: the lists differ."""
+    variant = get_variant("reference")
+    planted = Rules(variant)
+    config = parse_set(Config(), SMALL)
+    honest = planted.enabled_for(config)
+
+    def doubled(C: Config, S: State) -> list[Any]:
+        out = honest(C, S)
+        return out + [a for a in out if action_name(a) == "decode_admit_request"]
+
+    planted.enabled_for = lambda c: doubled  # type: ignore[method-assign]
+    wrong = _disagreements(variant, SMALL, Counter(), planted)
+    assert wrong and all("enabled" in w and "DecodeAdmitRequest" in w for w in wrong)
+
+
 def test_a_compiled_effect_is_the_effect_formula_run() -> None:
     """The compiled function and `run_effect` (the formula read update by update) are two
     readings of one formula: from the same state they give the same next state."""
-    from kvhandoff.spec.effects import run_effect
-    from kvhandoff.spec.variants import arguments
-
     variant = get_variant("reference")
     config = parse_set(Config(), SMALL)
     compiled = Rules(variant)
     state = init(config)
     checked = 0
     for _ in range(12):  # along one run: submit, admit, reserve, grant, write, ...
-        actions = python_enabled(variant, config, state)
-        action = actions[0]
-        eff = rule_effect(variant.design, action_name(action))
-        expected = run_effect(eff, config, state, False, arguments(action, state))
+        action = read_enabled(variant, config, state)[0]
+        expected = read_step(variant, config, state, action)
         assert compiled.steps_for(config)[type(action)](config, state, action) == expected
         assert compiled.steps[type(action)](config, state, action) == expected
         state = expected

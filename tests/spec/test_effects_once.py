@@ -1,16 +1,19 @@
-"""The effects of the single-request protocol steps are written once, as formulas.
+"""The effects are written once, as formulas, and read the same way by each reading of them.
 
-`spec/machine.py` states the effect of every protocol step of one request (or of none) as updates
-over the vocabulary (`rule_effect(design, name)`, beside each Python effect), and the Z3 encoding
-translates those updates (tests/model_checker/test_effects_once.py), and the explorer runs them
-compiled to Python (`spec/compiled.py`, pinned by tests/spec/test_compiled_rules.py). These tests
-pin the formula, read update by update (`run_effect`), to the Python effects the explorer ran
-before (`machine.python_step`, kept until the compiled path has run on main): from every reachable
-state of the small scenario, for every catalogue variant (between them every value of the design
-options the effects read), and of a scenario with a prompt over decode's limit and parallel
-submission, each enabled step's formula (`spec.effects.run_effect`) gives exactly the state the
-Python effect gives, and every formula is taken somewhere. A planted change to one formula is
-caught.
+`spec/machine.py` states the effect of every protocol step and fault as updates over the
+vocabulary (`rule_effect(design, name)`); the Z3 encoding translates those updates
+(tests/model_checker/test_effects_once.py), and the explorer runs them compiled to Python
+(`spec/compiled.py`). These tests pin the formula read update by update (`run_effect`) to its
+compiled function in the loop form (`Rules.steps`: no configuration folded, the form the log
+validator's large scenarios get; the folded, per-request form is pinned by
+tests/spec/test_compiled_rules.py): from every reachable state of the small scenario, for every
+catalogue variant (between them every value of the design options the effects read), and of a
+scenario with a prompt over decode's limit and parallel submission, each enabled step's compiled
+effect gives exactly the state `run_effect` gives, and every formula is taken somewhere. A planted
+change to one formula is caught.
+
+Until commit 6dda962 the second reading was the rules' Python effects (retired: see
+docs/one-semantics.md).
 """
 
 from __future__ import annotations
@@ -20,16 +23,12 @@ from collections import Counter
 import pytest
 
 from kvhandoff.model_checker.explore import build_graph
+from kvhandoff.spec import compiled as compiled_module
 from kvhandoff.spec.actions import action_name
+from kvhandoff.spec.compiled import Rules
 from kvhandoff.spec.config import Config, parse_set
 from kvhandoff.spec.effects import EffectFormula, run_effect
-from kvhandoff.spec.machine import (
-    RULE_EFFECTS,
-    RULE_GUARDS,
-    python_enabled,
-    python_step,
-    rule_effect,
-)
+from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, enabled, rule_effect
 from kvhandoff.spec.variants import VARIANTS, arguments, get_variant
 from kvhandoff.spec.vocabulary import d
 from tests.explored import SMALL
@@ -43,20 +42,21 @@ def _drain(name: str) -> bool:
 def _agree(
     variant_name: str, sets: list[str], taken: Counter[str], effects: dict[str, EffectFormula]
 ) -> list[str]:
-    """Formula and Python effect from every reachable state; the disagreements, described."""
+    """Formula and compiled effect from every reachable state; the disagreements, described."""
     variant = get_variant(variant_name)
     config = parse_set(variant.scenario(Config()), sets)
     drain = _drain(variant_name)
+    compiled = Rules(variant).steps  # the loop form: nothing folded
     wrong: list[str] = []
     for state in build_graph(variant, config)[0].states:
-        for action in python_enabled(variant, config, state):
+        for action in enabled(variant, config, state):
             name = action_name(action)
             eff = effects.get(name)
             if eff is None or name in variant.step_overrides:  # the variant's own effect
                 continue
             args = arguments(action, state)
-            if run_effect(eff, config, state, drain, args) != python_step(
-                variant, config, state, action
+            if run_effect(eff, config, state, drain, args) != compiled[type(action)](
+                config, state, action
             ):
                 wrong.append(f"{variant_name}: {action!r}")
             taken[name] += 1
@@ -66,6 +66,14 @@ def _agree(
 @pytest.fixture(scope="module")
 def taken() -> Counter[str]:
     return Counter()
+
+
+@pytest.fixture(autouse=True)
+def compile_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An effect is read from its formula for its first calls and compiled after
+    (`compiled._WARM`); here it is compiled at its first call, so that what is compared is the
+    compiled code."""
+    monkeypatch.setattr(compiled_module, "_WARM", 1)
 
 
 def _effects(name: str) -> dict[str, EffectFormula]:
@@ -78,7 +86,7 @@ def test_the_effects_are_those_of_the_steps_whose_guards_are_formulas() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(v.name for v in VARIANTS))
-def test_formula_and_python_effect_give_the_same_state(name: str, taken: Counter[str]) -> None:
+def test_formula_and_compiled_effect_give_the_same_state(name: str, taken: Counter[str]) -> None:
     assert _agree(name, SMALL, taken, _effects(name)) == []
 
 

@@ -1,18 +1,24 @@
-"""The guards of the single-request protocol steps are written once, as formulas.
+"""The guards are written once, as formulas, and read the same way by each reading of them.
 
-`spec/machine.py` states the guard of every protocol step of one request (or of none) as a formula
-over the vocabulary (`rule_guard(design, name)`, beside each Python guard), and the Z3 encoding
-translates those formulas (tests/model_checker/test_guards_once.py). The explorer keeps the Python
-guards, its fast path. These tests pin the two together on concrete states:
+`spec/machine.py` states the guard of every protocol step and fault as a formula over the
+vocabulary (`rule_guard(design, name)`); the Z3 encoding translates those formulas
+(tests/model_checker/test_guards_once.py) and the explorer runs them compiled into one `enabled`
+function per variant (`spec/compiled.py`). These tests pin, on concrete states, each formula read
+on its own (`FormulaGuard`: the formula as one claim) to the compiled `enabled` in its loop form
+(`Rules.enabled`: no configuration folded, the form a scenario too large to unroll gets; the
+folded form is pinned by tests/spec/test_compiled_rules.py):
 
 * the formulas cover exactly the protocol steps and faults whose action takes one request or
   nothing, and the steps of `MESSAGE_STEPS` (a message or a write);
 * on every reachable state of the small scenario, for variants that between them take every value
   of the design options these guards (or the states they see) depend on, and for a scenario with
-  a prompt over decode's limit, parallel submission and two prefill ranks, the requests for which
-  each formula holds are exactly those its Python guard lists;
+  a prompt over decode's limit, parallel submission and two prefill ranks, the actions for which
+  each formula holds are exactly the actions of its kind the compiled `enabled` lists;
 * each formula is true somewhere and false somewhere (a guard that never fires, or always does,
-  would agree with a broken twin too easily).
+  would agree with a broken reading too easily).
+
+Until commit 6dda962 the second reading was the rules' Python guards (retired: see
+docs/one-semantics.md).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import pytest
 
 from kvhandoff.model_checker.explore import build_graph
 from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS
+from kvhandoff.spec.compiled import Rules
 from kvhandoff.spec.config import Config, parse_set
-from kvhandoff.spec.machine import _GUARD_OF, PROTOCOL_GUARDS, RULE_GUARDS, rule_guard
+from kvhandoff.spec.machine import PROTOCOL_GROUPS, RULE_GUARDS, rule_guard
 from kvhandoff.spec.variants import FormulaGuard, get_variant
 from tests.explored import SMALL
 
@@ -83,7 +90,7 @@ MESSAGE_STEPS = {
 def test_the_formulas_cover_the_steps_of_one_request_or_none() -> None:
     """Every protocol step and fault whose action takes one request or nothing, and the steps of
     `MESSAGE_STEPS`."""
-    protocol = {k for kinds in PROTOCOL_GUARDS.values() for k in kinds}
+    protocol = {k for kinds in PROTOCOL_GROUPS for k in kinds}
     expected = {
         name
         for name, kind in ACTIONS_BY_NAME.items()
@@ -93,7 +100,8 @@ def test_the_formulas_cover_the_steps_of_one_request_or_none() -> None:
 
 
 def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
-    """Formula and Python guard on every reachable state; records where each formula held."""
+    """Formula and compiled `enabled` on every reachable state; records where each formula
+    held."""
     variant = get_variant(variant_name)
     config = parse_set(variant.scenario(Config()), sets)
     design = variant.design
@@ -101,13 +109,13 @@ def _agree(variant_name: str, sets: list[str], seen: Seen) -> int:
         name: FormulaGuard(name, ACTIONS_BY_NAME[name], rule_guard(design, name), design)
         for name in RULE_GUARDS
     }
+    compiled = Rules(variant).enabled  # the loop form: nothing folded
     states = build_graph(variant, config)[0].states
     for state in states:
+        enabled = compiled(config, state)
         for name, formula in formulas.items():
             kind = formula.kind
-            listed = [a for a in _GUARD_OF[kind](design, config, state) if isinstance(a, kind)]
-            if kind in FAULT_ACTIONS and state.faults.total >= config.max_faults:
-                listed = []  # `enabled` checks the total budget; a fault's formula states it
+            listed = [a for a in enabled if type(a) is kind]
             held = formula(config, state)
             assert held == listed, (variant_name, name, state)
             if formula.formula.source:  # a step that takes a message or write: one per item
@@ -134,7 +142,7 @@ def seen() -> Seen:
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_formula_and_python_guard_enable_the_same_requests(name: str, seen: Seen) -> None:
+def test_formula_and_compiled_enabled_list_the_same_actions(name: str, seen: Seen) -> None:
     assert _agree(name, SMALL, seen) > 500
 
 
