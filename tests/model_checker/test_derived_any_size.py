@@ -11,23 +11,17 @@ claims (the check z3_simulation makes of the hand-written model).
 from __future__ import annotations
 
 import dataclasses
-import random
-from collections import defaultdict
 from functools import cache
 
 import pytest
 import z3
 
 from kvhandoff.model_checker import z3_derived, z3_prove
-from kvhandoff.model_checker.explore import build_graph
 from kvhandoff.model_checker.logic_z3 import Untranslatable
-from kvhandoff.spec.actions import Action, action_name
-from kvhandoff.spec.config import Config, parse_set
-from kvhandoff.spec.state import State
+from kvhandoff.spec.actions import action_name
 from kvhandoff.spec.variants import REFERENCE, VARIANTS, Design, get_variant
-from tests.explored import SMALL
+from tests.explored import edges_by_kind, sample_edges
 
-Edge = tuple[State, Action, State]
 IN_FRAGMENT = [v.name for v in VARIANTS if z3_prove.supports(v.design) is None]
 FAST = ("reference", "incident")
 
@@ -136,33 +130,10 @@ def test_designs_outside_the_fragment_are_refused_by_name() -> None:
 # --- the derived model covers the spec -----------------------------------------------------------
 
 
-@cache
-def _edges(name: str) -> tuple[Config, dict[str, list[Edge]]]:
-    variant = get_variant(name)
-    config = parse_set(variant.scenario(Config()), SMALL)
-    graph, _, _ = build_graph(variant, config, keep_edges=True)
-    assert graph.all_edges is not None
-    by_kind: dict[str, list[Edge]] = defaultdict(list)
-    for i, out in enumerate(graph.all_edges):
-        for j, action in out:
-            by_kind[action_name(action)].append((graph.states[i], action, graph.states[j]))
-    return config, by_kind
-
-
-def _sample(by_kind: dict[str, list[Edge]], per_kind: int, seed: int = 0) -> list[Edge]:
-    rnd = random.Random(seed)
-    out: list[Edge] = []
-    for kind in sorted(by_kind):
-        edges = list(by_kind[kind])
-        rnd.shuffle(edges)
-        out += edges[:per_kind]
-    return out
-
-
 def test_every_kind_of_reference_step_is_a_step_of_the_derived_model() -> None:
-    config, by_kind = _edges("reference")
+    config, by_kind = edges_by_kind("reference")
     sim = z3_derived.Simulator(REFERENCE.design, config)
-    edges = _sample(by_kind, per_kind=1)
+    edges = sample_edges(by_kind, per_kind=1)
     assert len({action_name(a) for _, a, _ in edges}) >= 20
     assert [d for b, a, af in edges if (d := sim.check_step(b, a, af)) is not None] == []
 
@@ -170,11 +141,11 @@ def test_every_kind_of_reference_step_is_a_step_of_the_derived_model() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", IN_FRAGMENT)
 def test_sampled_steps_of_each_variant_are_steps_of_the_derived_model(name: str) -> None:
-    config, by_kind = _edges(name)
+    config, by_kind = edges_by_kind(name)
     if config.prefill_ranks != 1:
         pytest.skip("the derived any-size model has one prefill rank")
     sim = z3_derived.Simulator(get_variant(name).design, config)
-    edges = _sample(by_kind, per_kind=3, seed=1)
+    edges = sample_edges(by_kind, per_kind=3, seed=1)
     # Claims are read at the state before: only the reference keeps every one on every
     # reachable state, so a broken variant's edges are checked without them.
     if name != "reference":
@@ -183,7 +154,7 @@ def test_sampled_steps_of_each_variant_are_steps_of_the_derived_model(name: str)
 
 
 def test_the_simulation_check_has_teeth() -> None:
-    config, by_kind = _edges("reference")
+    config, by_kind = edges_by_kind("reference")
     sim = z3_derived.Simulator(REFERENCE.design, config)
     before, action, after = by_kind["decode_reserve_pages"][0]
     # The step's own effect is missing from "after": no step of the model gives that.

@@ -8,48 +8,18 @@ decode restart (which erased OK answers the spec keeps), are both caught.
 
 from __future__ import annotations
 
-import random
-from collections import defaultdict
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import pytest
 import z3
 
 from kvhandoff.model_checker import z3_prove
-from kvhandoff.model_checker.explore import build_graph
 from kvhandoff.model_checker.z3_simulation import Simulator
-from kvhandoff.spec.actions import Action, DecodeReceiveWrite, action_name
+from kvhandoff.spec.actions import DecodeReceiveWrite, action_name
 from kvhandoff.spec.config import Config, parse_set
-from kvhandoff.spec.state import State
 from kvhandoff.spec.variants import Variant, get_variant
-from tests.explored import SMALL
-
-Edge = tuple[State, Action, State]
-
-
-@cache
-def _edges(name: str) -> tuple[Config, dict[str, list[Edge]]]:
-    variant = get_variant(name)
-    config = parse_set(variant.scenario(Config()), SMALL)
-    graph, _, _ = build_graph(variant, config, keep_edges=True)
-    assert graph.all_edges is not None
-    by_kind: dict[str, list[Edge]] = defaultdict(list)
-    for i, out in enumerate(graph.all_edges):
-        for j, action in out:
-            by_kind[action_name(action)].append((graph.states[i], action, graph.states[j]))
-    return config, by_kind
-
-
-def _sample(by_kind: dict[str, list[Edge]], per_kind: int, seed: int = 0) -> list[Edge]:
-    rnd = random.Random(seed)
-    out: list[Edge] = []
-    for kind in sorted(by_kind):
-        edges = list(by_kind[kind])
-        rnd.shuffle(edges)
-        out += edges[:per_kind]
-    return out
+from tests.explored import SMALL, Edge, edges_by_kind, sample_edges
 
 
 def _restart_with_an_ok_answer(by_kind: dict[str, list[Edge]]) -> Edge:
@@ -62,18 +32,18 @@ def _restart_with_an_ok_answer(by_kind: dict[str, list[Edge]]) -> Edge:
 
 
 def test_every_kind_of_reference_step_is_a_run_of_the_any_size_model() -> None:
-    config, by_kind = _edges("reference")
+    config, by_kind = edges_by_kind("reference")
     sim = Simulator(get_variant("reference"), config)
-    edges = [*_sample(by_kind, per_kind=1), _restart_with_an_ok_answer(by_kind)]
+    edges = [*sample_edges(by_kind, per_kind=1), _restart_with_an_ok_answer(by_kind)]
     assert len({action_name(a) for _, a, _ in edges}) >= 20
     divergences = [d for b, a, af in edges if (d := sim.check_step(b, a, af)) is not None]
     assert divergences == []
 
 
 def test_reachable_states_lie_inside_the_any_size_invariant() -> None:
-    config, by_kind = _edges("reference")
+    config, by_kind = edges_by_kind("reference")
     sim = Simulator(get_variant("reference"), config)
-    states = [after for _, _, after in _sample(by_kind, per_kind=1, seed=1)][::2]
+    states = [after for _, _, after in sample_edges(by_kind, per_kind=1, seed=1)][::2]
     assert [d for s in states if (d := sim.check_state(s)) is not None] == []
 
 
@@ -94,7 +64,7 @@ def _patched_actions(
 
 
 def test_a_model_whose_writes_never_land_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    config, by_kind = _edges("reference")
+    config, by_kind = edges_by_kind("reference")
     _patched_actions(monkeypatch, "decode_receive_write", lambda update, s: {})
     sim = Simulator(get_variant("reference"), config, invariant=False)
     landed = [
@@ -111,7 +81,7 @@ def test_a_model_whose_writes_never_land_is_caught(monkeypatch: pytest.MonkeyPat
 def test_the_old_decode_restart_that_erased_ok_answers_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config, by_kind = _edges("reference")
+    config, by_kind = edges_by_kind("reference")
 
     def erase_ok_answers(update: dict[str, Any], s: z3_prove.St) -> dict[str, Any]:
         # The model before the fix: an OK answer of a request decode still held was erased.
@@ -147,7 +117,7 @@ def test_a_design_outside_the_any_size_fragment_is_refused() -> None:
 )
 def test_every_sampled_step_of_a_variant_in_the_fragment_is_a_run_of_the_model(name: str) -> None:
     variant = get_variant(name)
-    config, by_kind = _edges(name)
+    config, by_kind = edges_by_kind(name)
     sim = Simulator(variant, config, invariant=not variant.breaks)
-    edges = _sample(by_kind, per_kind=12, seed=2)
+    edges = sample_edges(by_kind, per_kind=12, seed=2)
     assert [d for b, a, af in edges if (d := sim.check_step(b, a, af)) is not None] == []
