@@ -558,10 +558,12 @@ def supports(d: Design) -> str | None:
         return "the pull path (read-time data, lease expiry, failed reads) is outside the any-size model"
     if d.write_path != "receiver_checked":
         return "one-sided writes and their release fences are outside the any-size model"
+    # `binds_request` needs no refusal: the model names a grant, a write and a completion by the
+    # request they were made for, and with request-keyed matching the binding only removes
+    # behaviours (m10 and generation_reset_on_restart, unbound, are in the model, as before the
+    # option existed). Room-keyed matching lets another request take a grant: not in the model.
     if d.matching != "request":
         return "room-keyed matching (a grant, abort or failure notice taken by another request on its room) is outside the any-size model"
-    if not d.binds_request:
-        return "writes and completions not bound to decode's request are outside the any-size model"
     return None
 
 
