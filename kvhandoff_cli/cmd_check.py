@@ -67,8 +67,8 @@ def register(sub: Any) -> None:
         choices=ANY_SIZE_MODELS,
         help="prove: the any-size model, 'derived' (read from the spec's guard and effect "
         "formulas and the variant's own, model_checker/z3_derived.py) or 'hand' (the "
-        "hand-written model, model_checker/z3_prove.py, kept until the derived one has replaced "
-        f"it); default: {DEFAULT_ANY_SIZE_MODEL}",
+        "hand-written model, model_checker/z3_prove.py, the default until 2026-12 and kept for "
+        f"comparison until it is retired); default: {DEFAULT_ANY_SIZE_MODEL}",
     )
     p.add_argument(
         "--first",

@@ -656,11 +656,13 @@ def _obligations(run: DemoRun) -> list[str]:
     if movement:
         actions = movement.get("actions") or {}
         fired = sum(1 for at in actions.values() if at is not None)
+        idle = [n for n in movement.get("spec_unreached") or () if n in actions]
         lines += [
             "",
             f"The {movement.get('model')} model can move: {fired}/{len(actions)} of its actions "
             f"fire and {sum(witnesses.values())}/{len(witnesses)} witnesses are reached within "
             f"{movement.get('depth')} steps"
+            + (f" (the spec takes none of the other {len(idle)} either)" if idle else "")
             + (
                 f"; findings: {'; '.join(result.extra['vacuity'])}"
                 if result.extra.get("vacuity")

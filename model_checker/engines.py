@@ -36,11 +36,11 @@ class EngineCannotEncode(Exception):
     """The engine cannot translate this variant (say which action and why)."""
 
 
-ANY_SIZE_MODELS = ("hand", "derived")
+ANY_SIZE_MODELS = ("derived", "hand")
 """The any-size models the prove engine can use: the one derived from the rules' formulas
-(`z3_derived`) and the hand-written one (`z3_prove`), kept until the differential test has
-passed in CI (here, not in `prove`, so that the CLI names them without importing Z3)."""
-DEFAULT_ANY_SIZE_MODEL = "hand"
+(`z3_derived`, the default) and the hand-written one (`z3_prove`), kept until the switch has run
+in CI (here, not in `prove`, so that the CLI names them without importing Z3)."""
+DEFAULT_ANY_SIZE_MODEL = "derived"
 
 
 @dataclass(frozen=True)

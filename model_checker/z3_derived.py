@@ -1366,6 +1366,13 @@ def _show(name: str, value: Any) -> str:
 # --- the simulation check: spec steps are steps of the derived model ----------------------------
 
 
+_READING_CODE: dict[tuple[Any, ...], Any] = {}
+"""The vocabulary's concrete reading of each symbol at each entry, compiled once."""
+
+FIELD = "field"
+"""The sort key of a variant's state field in `Simulator`'s caches (its value is a bool or an
+int)."""
+
 _MEANINGFUL: dict[str, tuple[str, ...]] = {
     "shard_req": ("shard_has",),
     "shard_gen": ("shard_has",),
@@ -1386,17 +1393,23 @@ class Simulator:
     inside every claim, to a state that agrees with α(after): α reads every mutable symbol of
     the spec state through the vocabulary's concrete reading, over a universe of exactly the
     config's requests and pages; the messages in the network or lost are `sent` (after the step,
-    among those sent: the model keeps messages), the writes in flight exactly `inflight`. Counts
-    are left to the model's own facts. `unsat` is a divergence: a spec step the model cannot
-    take, or a reachable state outside the claims."""
+    among those sent: the model keeps messages), the writes in flight exactly `inflight`, a
+    variant's state fields their values. Counts are left to the model's own facts. `unsat` is a
+    divergence: a spec step the model cannot take, or a reachable state outside the claims.
 
-    def __init__(self, design: Design, config: Any) -> None:
+    With a `variant`, the model is the variant's (`Model(design, variant)`: its formulas, added
+    actions and state fields). The same edges are asked many times over (the witness check
+    replays paths that share their first steps), so each state's reading, each action's step
+    and the claims are built once."""
+
+    def __init__(self, design: Design, config: Any, variant: Variant | None = None) -> None:
         why = supports(design)
         if why is not None:
             raise Untranslatable(why)
         if config.prefill_ranks != 1:
             raise Untranslatable("the derived any-size model has one prefill rank")
         self.design, self.config = design, config
+        self.model = Model(design, variant)
         self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
         n, m = len(config.requests), config.decode_pages
         self.reqs = [z3.Const(f"R{i}", Req) for i in range(n)]
@@ -1415,6 +1428,16 @@ class Simulator:
         self.with_claims = True
         """Ask that the state before lie inside every claim (off for a variant whose claims
         fail on reachable states: its steps are then checked alone)."""
+        self._before = base_view("@0", self.model.fields)
+        self._next = base_view("@1", self.model.fields)
+        self._readings: dict[Any, dict[tuple[str, tuple[int, ...]], Any]] = {}
+        self._pins: dict[Any, list[Any]] = {}
+        self._apps: dict[tuple[int, tuple[str, tuple[int, ...]]], Any] = {}
+        self._values: dict[tuple[Any, Any], Any] = {}
+        self._steps: dict[str, tuple[Any, View, list[Any], set[str]]] = {}
+        self._claims: list[Any] | None = None
+        self._rigid_facts: list[Any] | None = None
+        self._init: Any = None
 
     def _value(self, name: str, args: tuple[int, ...], state: Any) -> Any:
         """The symbol's concrete value at `args` (a rank argument is rank 0)."""
@@ -1423,7 +1446,10 @@ class Simulator:
         rest = iter(args)
         for sort in symbol.args:
             full.append(0 if sort == RANK else next(rest))
-        source = V.CONCRETE.symbols[name].format(*map(str, full))
+        code = _READING_CODE.get((name, *full))
+        if code is None:
+            source = V.CONCRETE.symbols[name].format(*map(str, full))
+            code = _READING_CODE[(name, *full)] = compile(source, f"<{name}>", "eval")
         scope = {
             "S": state,
             "C": self.config,
@@ -1433,7 +1459,7 @@ class Simulator:
             "_read_shard": V._read_shard,
         }
         try:
-            return eval(source, scope)  # the vocabulary's own reading
+            return eval(code, scope)  # the vocabulary's own reading
         except (TypeError, IndexError):
             return None  # meaningless here (the owner of a free page)
 
@@ -1453,11 +1479,22 @@ class Simulator:
     def _entries(self, args: tuple[Sort, ...]) -> list[tuple[int, ...]]:
         return list(itertools.product(*(self._domains[a] for a in args)))
 
-    def _symbols(self, view: View, state: Any, names: Sequence[str]) -> list[Any]:
-        out = []
+    def _meaningless(self, value: Any, sort: Sort) -> bool:
+        """A value `_term` has no term for (no request, an unknown tenant)."""
+        if value is None:
+            return True
+        if sort == REQ:
+            return not 0 <= value < len(self.reqs)
+        return sort == TENANT and value not in self.tenants
+
+    def _reading(self, state: Any) -> dict[tuple[str, tuple[int, ...]], Any]:
+        """α(state): each mutable symbol's value at each entry where the spec gives it one (an
+        entry `_MEANINGFUL` leaves free is absent), and each state field's value (entry ())."""
+        if state in self._readings:
+            return self._readings[state]
+        out: dict[tuple[str, tuple[int, ...]], Any] = {}
         concrete = {"ans_set": "answered", "ans_ok": "answered_ok"}
-        for name in names:
-            args, result = _BASE[name]
+        for name, (args, _result) in _BASE.items():
             for entry in self._entries(args):
                 if not all(self._value(g, entry, state) for g in _MEANINGFUL.get(name, ())):
                     continue  # what the spec reads only where another symbol holds
@@ -1465,11 +1502,58 @@ class Simulator:
                     value = self._value("timed_out_waiting", entry, state)
                 else:
                     value = self._value(concrete.get(name, name), entry, state)
-                term = self._term(value, result)
-                if term is None:
+                if self._meaningless(value, _result):
                     continue
+                out[(name, entry)] = value
+        fields = dict(getattr(state, "variant_fields", ()))
+        for name, initial in self.model.fields.items():
+            out[(f"field:{name}", ())] = fields.get(name, initial)
+        self._readings[state] = out
+        return out
+
+    def _pin(self, view: View, key: tuple[str, tuple[int, ...]], value: Any) -> Any:
+        """`view`'s symbol at the entry equals the concrete value (None: no such value). The
+        applications and values are made once: the witness check pins thousands."""
+        app = self._apps.get((id(view), key))
+        if app is None:
+            name, entry = key
+            if name.startswith("field:"):
+                app = _z(view[name]())
+            else:
+                args = _BASE[name][0]
                 zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
-                out.append(view[name](*zargs) == term)
+                app = _z(view[name](*zargs))
+            self._apps[(id(view), key)] = app
+        sort = FIELD if key[0].startswith("field:") else _BASE[key[0]][1]
+        term = self._values.get((sort, value))
+        if term is None:
+            term = _z(value) if sort == FIELD else self._term(value, sort)
+            if term is None:
+                return None
+            self._values[(sort, value)] = term
+        return app == term
+
+    def _pinned(self, state: Any) -> list[Any]:
+        """α(state) over the state before the step, with its messages and writes."""
+        if state in self._pins:
+            return self._pins[state]
+        s = self._before
+        out = [
+            p for key, value in self._reading(state).items() if (p := self._pin(s, key, value))
+        ]
+        msgs = [z3.Const(f"M{k}", Msg) for k in range(len(state.network) + len(state.lost))]
+        for x, msg in zip(msgs, (*state.network, *state.lost), strict=True):
+            out += [s["sent"](x), self._message(x, msg)]
+        y = z3.Const("u_m", Msg)
+        out.append(z3.ForAll([y], z3.Implies(s["sent"](y), z3.Or([y == x for x in msgs]))))
+        wrs = [z3.Const(f"W{k}", Wr) for k in range(len(state.writes))]
+        for x, w in zip(wrs, state.writes, strict=True):
+            out += [s["inflight"](x), self._write(x, w)]
+        if len(wrs) > 1:
+            out.append(z3.Distinct(*wrs))
+        v = z3.Const("u_w", Wr)
+        out.append(z3.ForAll([v], z3.Implies(s["inflight"](v), z3.Or([v == x for x in wrs]))))
+        self._pins[state] = out
         return out
 
     def _rigid(self, state: Any) -> list[Any]:
@@ -1518,35 +1602,76 @@ class Simulator:
             f["right_tenant"](x) == right_tenant,
         )
 
-    def check_step(self, before: Any, action: Any, after: Any) -> str | None:
-        """None when the model's step covers the edge, else why not."""
+    def _step(self, name: str) -> tuple[Any, View, list[Any], set[str]]:
+        """Action `name` over the state before (translated once): guard, next state,
+        constraints (the effect's, the count facts and the next state named `@1`: each symbol
+        the step changes equal to its new value), and the symbols it changes."""
+        if name not in self._steps:
+            model, s, s1 = self.model, self._before, self._next
+            guard, s2, constraints = step(model, name, s, "")
+            changed = set(model.changed)
+            # Ground, over the config's requests and pages: a quantified equation here sends
+            # the solver into model-based instantiation (seconds on a completion's step).
+            named = []
+            for key in sorted(changed - {"sent", "inflight"}):
+                if key.startswith("field:"):
+                    named.append(_z(s1[key]()) == _z(s2[key]()))
+                    continue
+                args = _BASE[key][0]
+                for entry in self._entries(args):
+                    zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+                    named.append(_z(s1[key](*zargs)) == _z(s2[key](*zargs)))
+            counts = model.count_axioms([(s, ""), (s2, "'")])
+            self._steps[name] = (_z(guard), s2, [*constraints, *named, *counts], changed)
+        return self._steps[name]
+
+    def check_step(
+        self,
+        before: Any,
+        action: Any,
+        after: Any,
+        *,
+        initial: bool = False,
+        holds_after: Sequence[Any] = (),
+    ) -> str | None:
+        """None when the model's step covers the edge, else why not. With `initial`, α(before)
+        must also be the model's initial state; `holds_after`: formulas (over the next state,
+        `self.after(...)`) that must hold there too (the witness check's witnesses)."""
         from kvhandoff.spec.actions import action_name
 
         name = action_name(action)
-        model = Model(self.design)
-        s = base_view("@0")
+        model = self.model
+        s = self._before
+        guard, s2, constraints, changed = self._step(name)
+        before_reading, after_reading = self._reading(before), self._reading(after)
+        after_pins: list[Any] = []
+        for key, value in after_reading.items():
+            symbol = key[0]
+            if symbol not in changed and key in before_reading:
+                # The step leaves this symbol as it was: the spec must too.
+                if before_reading[key] != value:
+                    return (
+                        f"{name}: the spec changes {symbol}{list(key[1])} from "
+                        f"{before_reading[key]!r} to {value!r}, the model's step leaves it"
+                    )
+                continue
+            pin = self._pin(self._next if symbol in changed else s, key, value)
+            if pin is not None:
+                after_pins.append(pin)
         sv = z3.Solver()
         sv.set("timeout", 60_000)
-        sv.add(*self.axioms, *self._rigid(before))
-        mutable = [n for n in _BASE]
-        sv.add(*self._symbols(s, before, mutable))
-        msgs = [z3.Const(f"M{k}", Msg) for k in range(len(before.network) + len(before.lost))]
-        for x, m in zip(msgs, (*before.network, *before.lost), strict=True):
-            sv.add(s["sent"](x), self._message(x, m))
-        y = z3.Const("u_m", Msg)
-        sv.add(z3.ForAll([y], z3.Implies(s["sent"](y), z3.Or([y == x for x in msgs]))))
-        wrs = [z3.Const(f"W{k}", Wr) for k in range(len(before.writes))]
-        for x, w in zip(wrs, before.writes, strict=True):
-            sv.add(s["inflight"](x), self._write(x, w))
-        if len(wrs) > 1:
-            sv.add(z3.Distinct(*wrs))
-        v = z3.Const("u_w", Wr)
-        sv.add(z3.ForAll([v], z3.Implies(s["inflight"](v), z3.Or([v == x for x in wrs]))))
+        if self._rigid_facts is None:
+            self._rigid_facts = self._rigid(before)
+        sv.add(*self.axioms, *self._rigid_facts, *self._pinned(before))
+        if initial:
+            if self._init is None:
+                self._init = init(s, model.fields)
+            sv.add(self._init)
         if self.with_claims:
-            sv.add(*claims(model, s, "").values())
-        guard, s2, constraints = step(model, name, s, "")
-        sv.add(_z(guard), *constraints)
-        sv.add(*self._symbols(s2, after, mutable))
+            if self._claims is None:
+                self._claims = list(claims(model, s, "").values())
+            sv.add(*self._claims)
+        sv.add(guard, *constraints, *after_pins, *holds_after)
         for k, m in enumerate((*after.network, *after.lost)):
             x = z3.Const(f"M'{k}", Msg)
             sv.add(s2["sent"](x), self._message(x, m))
@@ -1562,13 +1687,25 @@ class Simulator:
                 z3.Implies(s2["inflight"](v2), z3.Or([self._write(v2, w) for w in after.writes])),
             )
         )
-        sv.add(*model.count_axioms([(s, ""), (s2, "'")]))
         answer = sv.check()
         if answer == z3.sat:
             return None
         if answer == z3.unknown:
             return f"{name}: solver answered unknown ({sv.reason_unknown()})"
-        return f"{name}: the derived model cannot take {action!r} from a state inside its claims"
+        what = f"{action!r}" + (" as the first step" if initial else "")
+        if holds_after:
+            what += " to a state where the witness holds"
+        where = " from a state inside its claims" if self.with_claims else ""
+        return f"{name}: the derived model cannot take {what}{where}"
+
+    def after(self, action: Any, formula: Any) -> Any:
+        """A formula of `spec/properties.py` read over the state after the model's step
+        `action` (for `check_step(..., holds_after=...)`)."""
+        from kvhandoff.spec.actions import action_name
+
+        _guard, s2, _constraints, changed = self._step(action_name(action))
+        self.model.changed = changed  # a count the step leaves alone is the one before
+        return _z(self.model.tr(formula, s2, "'", {}))
 
 
 __all__ = ["Model", "Simulator", "actions", "claims", "init", "prove_derived", "step", "supports"]

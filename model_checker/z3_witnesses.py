@@ -54,8 +54,11 @@ from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.model_checker.z3_encoding import D, Encoding, EncodingError, SymState
 from kvhandoff.spec.actions import action_name
 from kvhandoff.spec.config import Config
-from kvhandoff.spec.machine import enabled, init, step
+from kvhandoff.spec.actions import Action
+from kvhandoff.spec.compiled import rules
+from kvhandoff.spec.machine import init
 from kvhandoff.spec.properties import SOMETIMES
+from kvhandoff.spec.state import State
 from kvhandoff.spec.trace import TraceError, replay
 from kvhandoff.spec.variants import Variant
 
@@ -104,39 +107,82 @@ class Movement:
 
 # --- what the spec reaches ------------------------------------------------------------------------
 
-_SPEC_CACHE: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
+@dataclass
+class SpecSearch:
+    """The spec's breadth-first search from the initial state, kept as a tree: each state's
+    parent and the action that reached it first, the first edge on which each action kind
+    fires, and the first state at which each witness holds (by depth)."""
+
+    parent: dict[State, tuple[State, Action] | None]
+    fired: dict[str, tuple[int, State, Action, State]]
+    """Action kind: (its step, the state before, the action, the state after)."""
+    held: dict[str, tuple[int, State]]
+    """Witness: (its depth, the first state at that depth where it holds)."""
+    depth: int
+
+    def path(self, state: State) -> list[tuple[State, Action, State]]:
+        """The tree's edges from the initial state to `state`."""
+        out = []
+        while (up := self.parent[state]) is not None:
+            out.append((up[0], up[1], state))
+            state = up[0]
+        return out[::-1]
+
+
+_SPEC_CACHE: dict[tuple[Any, ...], SpecSearch] = {}
+
+
+def spec_search(
+    variant: Variant, config: Config, depth: int, until_witnesses: bool = False
+) -> SpecSearch:
+    """Breadth-first search of the spec up to `depth` steps; with `until_witnesses`, ended after
+    the depth at which the last witness first holds (remembered per variant's rules, config and
+    the two arguments: only pure-design variants reach the Z3 engines)."""
+    key = (variant.rules_key(), config, depth, until_witnesses)
+    if key in _SPEC_CACHE:
+        return _SPEC_CACHE[key]
+    rulebook = rules(variant)
+    enabled_in, effect_of = rulebook.enabled_for(config), rulebook.steps_for(config)
+    s0 = init(config)
+    parent: dict[State, tuple[State, Action] | None] = {s0: None}
+    frontier = [s0]
+    fired: dict[str, tuple[int, State, Action, State]] = {}
+    held = {w.name: (0, s0) for w in SOMETIMES if w.reached(config, s0)}
+    pending = [w for w in SOMETIMES if w.name not in held]
+    for d in range(1, depth + 1):
+        if until_witnesses and not pending:
+            break
+        following = []
+        for s in frontier:
+            for a in enabled_in(config, s):
+                t = effect_of[type(a)](config, s, a)
+                name = action_name(a)
+                if name not in fired:
+                    fired[name] = (d, s, a, t)
+                if t in parent:
+                    continue
+                parent[t] = (s, a)
+                following.append(t)
+                if pending:
+                    for w in [w for w in pending if w.reached(config, t)]:
+                        held[w.name] = (d, t)
+                    pending = [w for w in pending if w.name not in held]
+        frontier = following
+    out = SpecSearch(parent, fired, held, depth)
+    _SPEC_CACHE[key] = out
+    return out
 
 
 def spec_reach(
     variant: Variant, config: Config, depth: int
 ) -> tuple[dict[str, int], dict[str, int]]:
     """The first step at which each action kind fires and the first depth at which each witness
-    holds, in the spec's breadth-first search up to `depth` steps (remembered per design,
-    config and depth: only pure-design variants reach the Z3 engines)."""
-    key = (variant.rules_key(), config, depth)
-    if key not in _SPEC_CACHE:
-        s0 = init(config)
-        seen = {s0}
-        frontier = [s0]
-        fired: dict[str, int] = {}
-        held = {w.name: 0 for w in SOMETIMES if w.reached(config, s0)}
-        for d in range(1, depth + 1):
-            following = []
-            for s in frontier:
-                for a in enabled(variant, config, s):
-                    fired.setdefault(action_name(a), d)
-                    t = step(variant, config, s, a)
-                    if t in seen:
-                        continue
-                    seen.add(t)
-                    following.append(t)
-                    for w in SOMETIMES:
-                        if w.name not in held and w.reached(config, t):
-                            held[w.name] = d
-            frontier = following
-        _SPEC_CACHE[key] = (fired, held)
-    fired, held = _SPEC_CACHE[key]
-    return dict(fired), dict(held)
+    holds, in the spec's breadth-first search up to `depth` steps."""
+    found = spec_search(variant, config, depth)
+    return (
+        {n: at[0] for n, at in found.fired.items()},
+        {n: at[0] for n, at in found.held.items()},
+    )
 
 
 # --- the fixed-configuration encoding ---------------------------------------------------------------
@@ -841,14 +887,15 @@ def derived_dead(
     return out
 
 
-def derived_movement(
+def derived_unrolled_movement(
     variant: Variant,
     config: Config,
     timeout: float | None = None,
     proved: frozenset[str] = frozenset(),
 ) -> Movement:
-    """Which actions of the derived any-size model (`z3_derived`) fire and which witnesses hold
-    on its unrollings (`_derived_passes`: a step on the path found, not always the shortest).
+    """The witness check `derived_movement` made before it replayed the spec's paths: which
+    actions of the derived any-size model (`z3_derived`) fire and which witnesses hold on its
+    own unrollings (`_derived_passes`: a step on the path found, not always the shortest).
     Its actions are the rulebook's, whatever the design: those dead in every state of the
     `proved` claims (`derived_dead`) are not asked for (listed in `not_checked`, with why); any
     other action or witness it misses is a finding where the spec's explorer takes or reaches it
@@ -884,6 +931,127 @@ def derived_movement(
     return out
 
 
+REPLAY_DEPTH = 16
+"""How deep the spec's search looks for the paths the derived model must replay (it stops at
+the depth where the last witness first holds: 15 on the reference, recovery from a lost
+message; every action kind the reference takes fires by step 13)."""
+
+
+def derived_movement(
+    variant: Variant,
+    config: Config,
+    timeout: float | None = None,
+    proved: frozenset[str] = frozenset(),
+) -> Movement:
+    """Does the derived any-size model (`z3_derived`) move as the spec does? The spec's
+    breadth-first search (`spec_search`, at most `REPLAY_DEPTH` steps, ended at the depth where
+    the last witness first holds) gives, for every action kind it takes, the first edge that takes it, and for every
+    witness the first state where it holds, each with its path from the initial state. Every edge
+    of those paths is asked of the model (`Simulator.check_step`): the model's step of that kind
+    takes α(before) to α(after) (α(initial) is the model's initial state, and the witness's
+    formula, read over the model, holds where the spec reached it). So each action the spec takes
+    fires in the model, on the spec's own path, and each witness is reached there.
+
+    A step the model cannot take is a finding (`problems`): the goals on paths through it are
+    not reached. An action or witness the spec does not reach within the depth is listed in
+    `spec_unreached`, not asked. The proof's claims are not assumed (`proved` is unused here:
+    the path's states are the spec's own). One solver query per distinct edge, its terms built
+    once per state and action: about 35 queries on the reference, where the unrolling this
+    replaced (`derived_unrolled_movement`) searched ten steps of every action at once."""
+    from kvhandoff.model_checker import z3_derived as zd
+    from kvhandoff.model_checker.logic_z3 import Untranslatable
+
+    del proved  # the replayed states are the spec's: no claim is assumed of them
+    started = time.perf_counter()
+    names = zd.actions(variant.design, variant)
+    sim = zd.Simulator(variant.design, config, variant)
+    sim.with_claims = False
+    formulas: dict[str, Any] = {}
+    not_checked: dict[str, str] = {}
+    for w in SOMETIMES:
+        if w.formula is None:
+            not_checked[w.name] = "no formula"
+            continue
+        try:
+            sim.model.tr(w.formula, sim._before, "", {})
+        except Untranslatable as exc:
+            not_checked[w.name] = str(exc)
+            continue
+        formulas[w.name] = w.formula
+    found = spec_search(variant, config, REPLAY_DEPTH, until_witnesses=True)
+    # Each goal's path: a witness's to the state where it first holds; an action's, the first
+    # edge that takes it on a witness's path if one does (fewer edges to ask), else the first
+    # edge the search took it on.
+    goals: dict[str, list[tuple[State, Action, State]]] = {}
+    for w, (_d, at) in found.held.items():
+        if w in formulas and at in found.parent and found.parent[at] is not None:
+            goals[w] = found.path(at)
+    on_paths = [e for path in goals.values() for e in path]
+    for name in names:
+        if name not in found.fired:
+            continue
+        _d, before, action, after = found.fired[name]
+        edge = next((e for e in on_paths if action_name(e[1]) == name), None)
+        if edge is None:
+            goals[name] = [*found.path(before), (before, action, after)]
+        else:
+            path = found.path(edge[2])
+            goals[name] = path
+    holds_at: dict[tuple[State, Action], list[str]] = {}
+    for w in formulas:
+        if w in goals and goals[w]:
+            last = goals[w][-1]
+            holds_at.setdefault((last[0], last[1]), []).append(w)
+    s0 = init(config)
+    failed: dict[tuple[State, Action], str] = {}
+    passed: set[tuple[State, Action]] = set()
+    problems: list[str] = []
+    for path in goals.values():
+        for before, action, after in path:
+            if (before, action) in failed or (before, action) in passed:
+                continue
+            with_w = holds_at.get((before, action), [])
+            why = sim.check_step(
+                before,
+                action,
+                after,
+                initial=before == s0,
+                holds_after=[sim.after(action, formulas[w]) for w in with_w],
+            )
+            if why is not None and with_w:
+                if sim.check_step(before, action, after, initial=before == s0) is None:
+                    why = f"witness {', '.join(with_w)} does not hold where the spec reaches it"
+            if why is None:
+                passed.add((before, action))
+                continue
+            failed[(before, action)] = why
+            if "solver answered unknown" in why:
+                problems.append(f"solver unknown on the derived any-size model: {why}")
+    actions: dict[str, int | None] = dict.fromkeys(names)
+    witnesses: dict[str, int | None] = {w.name: None for w in SOMETIMES if w.name in formulas}
+    spec_unreached = [n for n in [*names, *formulas] if n not in goals]
+    for goal, path in goals.items():
+        broken = [(b, a) for b, a, _t in path if (b, a) in failed]
+        if broken:
+            b, a = broken[0]
+            step_at = len(found.path(b)) + 1
+            problems.append(
+                f"vacuous derived any-size model: {goal} is not reached on the spec's path to it: "
+                f"step {step_at} ({action_name(a)}) is not a step of the model: {failed[(b, a)]}"
+            )
+            continue
+        at = len(path)
+        if goal in actions:
+            actions[goal] = at
+        else:
+            witnesses[goal] = at
+    out = Movement(
+        "derived any-size", REPLAY_DEPTH, actions, witnesses, problems, not_checked, spec_unreached
+    )
+    out.seconds = time.perf_counter() - started
+    return out
+
+
 _DERIVED_CACHE: dict[tuple[Any, ...], Movement] = {}
 
 
@@ -895,7 +1063,9 @@ def derived_movement_cached(
 ) -> Movement:
     """`derived_movement`, remembered per (variant's rules, config); asked again after an
     `unknown`."""
-    key = (variant.rules_key(), config, proved)
+    from kvhandoff.model_checker import z3_derived as zd
+
+    key = (variant.rules_key(), config, proved, id(zd.step))  # a patched model is asked anew
     if key not in _DERIVED_CACHE or _DERIVED_CACHE[key].unknown:
         _DERIVED_CACHE[key] = derived_movement(variant, config, timeout, proved)
     return _copy(_DERIVED_CACHE[key])

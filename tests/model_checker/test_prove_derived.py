@@ -3,9 +3,9 @@
 The derived model (z3_derived) reads a variant's own formulas (replaced guards and effects, added
 actions, state fields), so prove is any-size on the examples whose design is in its fragment;
 what it proves must agree with the explorer (a safety property the explorer violates has a
-failed obligation: never SAFE). Its witness check unrolls the same derived model (z3_witnesses:
-`derived_movement`), and a model that cannot reach what the spec reaches is vacuous: its
-properties are `unknown`, never "holds".
+failed obligation: never SAFE). Its witness check replays the spec's own paths to every action
+and witness through the same derived model (z3_witnesses: `derived_movement`), and a model that
+cannot take a step the spec takes is vacuous: its properties are `unknown`, never "holds".
 """
 
 from __future__ import annotations
@@ -46,20 +46,23 @@ def test_prove_on_the_derived_model_proves_the_reference_for_any_size() -> None:
     assert {r.property: r.verdict for r in result.results if r.property in SAFETY} == dict.fromkeys(
         SAFETY, "holds"
     )
-    # The witness check ran on the derived model and found it can move.
+    # The witness check ran on the derived model and found it moves as the spec does.
     movement = result.extra["movement"]
     assert movement["model"] == "derived any-size"
     assert "vacuity" not in result.extra and movement["problems"] == []
     assert all(at is not None for at in movement["witnesses"].values())
-    # Off by design on the reference, dead under the proved claims, so not asked for.
-    assert set(movement["not_checked"]) == {
+    # Off on the reference (by design or by the scenario: nothing is over decode's limit that
+    # prefill admits): the spec never takes them, so they are not asked of the model.
+    assert set(movement["spec_unreached"]) == {
+        "decode_reject_request",
         "decode_release_timeout",
         "prefill_lease_expire",
         "network_fail_transfer",
         "prefill_send_abort_ack",
         "decode_receive_abort_ack",
     }
-    assert all(at is not None for at in movement["actions"].values())
+    taken = {n for n, at in movement["actions"].items() if at is not None}
+    assert taken == set(z3_derived.actions(REFERENCE.design)) - set(movement["spec_unreached"])
 
 
 def _violated_by_explorer(variant: Variant) -> set[str]:
@@ -101,16 +104,51 @@ def test_a_one_sided_example_falls_back_to_the_fixed_configuration_saying_why(pa
     assert why is not None and "one-sided" in why
 
 
-def test_the_derived_witness_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A model whose decode never reserves pages cannot complete a handoff, which the spec does:
-    # the check says so (and prove would then report unknown, never holds).
+def _break_step(monkeypatch: pytest.MonkeyPatch, action: str, part: str = "guard") -> None:
+    """The derived model with one action broken: its guard false (`part="guard"`), or its
+    effect dropped (`"effect"`: the next state is the state before)."""
     real = z3_derived.step
 
     def broken(model: z3_derived.Model, name: str, view: z3_derived.View, tag: str) -> object:
-        guard, new, constraints = real(model, name, view, tag)
-        return (False if name == "decode_reserve_pages" else guard), new, constraints
+        g, new, constraints = real(model, name, view, tag)
+        if name != action:
+            return g, new, constraints
+        return (False, new, constraints) if part == "guard" else (g, view, constraints)
 
     monkeypatch.setattr(z3_derived, "step", broken)
+
+
+def test_the_derived_witness_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model whose decode never reserves pages cannot complete a handoff, which the spec does:
+    # the replay of the spec's path says so (and prove would then report unknown, never holds).
+    _break_step(monkeypatch, "decode_reserve_pages")
+    config = REFERENCE.scenario(Config())
+    movement = z3_witnesses.derived_movement(REFERENCE, config, timeout=60)
+    assert movement.witnesses["can_complete_handoff"] is None
+    assert movement.actions["decode_reserve_pages"] is None
+    assert any(
+        "can_complete_handoff" in p and "decode_reserve_pages" in p for p in movement.problems
+    )
+
+
+def test_a_model_whose_write_never_lands_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The issue's mutant: the hand-written model with its write landing removed still proved
+    # the reference SAFE. Here decode's step that lands a write changes nothing: the spec's next
+    # state is not the model's, and every goal past the first landed write is unreached.
+    _break_step(monkeypatch, "decode_receive_write", "effect")
+    config = REFERENCE.scenario(Config())
+    movement = z3_witnesses.derived_movement(REFERENCE, config, timeout=60)
+    assert movement.actions["decode_receive_write"] is None
+    assert movement.witnesses["can_complete_handoff"] is None
+    assert any("decode_receive_write" in p for p in movement.problems)
+    result = prove(REFERENCE, config, timeout=60, model="derived")
+    assert result.extra.get("vacuity")
+    assert not [r for r in result.results if r.verdict == "holds"]
+
+
+def test_the_unrolled_witness_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The check the replay replaced, kept until the replay's differential test has run on main.
+    _break_step(monkeypatch, "decode_reserve_pages")
     universe, depth, _goals = z3_witnesses._derived_passes()[0]
     names = z3_derived.actions(REFERENCE.design)
     goals = ["can_complete_handoff", "decode_generate"]
@@ -119,18 +157,24 @@ def test_the_derived_witness_check_has_teeth(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.slow
-def test_a_vacuous_derived_model_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = z3_derived.step
-
-    def broken(model: z3_derived.Model, name: str, view: z3_derived.View, tag: str) -> object:
-        guard, new, constraints = real(model, name, view, tag)
-        return (False if name == "decode_reserve_pages" else guard), new, constraints
-
-    monkeypatch.setattr(z3_derived, "step", broken)
-    config = REFERENCE.scenario(Config())
-    movement = z3_witnesses.derived_movement(REFERENCE, config, timeout=60)
-    assert movement.witnesses["can_complete_handoff"] is None
-    assert any("can_complete_handoff" in p for p in movement.problems)
+@pytest.mark.parametrize(
+    "name", [v.name for v in VARIANTS if z3_derived.supports(v.design) is None]
+)
+def test_the_replay_and_the_unrolling_agree(name: str) -> None:
+    # Differential test of the witness check: on every catalogue variant of the fragment with
+    # one prefill rank, the replay of the spec's paths and the unrolling of the model find the
+    # model moves (no finding), and every witness the unrolling reaches the replay reaches too,
+    # unless the spec does not within the replay's depth.
+    variant = get_variant(name)
+    config = variant.scenario(Config())
+    if config.prefill_ranks != 1:
+        pytest.skip("the derived model has one prefill rank")
+    replayed = z3_witnesses.derived_movement(variant, config, timeout=60)
+    unrolled = z3_witnesses.derived_unrolled_movement(variant, config, timeout=60)
+    assert replayed.problems == [] and unrolled.problems == []
+    for w, at in unrolled.witnesses.items():
+        if at is not None and w not in replayed.spec_unreached:
+            assert replayed.witnesses[w] is not None, w
 
 
 def test_the_cli_takes_the_any_size_model(capsys: pytest.CaptureFixture[str]) -> None:

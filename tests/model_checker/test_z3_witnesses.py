@@ -56,7 +56,7 @@ def test_prove_reports_an_any_size_model_that_never_lands_a_write(
 ) -> None:
     # The example: with no write landing, every obligation still discharges (vacuously).
     _any_size_without(monkeypatch, "decode_receive_write")
-    result = prove(REFERENCE, TINY)
+    result = prove(REFERENCE, TINY, model="hand")
     assert all(o["verdict"] == "proved" for o in result.extra["obligations"])
     assert result.verdict == "unknown" and result.exit_code == 3
     assert not any(r.verdict == "holds" for r in result.results)
