@@ -8,8 +8,6 @@ from typing import Any
 
 from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from kvhandoff.model_checker.engines import (
-    ANY_SIZE_MODELS,
-    DEFAULT_ANY_SIZE_MODEL,
     ENGINES,
     Combined,
     EngineOptions,
@@ -62,14 +60,6 @@ def register(sub: Any) -> None:
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
     p.add_argument("--max-states", type=int, help="explicit search: stop after N states")
-    p.add_argument(
-        "--any-size-model",
-        choices=ANY_SIZE_MODELS,
-        help="prove: the any-size model, 'derived' (read from the spec's guard and effect "
-        "formulas and the variant's own, model_checker/z3_derived.py) or 'hand' (the "
-        "hand-written model, model_checker/z3_prove.py, the default until 2026-12 and kept for "
-        f"comparison until it is retired); default: {DEFAULT_ANY_SIZE_MODEL}",
-    )
     p.add_argument(
         "--first",
         action="store_true",
@@ -404,10 +394,6 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--first applies to --engine bmc only, not {args.engine!r}")
     if args.dot and args.engine != "explore":
         raise UsageError("--dot needs --engine explore")
-    if args.any_size_model and args.engine not in ("prove", "all"):
-        raise UsageError(
-            f"--any-size-model applies to --engine prove (or all), not {args.engine!r}"
-        )
     if args.invariants and args.engine not in ("explore", "all"):
         raise UsageError(f"--invariants applies to --engine explore (or all), not {args.engine!r}")
     options = EngineOptions(
@@ -416,7 +402,6 @@ def run_check(args: argparse.Namespace) -> int:
         max_states=args.max_states,
         first=args.first,
         invariants=args.invariants,
-        any_size_model=args.any_size_model,
     )
     names = list(ENGINES) if args.engine == "all" else [args.engine]
     runs = [run_engine(name, variant, config, options) for name in names]

@@ -36,13 +36,6 @@ class EngineCannotEncode(Exception):
     """The engine cannot translate this variant (say which action and why)."""
 
 
-ANY_SIZE_MODELS = ("derived", "hand")
-"""The any-size models the prove engine can use: the one derived from the rules' formulas
-(`z3_derived`, the default) and the hand-written one (`z3_prove`), kept until the switch has run
-in CI (here, not in `prove`, so that the CLI names them without importing Z3)."""
-DEFAULT_ANY_SIZE_MODEL = "derived"
-
-
 @dataclass(frozen=True)
 class EngineOptions:
     depth: int | None = None
@@ -55,9 +48,6 @@ class EngineOptions:
     """BMC only: stop at the first depth where some property fails."""
     invariants: bool = False
     """Explicit search only: evaluate spec/invariants.py's formulas on every state."""
-    any_size_model: str | None = None
-    """prove only: the any-size model, "derived" or "hand" (`prove.ANY_SIZE_MODELS`); None
-    uses `prove.DEFAULT_ANY_SIZE_MODEL`."""
 
 
 Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
@@ -183,10 +173,7 @@ def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResu
 def _prove(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from kvhandoff.model_checker.prove import prove
 
-    model = options.any_size_model or DEFAULT_ANY_SIZE_MODEL
-    return _z3(
-        lambda: prove(variant, config, timeout=options.timeout, depth=options.depth, model=model)
-    )
+    return _z3(lambda: prove(variant, config, timeout=options.timeout, depth=options.depth))
 
 
 def _spacer(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:

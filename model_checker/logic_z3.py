@@ -8,13 +8,13 @@ over the symbols of `spec/vocabulary.py`. This module translates such a formula 
   finite conjunctions, and each symbol is one of the encoding's variables (or a small term over
   them, e.g. "page j is among the first p_wrote granted pages" is a count below j). Messages and
   writes in flight are the encoding's per-request slots.
-* `AnySizeReading`: over a state of the any-size model (`z3_prove`), whose requests and pages are
-  uninterpreted sorts: quantifiers stay quantifiers, and what the model does not keep is
-  untranslatable.
 
-`fixed_properties` and `any_size_properties` read the `ALWAYS` properties; the engines check those.
-`fixed_witnesses` and `any_size_witnesses` read the `SOMETIMES` witnesses, which
-`z3_witnesses` searches for to show each model can move.
+The any-size model (`z3_derived`) reads the same formulas over uninterpreted sorts with its own
+translation (`z3_derived.Model.tr`): its quantifiers stay quantifiers.
+
+`fixed_properties` reads the `ALWAYS` properties; the engines check those. `fixed_witnesses`
+reads the `SOMETIMES` witnesses, which `z3_witnesses` searches for to show the encoding can
+move.
 
 A reading that has no meaning for a symbol raises `Untranslatable`, naming it, so an engine
 refuses a claim it cannot read instead of checking a different one.
@@ -60,7 +60,6 @@ from kvhandoff.spec.logic import (
     Sort,
     Term,
     Var,
-    clauses,
 )
 from kvhandoff.spec.properties import ALWAYS, SOMETIMES
 from kvhandoff.spec.state import OTHER_TENANT
@@ -791,143 +790,6 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
     return new
 
 
-# --- the any-size model --------------------------------------------------------------------------
-
-
-class AnySizeReading(Reading):
-    """The vocabulary over a state of the any-size model (`z3_prove`): requests and pages are
-    uninterpreted sorts, so quantifiers stay quantifiers. The model abstracts the spec (see
-    z3_prove's docstring): symbols it does not keep (counts, epochs, fences, writes in flight,
-    aborts and failure notices) are untranslatable, and a claim reading them is left to the
-    fixed-configuration engines (`any_size_clauses` says which). One prefill rank."""
-
-    def __init__(self, st: Any, tag: str = "") -> None:
-        from kvhandoff.model_checker import z3_prove as m
-
-        self.m, self.s = m, st
-        self._fresh = itertools.count()
-        self._tag = tag
-
-    def _const(self, sort: Any) -> Any:
-        return z3.Const(f"v{self._tag}_{sort}_{next(self._fresh)}", sort)
-
-    def bound(self, sort: Sort) -> Any:
-        if sort == REQ:
-            return self._const(self.m.Req)
-        if sort == PAGE:
-            return self._const(self.m.Page)
-        return None
-
-    def domain(self, sort: Sort) -> Sequence[Any]:
-        if sort == RANK:
-            return range(1)
-        raise Untranslatable(f"no elements of sort {sort.name} in the any-size model")
-
-    def apply(self, name: str, args: tuple[Any, ...]) -> Any:
-        reader = _ANY_SIZE.get(name)
-        if reader is None:
-            why = _NOT_IN_ANY_SIZE.get(name, "")
-            raise Untranslatable(
-                f"symbol {name!r} is not in the any-size model" + (f": {why}" if why else "")
-            )
-        return reader(self.s, *args)
-
-    def in_flight(
-        self, what: str, kinds: tuple[str, ...]
-    ) -> list[tuple[list[Any], Any, dict[str, Any]]]:
-        slots = {"grant": ("grant_sent", "grant_gen"), "completion": ("comp_sent", "comp_gen")}
-        if what != "message" or any(k not in slots for k in kinds):
-            name = what if what != "message" else f"{'/'.join(kinds)} messages"
-            raise Untranslatable(f"{name} are not in the any-size model")
-        out: list[tuple[list[Any], Any, dict[str, Any]]] = []
-        for kind in kinds:
-            sent, gen = slots[kind]
-            x = self._const(self.m.Req)
-            fields = {"req": x, "gen": getattr(self.s, gen)(x), "rank": 0, "rank_done": False}
-            out.append(([x], getattr(self.s, sent)(x), fields))
-        return out
-
-
-_ANY_SIZE: dict[str, Callable[..., Any]] = {
-    "submitted": lambda s, r: s.submitted(r),
-    "answered": lambda s, r: s.ans_set(r),
-    "answered_ok": lambda s, r: s.ans_ok(r),
-    "not_as_is": lambda s, r: s.not_as_is(r),
-    "p": lambda s, r: s.p(r),
-    "p_gen": lambda s, r: s.p_gen(r),
-    "p_granted": lambda s, r, q: s.p_pages(r, q),
-    "issued": lambda s, r, q: s.wrote(r, q),
-    "p_rank_done": lambda s, r, k: False,
-    "d": lambda s, r: s.d(r),
-    "d_gen": lambda s, r: s.d_gen(r),
-    "d_holds": lambda s, r, q: s.granted(r, q),
-    "d_rank": lambda s, r, k: False,
-    "owned": lambda s, q: s.own(q),
-    "owner": lambda s, q: s.own_req(q),
-    "owner_gen": lambda s, q: s.own_gen(q),
-    "shard_has": lambda s, q, k: s.has(q),
-    "shard_req": lambda s, q, k: s.c_req(q),
-    "shard_gen": lambda s, q, k: s.c_gen(q),
-    "shard_outside": lambda s, q, k: False,  # push path only
-    "next_gen": lambda s: s.next_gen,
-    "prefill_ranks": lambda s: 1,
-    "tenant": lambda s, r: s.tenant(r),
-    # The spec's ghost flag and the model's are set by the same event: a write landing in a page
-    # not owned by the write's own grant (the model names a grant by its request, the spec by
-    # room and generation; generations are unique, so they agree).
-    "late_landing": lambda s: s.late,
-    # Rigid in both: the model's own comparison of the prompt with prefill's limit.
-    "over_prefill_limit": lambda s, r: s.too_long_for_prefill(r),
-}
-
-_READ = (
-    "the model keeps no record of what decode read: a bad read sets its history flags bad_read "
-    "(not the request's own data) and bad_tenant (another tenant's data) when decode generates"
-)
-_ACCEPTED = (
-    "the model keeps no record of what decode accepted: accepting a completion that does not "
-    "cover every granted page with the request's own data sets its history flag bad_cover"
-)
-_NOT_IN_ANY_SIZE: dict[str, str] = {
-    "read_page": _READ,
-    "read_has": _READ,
-    "read_req": _READ,
-    "read_gen": _READ,
-    "read_tenant": _READ,
-    "accepted_set": _ACCEPTED,
-    "accepted_full": _ACCEPTED,
-    "p_wrote": "the model keeps which pages prefill wrote (`wrote`), not how many",
-    **{
-        flag: "the model keeps no ghost flags for the witnesses: its witness unrolling "
-        "(z3_witnesses) reads the history they record off the path's earlier states"
-        for flag in ("page_reuse", "cross_tenant_reuse", "scrubbed_written_page", "ok_after_crash")
-    },
-    "refused_write": "the model has no refused write: a write that does not match its page "
-    "never lands",
-    "drain_acked": "the model has no drain ack: it keeps no aborts or their acknowledgements",
-    "cancelled_mid_transfer": "the model folds client cancels into decode_fail, prefill_stop "
-    "and router_answer_error",
-    "ok_after_loss": "the model keeps every sent message (loss is delay): no message is lost",
-    "timeouts_spent": "the model keeps no fault budget",
-    "timed_out_waiting": "the model keeps no answer's reason, and folds decode's waiting "
-    "timeout into decode_fail",
-}
-"""Why some symbols have no any-size reading (named when a claim is refused)."""
-
-
-def any_size_clauses(formula: Term, st: Any) -> tuple[list[Any], list[str]]:
-    """The clauses of `formula` (`spec.logic.clauses`) the any-size model can read, translated
-    over its state `st`, and why each other clause is left out."""
-    kept: list[Any] = []
-    left: list[str] = []
-    for clause in clauses(formula):
-        try:
-            kept.append(translate(clause, AnySizeReading(st)))
-        except Untranslatable as exc:
-            left.append(str(exc))
-    return kept, left
-
-
 # --- the safety properties -----------------------------------------------------------------------
 
 
@@ -937,20 +799,6 @@ def fixed_properties(enc: Encoding, s: SymState) -> dict[str, Any]:
     fixed-configuration prove check)."""
     reading = FixedReading(enc, s)
     return {p.name: translate(_formula(p.name), reading) for p in ALWAYS}
-
-
-def any_size_properties(st: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """The `ALWAYS` properties the any-size model can read, translated over its state `st`, and
-    why each other one cannot be read. A property is read whole or not at all: it is a claim to
-    prove, and half of it would be a weaker claim under the same name."""
-    read: dict[str, Any] = {}
-    why: dict[str, str] = {}
-    for p in ALWAYS:
-        try:
-            read[p.name] = translate(_formula(p.name), AnySizeReading(st))
-        except Untranslatable as exc:
-            why[p.name] = str(exc)
-    return read, why
 
 
 def _formula(name: str) -> Term:
@@ -968,19 +816,6 @@ def fixed_witnesses(enc: Encoding, s: SymState) -> dict[str, Any]:
     `spec/properties.py` themselves (what `z3_witnesses.fixed_movement` searches for)."""
     reading = FixedReading(enc, s)
     return {w.name: translate(_witness_formula(w.name), reading) for w in SOMETIMES}
-
-
-def any_size_witnesses(st: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """The `SOMETIMES` witnesses the any-size model can read at its state `st`, and why each
-    other one cannot be read (its unrolling then states the witness in its own terms)."""
-    read: dict[str, Any] = {}
-    why: dict[str, str] = {}
-    for w in SOMETIMES:
-        try:
-            read[w.name] = translate(_witness_formula(w.name), AnySizeReading(st))
-        except Untranslatable as exc:
-            why[w.name] = str(exc)
-    return read, why
 
 
 def _witness_formula(name: str) -> Term:

@@ -2,12 +2,10 @@
 
 0. A variant with Python functions (overrides, added actions, state fields written in Python)
    is refused (`CannotEncode`, exit 3): no model below contains them.
-1. If the any-size model covers the variant, discharge its obligations: scope `"any-size"` (every
-   pool size, every number of requests and tenants). Two any-size models (`model=`, the CLI's
-   `--any-size-model`): `"derived"` (`z3_derived`: the spec's guard and effect formulas and the
-   variant's own, its added actions and state fields; push path, receiver-checked writes, one
-   prefill rank) and `"hand"` (`z3_prove`, hand-written: the same designs, and no formula
-   override, added action or state field), the default until the derived model replaces it.
+1. If the any-size model (`z3_derived`: the spec's guard and effect formulas and the variant's
+   own, its added actions and state fields, over uninterpreted sorts) covers the variant (push
+   path, receiver-checked writes, one prefill rank), discharge its obligations: scope
+   `"any-size"` (every pool size, every number of requests and tenants).
 2. Otherwise discharge the same obligations on the fixed-configuration encoding, per spec action
    and invariant (`z3_invariants`): scope `"fixed-config"`, and the result says why not any size
    (`extra["any_size_unavailable"]`).
@@ -19,11 +17,11 @@ re-checked assuming only what is left, until the set is inductive relative to it
 real counterexample at the fixed configuration: a property it violates is `violated` (with the
 replayed trace), the rest `unknown`, naming the obligation that failed (or came back unknown).
 
-Before a `holds` counts, the model shows it can move (`z3_witnesses`): every action fires and every
-witness the model can express is reached (for an any-size model, in a few unrolled steps of that
-model over a small universe, `any_size_movement` or `derived_movement`; for the fixed encoding,
-within the BMC depth). A model that cannot is vacuous: its
-properties are `unknown` (exit 3) with the finding in `extra["vacuity"]`, never "holds".
+Before a `holds` counts, the model shows it can move (`z3_witnesses`): for the any-size model, the
+spec's own paths to every action it takes and every witness it reaches are replayed through the
+model (`derived_movement`); for the fixed encoding, every action fires and every witness is
+reached within the BMC depth. A model that cannot is vacuous: its properties are `unknown`
+(exit 3) with the finding in `extra["vacuity"]`, never "holds".
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ from typing import Any
 
 import z3
 
-from kvhandoff.model_checker.engines import ANY_SIZE_MODELS, DEFAULT_ANY_SIZE_MODEL
 from kvhandoff.model_checker.result import CheckResult, PropertyResult
+from kvhandoff.model_checker.z3_derived import Obligation
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import (
     DEFAULT_BMC_DEPTH,
@@ -45,12 +43,7 @@ from kvhandoff.model_checker.z3_engines import (
     bmc_cached,
 )
 from kvhandoff.model_checker.z3_invariants import fixed_invariants
-from kvhandoff.model_checker.z3_prove import Obligation, prove_any_size, supports
-from kvhandoff.model_checker.z3_witnesses import (
-    any_size_movement_cached,
-    derived_movement_cached,
-    fixed_movement_cached,
-)
+from kvhandoff.model_checker.z3_witnesses import derived_movement_cached, fixed_movement_cached
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.variants import Variant
@@ -113,35 +106,27 @@ def prove(
     config: Config,
     timeout: float | None = None,
     depth: int | None = None,
-    model: str = DEFAULT_ANY_SIZE_MODEL,
 ) -> CheckResult:
-    """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails;
-    `model`: the any-size model, "derived" (`z3_derived`) or "hand" (`z3_prove`)."""
+    """Prove; `depth` bounds the BMC search for a real counterexample when the proof fails."""
     from kvhandoff.model_checker.logic_z3 import Untranslatable
 
-    if model not in ANY_SIZE_MODELS:
-        raise ValueError(f"any-size model {model!r}: one of {', '.join(ANY_SIZE_MODELS)}")
     started = time.perf_counter()
-    # Both models below are translations of the spec's own rules under the variant's design
-    # options. A Python override or added action reaches neither, so proving the design alone
-    # would prove some other protocol and call it this one. The fixed-config encoding refuses
-    # all of these (CannotEncode, naming the action or field), so ask it before either proof.
+    # The any-size model is the spec's own rules translated under the variant's design options
+    # and its own formulas. A Python override or added action reaches no model, so proving the
+    # rest would prove some other protocol and call it this one. The fixed-config encoding
+    # refuses all of these (CannotEncode, naming the action or field), so ask it first.
     Encoding(variant, config)
     obligations: list[Obligation] | None = None
     run: Run
-    if model == "derived":
-        why_not = _derived_why_not(variant, config)
-        if why_not is None:
-            run = partial(_run_derived, variant, timeout)
-            try:
-                # Translating every guard, effect and claim is the proof's first part: a
-                # construct outside the model (a guard over the messages in flight) is refused.
-                obligations = run(None)
-            except Untranslatable as exc:
-                why_not = f"outside the derived any-size model: {exc}"
-    else:
-        why_not = _hand_why_not(variant, config)
-        run = partial(_run_hand, variant, timeout)
+    why_not = _derived_why_not(variant, config)
+    if why_not is None:
+        run = partial(_run_derived, variant, timeout)
+        try:
+            # Translating every guard, effect and claim is the proof's first part: a construct
+            # outside the model (a guard over the messages in flight) is refused.
+            obligations = run(None)
+        except Untranslatable as exc:
+            why_not = f"outside the derived any-size model: {exc}"
     if why_not is None:
         scope = "any-size"
     else:
@@ -153,7 +138,6 @@ def prove(
     failed = [o for o in obligations if o.verdict != "proved"]
     extra: dict[str, Any] = {
         "scope": scope,
-        "any_size_model": model,
         "obligations": [o.to_json() for o in obligations],
         "obligations_proved": len(obligations) - len(failed),
         "obligations_total": len(obligations),
@@ -168,12 +152,10 @@ def prove(
         extra["inductive_subset_rounds"] = rounds
     # Every Z3 model shows it can move before a `holds` counts (z3_witnesses).
     if any(p.name in proved for p in ALWAYS):
-        if why_not is None and model == "derived":
+        if why_not is None:
             movement = derived_movement_cached(
                 variant, config, timeout=timeout, proved=frozenset(proved)
             )
-        elif why_not is None:
-            movement = any_size_movement_cached(variant, config, timeout=timeout)
         else:
             movement = fixed_movement_cached(variant, config, DEFAULT_BMC_DEPTH, timeout=timeout)
         extra["movement"] = movement.to_json()
@@ -237,10 +219,6 @@ def _run_derived(
     return prove_derived(variant.design, timeout=timeout, only=only, variant=variant)
 
 
-def _run_hand(variant: Variant, timeout: float | None, only: set[str] | None) -> list[Obligation]:
-    return prove_any_size(variant.design, timeout=timeout, only=only)
-
-
 def _run_fixed(
     variant: Variant, config: Config, timeout: float | None, only: set[str] | None
 ) -> list[Obligation]:
@@ -260,38 +238,6 @@ def _derived_why_not(variant: Variant, config: Config) -> str | None:
             f"prefill_ranks={config.prefill_ranks}: the derived any-size model has one prefill "
             "rank (per-rank shards, completions and drain acks are in the fixed-config encoding "
             "only)"
-        )
-    return why_not
-
-
-def _hand_why_not(variant: Variant, config: Config) -> str | None:
-    """Why the hand-written any-size model cannot prove this variant (None when it can)."""
-    why_not = supports(variant.design)
-    if why_not is None and config.prefill_ranks > 1:
-        # The any-size model has one prefill rank: its proof says nothing about a quorum of
-        # several (first_rank_completion_accepted is safe with one rank and unsafe with two).
-        why_not = (
-            f"prefill_ranks={config.prefill_ranks}: the any-size model has one prefill rank "
-            "(per-rank shards, completions and drain acks are in the fixed-config encoding only)"
-        )
-    if why_not is None and variant.formula_guards():
-        # The hand-written model's actions summarise the spec's (e.g. one `decode_fail` for every
-        # way decode gives up), so a replaced guard has no one place in it: prove the fixed config.
-        names = ", ".join(sorted(variant.formula_guards()))
-        why_not = (
-            f"a guard replaced by a formula ({names}) is outside the hand-written any-size model"
-        )
-    if why_not is None and (variant.extra_action_types or variant.state_fields):
-        added = [a.__name__ for a in variant.extra_action_types] + [
-            f"state field {n!r}" for n in sorted(variant.state_fields)
-        ]
-        why_not = (
-            f"what the variant adds ({', '.join(added)}) is outside the hand-written any-size model"
-        )
-    if why_not is None and variant.formula_effects():
-        names = ", ".join(sorted(variant.formula_effects()))
-        why_not = (
-            f"an effect replaced by a formula ({names}) is outside the hand-written any-size model"
         )
     return why_not
 

@@ -1,14 +1,13 @@
 """The any-size model derived from the rules: the spec's guard and effect formulas, read over
 uninterpreted sorts, with no Z3 code of its own per action.
 
-`z3_prove` proves the invariants for any pool size over a hand-written model (`z3_prove.actions`),
-a second copy of the protocol. This module builds the same kind of model from the spec itself, in
-the style of mypyvy and Ivy: every action of the design is `rule_guard(design, name)` and
-`rule_effect(design, name)` translated over a state made of one uninterpreted function per
-vocabulary symbol, and the obligations are those of `z3_prove.prove_any_size` (initiation,
-consecution per action and claim, safety), over the formulas of `spec/invariants.py` and
-`spec/properties.py` read over that state. `prove_derived(design)` returns the same
-`Obligation` list as `prove_any_size`, so the two can be compared.
+`prove` proves the invariants for any pool size over this model. It is built from the spec
+itself, in the style of mypyvy and Ivy: every action of the design is `rule_guard(design, name)`
+and `rule_effect(design, name)` translated over a state made of one uninterpreted function per
+vocabulary symbol, and the obligations (initiation, consecution per action and claim, safety)
+are over the formulas of `spec/invariants.py` and `spec/properties.py` read over that state.
+(It replaced a hand-written any-size model, `z3_prove.py`, a second copy of the protocol that
+nothing checked against the spec: `git show 0c2c4ff:model_checker/z3_prove.py`.)
 
 The state (`_BASE`): requests, pages and tenants are uninterpreted sorts (`Req`, `Page`,
 `Tenant`); each state symbol of `spec/vocabulary.py` is a function over them (phases and
@@ -79,8 +78,9 @@ property that quantifies over the messages in flight (the model keeps every mess
 each action's next state by substitution (`claims_after`); a consecution obligation whose claim
 reads nothing the step changes is the same Z3 term as its hypothesis, proved without the solver.
 
-`Simulator` checks the model against the spec on explorer edges, as `z3_simulation` does for the
-hand-written model (tests/model_checker/test_derived_any_size.py).
+`Simulator` checks the model against the spec on explorer edges (its simulation check,
+tests/model_checker/test_derived_any_size.py) and replays the spec's paths for the witness check
+(`z3_witnesses.derived_movement`).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
@@ -95,7 +96,6 @@ import z3
 
 from kvhandoff.model_checker.logic_z3 import Untranslatable
 from kvhandoff.model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
-from kvhandoff.model_checker.z3_prove import Obligation
 from kvhandoff.spec import vocabulary as V
 from kvhandoff.spec.actions import snake_case
 from kvhandoff.spec.effects import (
@@ -355,6 +355,31 @@ _FRESH = itertools.count()
 def _fresh(prefix: str, sort: Any) -> Any:
     """A constant named apart from every other (a bound variable, a parameter of a step)."""
     return z3.Const(f"{prefix}!{next(_FRESH)}", sort)
+
+
+@dataclass
+class Obligation:
+    """One proof obligation and its answer: the initiation or consecution (under `action`) of an
+    invariant, or the safety of a property, with a counterexample where it failed."""
+
+    kind: str  # initiation, consecution, safety
+    invariant: str
+    action: str | None
+    verdict: str  # proved, failed, unknown
+    seconds: float
+    counterexample: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "invariant": self.invariant,
+            "action": self.action,
+            "verdict": self.verdict,
+            "seconds": round(self.seconds, 4),
+        }
+        if self.counterexample is not None:
+            out["counterexample"] = self.counterexample
+        return out
 
 
 class Model:
@@ -1203,8 +1228,9 @@ def claims_after(model: Model, cs: dict[str, Any], s: View, s2: View) -> dict[st
 
 
 def supports(d: Design) -> str | None:
-    """Why the derived model cannot represent design d (None when it can): the same fragment as
-    the hand-written one."""
+    """Why the derived model cannot represent design d (None when it can): the push path with
+    receiver-checked writes (the pull path's lease and one-sided writes' fences need clauses no
+    any-size proof here has been shown to hold)."""
     if d.transfer != "push":
         return "the pull path (read-time data, lease expiry) is outside the derived any-size model"
     if d.write_path != "receiver_checked":
@@ -1247,8 +1273,8 @@ def prove_derived(
     zero_axiom: bool = False,
     variant: Variant | None = None,
 ) -> list[Obligation]:
-    """Discharge every obligation of the derived model (see `z3_prove.prove_any_size`):
-    initiation and consecution of each claim, safety of each property. `weaken` replaces claims
+    """Discharge every obligation of the derived model: initiation and consecution of each
+    claim, safety of each property. `weaken` replaces claims
     by name (tests plant a broken one); `only` keeps these claims; `names` these actions;
     `variant` (of this design): its own formulas, actions and state fields (see `Model`)."""
     why = supports(design)
@@ -1369,10 +1395,6 @@ def _show(name: str, value: Any) -> str:
 _READING_CODE: dict[tuple[Any, ...], Any] = {}
 """The vocabulary's concrete reading of each symbol at each entry, compiled once."""
 
-FIELD = "field"
-"""The sort key of a variant's state field in `Simulator`'s caches (its value is a bool or an
-int)."""
-
 _MEANINGFUL: dict[str, tuple[str, ...]] = {
     "shard_req": ("shard_has",),
     "shard_gen": ("shard_has",),
@@ -1433,7 +1455,8 @@ class Simulator:
         self._readings: dict[Any, dict[tuple[str, tuple[int, ...]], Any]] = {}
         self._pins: dict[Any, list[Any]] = {}
         self._apps: dict[tuple[int, tuple[str, tuple[int, ...]]], Any] = {}
-        self._values: dict[tuple[Any, Any], Any] = {}
+        self._values: dict[tuple[Sort | None, Any], Any] = {}
+        """Each value's term, by its sort (None: a state field's bool or int)."""
         self._steps: dict[str, tuple[Any, View, list[Any], set[str]]] = {}
         self._claims: list[Any] | None = None
         self._rigid_facts: list[Any] | None = None
@@ -1524,10 +1547,11 @@ class Simulator:
                 zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
                 app = _z(view[name](*zargs))
             self._apps[(id(view), key)] = app
-        sort = FIELD if key[0].startswith("field:") else _BASE[key[0]][1]
+        field = key[0].startswith("field:")
+        sort = None if field else _BASE[key[0]][1]
         term = self._values.get((sort, value))
         if term is None:
-            term = _z(value) if sort == FIELD else self._term(value, sort)
+            term = _z(value) if sort is None else self._term(value, sort)
             if term is None:
                 return None
             self._values[(sort, value)] = term
@@ -1538,9 +1562,7 @@ class Simulator:
         if state in self._pins:
             return self._pins[state]
         s = self._before
-        out = [
-            p for key, value in self._reading(state).items() if (p := self._pin(s, key, value))
-        ]
+        out = [p for key, value in self._reading(state).items() if (p := self._pin(s, key, value))]
         msgs = [z3.Const(f"M{k}", Msg) for k in range(len(state.network) + len(state.lost))]
         for x, msg in zip(msgs, (*state.network, *state.lost), strict=True):
             out += [s["sent"](x), self._message(x, msg)]

@@ -1,14 +1,13 @@
 """Every Z3 model shows it can move: its actions fire and its witnesses are reachable.
 
 A safety proof about a model that cannot do anything is worthless: with a transition relation
-that never lands a write, every property about written pages holds vacuously. So each Z3 engine
-asks its model, before a `holds` counts, whether
+that never lands a write, every property about written pages holds vacuously (the hand-written
+any-size model this project had did exactly that, and still proved the reference SAFE). So each
+Z3 engine asks its model, before a `holds` counts, whether
 
-* every action can fire: some path from the initial state takes it within `depth` steps;
+* every action fires: some path from the initial state takes it within `depth` steps;
 * every witness (the `can_...` sometimes-properties of `spec/properties.py`) is reachable: the
-  witness's formula (`Witness.formula`), read over the model by `logic_z3`, where the model can
-  read it; the any-size model states the history witnesses in its own terms (see
-  `any_size_witnesses_left_out`).
+  witness's formula (`Witness.formula`), read over the model by `logic_z3` / `z3_derived`.
 
 Two models are asked:
 
@@ -17,45 +16,38 @@ Two models are asked:
   step d or some pending witness holds in state d" (repeated while it is satisfiable), so each
   answer's depth is the shortest. Every path found is decoded and replayed through the spec,
   which must take the same actions and reach the same witnesses: a "reached" is a spec fact.
-* the any-size model (`z3_prove`): an unrolling of its actions from its `init`, every symbol of
-  step t+1 defined by an `ite` over the step's action, over small universes (`PASSES`: one
-  request and page, 10 steps; two requests of two tenants, 8 steps, for the page-reuse
-  witnesses) with every quantifier expanded over their elements, so that each query is
-  quantifier-free and cheap; a path found there is a run of the any-size model at that size. It
-  asks "some pending goal holds at some step" while satisfiable (the step reported is the one on
-  the path found, not always the shortest). A witness that needs two states (a page granted
-  again) compares the current state with an earlier one. The faults it folds into
-  `decode_fail` / `prefill_stop` / `router_answer_error` (timeouts, cancels, lost messages,
-  refused writes) have no witness there: those are listed as not checked, with the reason.
+* the any-size model derived from the rules (`z3_derived`, behind any-size prove): the other
+  way round, the spec's own paths replayed through the model (`derived_movement`). The spec's
+  breadth-first search gives the first edge on which it takes each action kind and the first
+  state where each witness holds; every edge of those paths must be a step of the model from
+  the abstraction of the state before to that of the state after (the first from the model's
+  initial state), with the witness's formula holding where the spec reached it.
 
 What is *expected* comes from the spec, not from a hand-written list: the fixed encoding has an
 instance only for actions the spec's design and configuration allow, and an action or witness
 that Z3 does not reach within the bound is an error only if the spec's own explorer reaches it
 within the same bound on the same configuration (searched only then, and remembered). For the
-any-size model every action it has must fire (it has no action a design cannot take), and a
-witness it does not reach is an error when the explorer reaches it on the configuration.
+any-size model, everything the spec takes or reaches within `REPLAY_DEPTH` is asked, and what it
+does not is listed as such (`spec_unreached`).
 
 A finding is reported as `vacuity`; the engines then turn their `holds` into `unknown` (exit 3),
-never SAFE. A solver `unknown` is a finding too.
-"""
+never SAFE. A solver `unknown` is a finding too."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import z3
 
-from kvhandoff.model_checker import z3_prove as m
 from kvhandoff.model_checker.result import CheckResult
-from kvhandoff.model_checker.z3_encoding import D, Encoding, EncodingError, SymState
-from kvhandoff.spec.actions import action_name
-from kvhandoff.spec.config import Config
-from kvhandoff.spec.actions import Action
+from kvhandoff.model_checker.z3_encoding import Encoding, EncodingError, SymState
+from kvhandoff.spec.actions import Action, action_name
 from kvhandoff.spec.compiled import rules
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.machine import init
 from kvhandoff.spec.properties import SOMETIMES
 from kvhandoff.spec.state import State
@@ -106,6 +98,7 @@ class Movement:
 
 
 # --- what the spec reaches ------------------------------------------------------------------------
+
 
 @dataclass
 class SpecSearch:
@@ -323,9 +316,9 @@ _FIXED_CACHE: dict[tuple[Any, ...], Movement] = {}
 
 
 def _code() -> tuple[int, ...]:
-    """Identifies the models' code, so that a model patched at run time (as the tests that
-    break a model do) is not answered from the cache."""
-    return (id(m.actions), *(id(v) for v in vars(Encoding).values()))
+    """Identifies the encoding's code, so that an encoding patched at run time (as the tests
+    that break one do) is not answered from the cache."""
+    return tuple(id(v) for v in vars(Encoding).values())
 
 
 def _copy(got: Movement) -> Movement:
@@ -353,99 +346,41 @@ def fixed_movement_cached(
     return _copy(_FIXED_CACHE[key])
 
 
-# --- the any-size model ---------------------------------------------------------------------------
-
-ANY_SIZE_NOT_CHECKED = {
-    "can_refuse_or_fence_late_write": "the any-size model has no refused write: a write that "
-    "does not match its page never lands",
-    "can_cancel_mid_transfer": "the any-size model folds client cancels into decode_fail, "
-    "prefill_stop and router_answer_error",
-    "can_recover_from_message_loss": "the any-size model keeps every sent message (loss is "
-    "delay), so it has no lost message to recover from",
-    "can_time_out_waiting": "the any-size model folds decode's waiting timeout into decode_fail",
-}
+# --- what the engines do with it ---------------------------------------------------------------
 
 
-def _any_size_witnesses(
-    states: Sequence[m.St], restarts: Sequence[Any]
-) -> dict[str, Callable[[], Any]]:
-    """Witnesses at the last of `states`: the formulas of spec/properties.py where the model
-    reads what they say at one state (`logic_z3.any_size_witnesses`), else the model's own
-    statement over the path's history (`own_any_size_witnesses`; `any_size_witnesses_left_out`
-    says which and why)."""
-    from kvhandoff.model_checker.logic_z3 import any_size_witnesses
-
-    read, _why = any_size_witnesses(states[-1])
-    own = own_any_size_witnesses(states, restarts)
-    return {
-        w.name: _const(read[w.name]) if w.name in read else own[w.name]
-        for w in SOMETIMES
-        if w.name in read or w.name in own
-    }
+def with_movement(
+    result: CheckResult, variant: Variant, config: Config, depth: int, timeout: float | None
+) -> CheckResult:
+    """`result` of a fixed-configuration engine, once its encoding has shown it can move within
+    `depth` steps: the witnesses checked, and on a finding every property that is not violated
+    or unknown becomes unknown (never SAFE). A violated property needs no such check (its trace
+    was replayed through the spec), so a result with one is returned as it is."""
+    if result.verdict == "violated":
+        return result
+    movement = fixed_movement_cached(variant, config, depth, timeout)
+    apply_movement(result, movement)
+    return result
 
 
-def _const(formula: Any) -> Callable[[], Any]:
-    return lambda: formula
+def apply_movement(result: CheckResult, movement: Movement) -> None:
+    result.witnesses = movement.reached()
+    result.extra["movement"] = movement.to_json()
+    if not movement.problems:
+        return
+    result.extra["vacuity"] = list(movement.problems)
+    for r in result.results:
+        if r.verdict not in ("violated", "unknown"):
+            r.verdict = "unknown"
+            r.detail = f"not counted: {movement.problems[0]}"
 
 
-def any_size_witnesses_left_out() -> dict[str, str]:
-    """For each witness the any-size model checks in its own terms (or not at all), why it cannot
-    read the formula. The ghost flags most witnesses read record history, which the model keeps
-    no flags for: its unrolling compares the state with the path's earlier ones instead."""
-    from kvhandoff.model_checker.logic_z3 import any_size_witnesses
-
-    return any_size_witnesses(m.state())[1]
-
-
-def own_any_size_witnesses(
-    states: Sequence[m.St], restarts: Sequence[Any]
-) -> dict[str, Callable[[], Any]]:
-    """The model's own witnesses at the last of `states` (the earlier ones are its history);
-    `restarts[i]` holds when step i is a decode restart. Existentials are fresh constants
-    (Skolem). Only the witnesses whose formulas it cannot read at one state are here."""
-    s = states[-1]
-    t = len(states) - 1
-    r = z3.Const(f"w_r@{t}", m.Req)
-    q = z3.Const(f"w_q@{t}", m.Page)
-
-    def regranted(other_tenant: bool) -> Any:
-        # Page q is owned now, and was owned at an earlier state by another reservation.
-        def by_other(e: m.St) -> Any:
-            if other_tenant:
-                return e.tenant(e.own_req(q)) != s.tenant(s.own_req(q))
-            return z3.Or(e.own_req(q) != s.own_req(q), e.own_gen(q) != s.own_gen(q))
-
-        return z3.And(s.own(q), z3.Or([z3.And(e.own(q), by_other(e)) for e in states[:-1]]))
-
-    def answered_after_restart() -> Any:
-        return z3.And(
-            s.ans_set(r),
-            s.ans_ok(r),
-            z3.Or([z3.And(restarts[i], z3.Not(states[i + 1].ans_set(r))) for i in range(t)]),
-        )
-
-    return {
-        "can_reuse_page_across_tenants": lambda: regranted(True),
-        "can_accept_completion": lambda: s.d(r) == D["validated"],
-        "can_reuse_freed_page": lambda: regranted(False),
-        # Only scrubbing clears `has`: a page that held data, then is free and empty.
-        "can_scrub_written_page": lambda: z3.And(
-            z3.Not(s.own(q)),
-            z3.Not(s.has(q)),
-            z3.Or([z3.And(e.own(q), e.has(q)) for e in states[:-1]]),
-        ),
-        "can_recover_from_crash": answered_after_restart,
-    }
-
-
-UNIVERSE = {m.Req: 2, m.Page: 1, m.Tenant: 2, m.Room: 1}
-"""Elements of each sort in the unrolling: two requests (of two tenants) are enough for a page
-to pass from one to another; one page and one room for each request to take."""
+# --- the derived any-size model -------------------------------------------------------------------
 
 
 class _Ground:
-    """Formulas of the any-size model over a universe of `UNIVERSE` named elements per sort:
-    every quantifier expanded into a conjunction (disjunction, for `Exists`) over them, so the
+    """Formulas of the any-size model over a universe of named elements per sort: every
+    quantifier expanded into a conjunction (disjunction, for `Exists`) over them, so the
     unrolling is quantifier-free but for one closure axiom per sort (every element is a named
     one). A path found is a run of the any-size model at that size."""
 
@@ -490,105 +425,6 @@ class _Ground:
         return e
 
 
-def _any_size_step(design: Any, s: m.St, s2: m.St, tag: str) -> tuple[Any, list[Any], list[Any]]:
-    """The step s -> s2 of the any-size model's unrolling: its action selector, its constraints
-    (the selected action's guard and parameter constraints; every symbol of s2 as an `ite` over
-    the selector of the actions that update it, else unchanged), and the step's own symbols
-    (the selector and the actions' parameters, named with `tag`)."""
-    acts = m.actions(design, tag=tag)
-    sel = z3.Int(f"w_sel{tag}")
-    cs: list[Any] = [sel >= 0, sel < len(acts)]
-    updates = []
-    for i, a in enumerate(acts):
-        cs.append(z3.Implies(sel == i, z3.And(a.guard(s), a.extra(s))))
-        updates.append(a.update(s))
-    for name, (args, _result) in m.SYMBOLS.items():
-        changers = [(i, u[name]) for i, u in enumerate(updates) if name in u]
-        xs = [z3.Const(f"w_{name}_{k}", a) for k, a in enumerate(args)]
-        expr = s.syms[name](*xs) if args else s.syms[name]
-        for i, fn in reversed(changers):
-            expr = z3.If(sel == i, fn(*xs), expr)
-        new = s2.syms[name](*xs) if args else s2.syms[name]
-        cs.append(z3.ForAll(xs, new == expr) if args else new == expr)
-    params = {str(p): p for a in acts for p in a.params}
-    return sel, cs, [sel, *params.values()]
-
-
-def _decl(x: Any) -> Any:
-    return x if isinstance(x, z3.FuncDeclRef) else x.decl()
-
-
-def _renamed(decl: Any, old: str, new: str) -> Any:
-    """`decl` with the suffix `old` of its name replaced by `new`, as `substitute_funs` takes it."""
-    name = decl.name()
-    key = (name, new)
-    if key not in _RENAMED:
-        assert name.endswith(old), (name, old)
-        sorts = [decl.domain(i) for i in range(decl.arity())]
-        target = z3.Function(name[: -len(old)] + new, *sorts, decl.range())
-        _RENAMED[key] = (decl, target(*[z3.Var(i, s) for i, s in enumerate(sorts)]))
-    return _RENAMED[key]
-
-
-_RENAMED: dict[tuple[str, str], tuple[Any, Any]] = {}
-"""`_renamed`'s answers (declarations are made once per name)."""
-
-
-PASSES: tuple[tuple[dict[Any, int], int, tuple[str, ...] | None], ...] = (
-    # One request, one page: every action and every witness about one request.
-    ({m.Req: 1, m.Page: 1, m.Tenant: 1, m.Room: 1}, 10, None),
-    # A page passing from one request (of one tenant) to another.
-    (
-        {m.Req: 2, m.Page: 1, m.Tenant: 2, m.Room: 1},
-        8,
-        ("can_reuse_page_across_tenants", "can_reuse_freed_page"),
-    ),
-)
-"""The any-size model's unrollings: (universe, steps, goals; None: every goal not in a later
-pass). Small universes keep each query cheap; they are instances of the any-size model, so a
-path found in one is a path of the model."""
-
-
-def _unroll(
-    design: Any, universe: dict[Any, int], depth: int, goals: Sequence[str], timeout: float | None
-) -> tuple[dict[str, int], str | None]:
-    """The first step at which each goal (an action name or a witness) holds on some path of
-    `depth` steps from `init`, over `universe`; and a solver `unknown`, if one came."""
-    solver = z3.SolverFor("QF_UFLIA")
-    if timeout is not None:
-        solver.set("timeout", max(1, int(timeout * 1000)))
-    ground = _Ground(universe)
-    states = [m.state("@w0")]
-    solver.add(ground(m.init(states[0])))
-    names = [a.name for a in m.actions(design)]
-    # Every step is one template step (states @wA -> @wB, parameters @T), grounded once and
-    # renamed per step: grounding is the costly part.
-    before, after = m.state("@wA"), m.state("@wB")
-    tpl_sel, tpl, own = _any_size_step(design, before, after, "@T")
-    template = z3.And([ground(c) for c in tpl] + ground.closure())
-    variable = [n for n in m.SYMBOLS]
-    restarts: list[Any] = []
-    # One unrolling of `depth` steps (every path extends: decode_restart is always enabled),
-    # then "some pending goal holds at some step", repeated while satisfiable: in the usual
-    # case only satisfiable queries. Asking depth by depth (as on the fixed encoding) would
-    # prove every shorter depth impossible first, which costs far more here.
-    at_step: dict[str, list[Any]] = {n: [] for n in goals}
-    for d in range(1, depth + 1):
-        s2 = m.state(f"@w{d}")
-        pairs = [_renamed(_decl(before.syms[n]), "@wA", f"@w{d - 1}") for n in variable]
-        pairs += [_renamed(_decl(after.syms[n]), "@wB", f"@w{d}") for n in variable]
-        pairs += [_renamed(_decl(x), "@T", f"@{d - 1}") for x in own]
-        solver.add(z3.substitute_funs(template, *pairs))
-        sel = z3.substitute_funs(tpl_sel, *pairs)
-        states.append(s2)
-        restarts.append(sel == names.index("decode_restart"))
-        ws = _any_size_witnesses(states, restarts)
-        for n in goals:
-            at_step[n].append(sel == names.index(n) if n in names else ground(ws[n]()))
-        solver.add(*ground.closure())
-    return _first_steps(solver, at_step, "any-size")
-
-
 def _first_steps(
     solver: Any, at_step: dict[str, list[Any]], what: str
 ) -> tuple[dict[str, int], str | None]:
@@ -616,109 +452,6 @@ def _first_steps(
                 t + 1 for t, f in enumerate(at_step[n]) if z3.is_true(model.eval(f, True))
             )
     return found, None
-
-
-def any_size_movement(variant: Variant, config: Config, timeout: float | None = None) -> Movement:
-    """Which of the any-size model's actions fire and which witnesses hold on its `PASSES`
-    unrollings (a step on the path found, not always the shortest); see the module docstring."""
-    started = time.perf_counter()
-    design = variant.design
-    names = [a.name for a in m.actions(design)]
-    actions: dict[str, int | None] = dict.fromkeys(names)
-    witnesses: dict[str, int | None] = {
-        w.name: None for w in SOMETIMES if w.name not in ANY_SIZE_NOT_CHECKED
-    }
-    later = {n for _u, _d, goals in PASSES for n in goals or ()}
-    problems: list[str] = []
-    for universe, depth, goals in PASSES:
-        wanted = list(goals) if goals is not None else [*names, *witnesses]
-        wanted = [n for n in wanted if goals is not None or n not in later]
-        found, unknown = _unroll(design, universe, depth, wanted, timeout)
-        for n, step_at in found.items():
-            (actions if n in actions else witnesses)[n] = step_at
-        if unknown:
-            problems.append(unknown)
-    steps = max(d for _u, d, _g in PASSES)
-    out = Movement(
-        "any-size", steps, actions, witnesses, problems, not_checked=dict(ANY_SIZE_NOT_CHECKED)
-    )
-    if not problems:
-        for n, at in actions.items():
-            if at is None:
-                out.problems.append(_dead_or_deep(design, n, steps, timeout))
-        # A witness missed is a finding only where the spec reaches it on the configuration.
-        only_witnesses = Movement(out.model, steps, {}, out.witnesses, [], out.not_checked)
-        _compare_with_spec(only_witnesses, variant, config, SPEC_DEPTH)
-        out.problems += only_witnesses.problems
-        out.spec_unreached = only_witnesses.spec_unreached
-    out.seconds = time.perf_counter() - started
-    return out
-
-
-_ANY_SIZE_CACHE: dict[tuple[Any, ...], Movement] = {}
-
-
-def any_size_movement_cached(
-    variant: Variant, config: Config, timeout: float | None = None
-) -> Movement:
-    """`any_size_movement`, remembered per (design, config); asked again after an `unknown`."""
-    key = (variant.rules_key(), config, _code())
-    if key not in _ANY_SIZE_CACHE or _ANY_SIZE_CACHE[key].unknown:
-        _ANY_SIZE_CACHE[key] = any_size_movement(variant, config, timeout)
-    return _copy(_ANY_SIZE_CACHE[key])
-
-
-def _dead_or_deep(design: Any, name: str, depth: int, timeout: float | None) -> str:
-    """Why action `name` never fired: its guard and effect are unsatisfiable from every state
-    that satisfies the invariant (dead), or it merely needs more than `depth` steps."""
-    s = m.state()
-    inv = z3.And(list({**m.invariants(s), **m.properties(s)}.values()))
-    act = next(a for a in m.actions(design) if a.name == name)
-    _s2, axioms = m._next_state(s, act.update(s), "'")
-    solver = z3.Solver()
-    if timeout is not None:
-        solver.set("timeout", max(1, int(timeout * 1000)))
-    solver.add(inv, act.guard(s), act.extra(s), *axioms)
-    answer = solver.check()
-    if answer == z3.unsat:
-        why = "dead: its guard and effect are unsatisfiable from every state of the invariant"
-    elif answer == z3.sat:
-        why = f"it can fire from some state of the invariant, but none reached within {depth} steps"
-    else:
-        why = f"solver unknown: {solver.reason_unknown()}"
-    return f"vacuous any-size model: action {name} never fires within {depth} steps ({why})"
-
-
-# --- what the engines do with it ---------------------------------------------------------------
-
-
-def with_movement(
-    result: CheckResult, variant: Variant, config: Config, depth: int, timeout: float | None
-) -> CheckResult:
-    """`result` of a fixed-configuration engine, once its encoding has shown it can move within
-    `depth` steps: the witnesses checked, and on a finding every property that is not violated
-    or unknown becomes unknown (never SAFE). A violated property needs no such check (its trace
-    was replayed through the spec), so a result with one is returned as it is."""
-    if result.verdict == "violated":
-        return result
-    movement = fixed_movement_cached(variant, config, depth, timeout)
-    apply_movement(result, movement)
-    return result
-
-
-def apply_movement(result: CheckResult, movement: Movement) -> None:
-    result.witnesses = movement.reached()
-    result.extra["movement"] = movement.to_json()
-    if not movement.problems:
-        return
-    result.extra["vacuity"] = list(movement.problems)
-    for r in result.results:
-        if r.verdict not in ("violated", "unknown"):
-            r.verdict = "unknown"
-            r.detail = f"not counted: {movement.problems[0]}"
-
-
-# --- the derived any-size model -------------------------------------------------------------------
 
 
 def _derived_passes() -> tuple[tuple[dict[Any, int], int, tuple[str, ...] | None], ...]:
@@ -983,9 +716,9 @@ def derived_movement(
     # edge that takes it on a witness's path if one does (fewer edges to ask), else the first
     # edge the search took it on.
     goals: dict[str, list[tuple[State, Action, State]]] = {}
-    for w, (_d, at) in found.held.items():
-        if w in formulas and at in found.parent and found.parent[at] is not None:
-            goals[w] = found.path(at)
+    for witness, (_d, where) in found.held.items():
+        if witness in formulas and found.parent.get(where) is not None:
+            goals[witness] = found.path(where)
     on_paths = [e for path in goals.values() for e in path]
     for name in names:
         if name not in found.fired:
@@ -995,13 +728,12 @@ def derived_movement(
         if edge is None:
             goals[name] = [*found.path(before), (before, action, after)]
         else:
-            path = found.path(edge[2])
-            goals[name] = path
+            goals[name] = found.path(edge[2])
     holds_at: dict[tuple[State, Action], list[str]] = {}
-    for w in formulas:
-        if w in goals and goals[w]:
-            last = goals[w][-1]
-            holds_at.setdefault((last[0], last[1]), []).append(w)
+    for goal in formulas:
+        if goals.get(goal):
+            last = goals[goal][-1]
+            holds_at.setdefault((last[0], last[1]), []).append(goal)
     s0 = init(config)
     failed: dict[tuple[State, Action], str] = {}
     passed: set[tuple[State, Action]] = set()
@@ -1016,7 +748,7 @@ def derived_movement(
                 action,
                 after,
                 initial=before == s0,
-                holds_after=[sim.after(action, formulas[w]) for w in with_w],
+                holds_after=[sim.after(action, formulas[g]) for g in with_w],
             )
             if why is not None and with_w:
                 if sim.check_step(before, action, after, initial=before == s0) is None:
@@ -1040,11 +772,10 @@ def derived_movement(
                 f"step {step_at} ({action_name(a)}) is not a step of the model: {failed[(b, a)]}"
             )
             continue
-        at = len(path)
         if goal in actions:
-            actions[goal] = at
+            actions[goal] = len(path)
         else:
-            witnesses[goal] = at
+            witnesses[goal] = len(path)
     out = Movement(
         "derived any-size", REPLAY_DEPTH, actions, witnesses, problems, not_checked, spec_unreached
     )

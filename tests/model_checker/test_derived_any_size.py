@@ -1,11 +1,12 @@
-"""The any-size model derived from the rules (z3_derived) agrees with the hand-written one.
+"""The any-size model derived from the rules (z3_derived): its verdicts, its teeth, its coverage.
 
 `z3_derived.prove_derived` translates the spec's guard and effect formulas over uninterpreted
-sorts; `z3_prove.prove_any_size` proves the hand-written model. Before the hand-written one can
-go, the derived one must reach the same verdicts on every catalogue variant in the fragment both
-cover (SAFE, or a failed obligation with its counterexample to induction), catch a planted bug,
-and cover the spec: sampled explorer steps are steps of the derived model from states inside its
-claims (the check z3_simulation makes of the hand-written model).
+sorts. It replaced a hand-written any-size model once it reached the same verdicts on every
+catalogue variant both covered (the differential test this file held until then). Now its
+verdicts are held against the explorer's: never SAFE where the explorer finds a safety
+violation, SAFE where the explorer finds none (unless the invariants are known not to be
+inductive for that design, named below). It catches a planted bug, and it covers the spec:
+sampled explorer steps are steps of the derived model from states inside its claims.
 """
 
 from __future__ import annotations
@@ -16,22 +17,25 @@ from functools import cache
 import pytest
 import z3
 
-from kvhandoff.model_checker import z3_derived, z3_prove
+from kvhandoff.model_checker import z3_derived
 from kvhandoff.model_checker.logic_z3 import Untranslatable
 from kvhandoff.spec.actions import action_name
+from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.variants import REFERENCE, VARIANTS, Design, get_variant
-from tests.explored import edges_by_kind, sample_edges
+from tests.explored import edges_by_kind, explored, sample_edges
 
-IN_FRAGMENT = [v.name for v in VARIANTS if z3_prove.supports(v.design) is None]
+SAFETY = {p.name for p in ALWAYS}
+
+IN_FRAGMENT = [v.name for v in VARIANTS if z3_derived.supports(v.design) is None]
 FAST = ("reference", "incident")
 
 
 @cache
-def _derived(name: str) -> tuple[z3_prove.Obligation, ...]:
+def _derived(name: str) -> tuple[z3_derived.Obligation, ...]:
     return tuple(z3_derived.prove_derived(get_variant(name).design, timeout=30))
 
 
-def _verdict(obligations: tuple[z3_prove.Obligation, ...] | list[z3_prove.Obligation]) -> str:
+def _verdict(obligations: tuple[z3_derived.Obligation, ...] | list[z3_derived.Obligation]) -> str:
     verdicts = {o.verdict for o in obligations}
     assert "unknown" not in verdicts, [o for o in obligations if o.verdict == "unknown"]
     return "safe" if verdicts == {"proved"} else "failed"
@@ -48,25 +52,37 @@ def test_the_derived_model_proves_the_reference_for_any_size() -> None:
     assert "generations_are_unique" in claims
 
 
+NOT_INDUCTIVE = {
+    "room_keyed_with_binding": "safe, but prefill_holds_decodes_generation is written for "
+    "request-keyed matching and is false under room-keyed matching (docs/spec.md)",
+}
+"""Variants the explorer finds safe whose proof fails for a reason named here (the proof then
+says `unknown`, never SAFE)."""
+
+
 def _agree(name: str) -> None:
-    design = get_variant(name).design
-    hand = z3_prove.prove_any_size(design, timeout=30)
-    derived = list(_derived(name))
-    assert _verdict(derived) == _verdict(hand), name
-    for o in derived:
+    violated = {r.property for r in explored(name).violated() if r.property in SAFETY}
+    verdict = _verdict(_derived(name))
+    if violated:
+        assert verdict == "failed", name  # never SAFE where the spec has a counterexample
+    elif name in NOT_INDUCTIVE:
+        pytest.skip(NOT_INDUCTIVE[name])
+    else:
+        assert verdict == "safe", name
+    for o in _derived(name):
         if o.verdict == "failed" and o.kind == "consecution":
             assert o.action is not None and o.counterexample is not None
             assert o.counterexample["before"] and o.counterexample["after"]
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_derived_and_hand_written_verdicts_agree(name: str) -> None:
+def test_derived_verdicts_agree_with_the_explorer(name: str) -> None:
     _agree(name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in IN_FRAGMENT if n not in FAST])
-def test_derived_and_hand_written_verdicts_agree_on_the_catalogue(name: str) -> None:
+def test_derived_verdicts_agree_with_the_explorer_on_the_catalogue(name: str) -> None:
     _agree(name)
 
 

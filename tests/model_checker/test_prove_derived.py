@@ -1,4 +1,4 @@
-"""`prove` on the any-size model derived from the rules (`--any-size-model derived`).
+"""`prove` on the any-size model derived from the rules (`z3_derived`).
 
 The derived model (z3_derived) reads a variant's own formulas (replaced guards and effects, added
 actions, state fields), so prove is any-size on the examples whose design is in its fragment;
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvhandoff.cli.main import main
 from kvhandoff.model_checker import z3_derived, z3_witnesses
 from kvhandoff.model_checker.explore import explore
 from kvhandoff.model_checker.prove import _derived_why_not, prove
 from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.model_checker.variant_loader import load_variant
-from kvhandoff.model_checker.z3_prove import supports
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.variants import REFERENCE, VARIANTS, Variant, get_variant
@@ -34,13 +32,12 @@ SAFETY = {p.name for p in ALWAYS}
 
 
 def _prove(variant: Variant) -> CheckResult:
-    return prove(variant, variant.scenario(Config()), timeout=60, model="derived")
+    return prove(variant, variant.scenario(Config()), timeout=60)
 
 
 def test_prove_on_the_derived_model_proves_the_reference_for_any_size() -> None:
     result = _prove(REFERENCE)
     assert result.extra["scope"] == "any-size"
-    assert result.extra["any_size_model"] == "derived"
     assert "any_size_unavailable" not in result.extra
     assert result.extra["obligations_proved"] == result.extra["obligations_total"]
     assert {r.property: r.verdict for r in result.results if r.property in SAFETY} == dict.fromkeys(
@@ -141,7 +138,7 @@ def test_a_model_whose_write_never_lands_is_caught(monkeypatch: pytest.MonkeyPat
     assert movement.actions["decode_receive_write"] is None
     assert movement.witnesses["can_complete_handoff"] is None
     assert any("decode_receive_write" in p for p in movement.problems)
-    result = prove(REFERENCE, config, timeout=60, model="derived")
+    result = prove(REFERENCE, config, timeout=60)
     assert result.extra.get("vacuity")
     assert not [r for r in result.results if r.verdict == "holds"]
 
@@ -177,14 +174,6 @@ def test_the_replay_and_the_unrolling_agree(name: str) -> None:
             assert replayed.witnesses[w] is not None, w
 
 
-def test_the_cli_takes_the_any_size_model(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--engine", "explore", "--any-size-model", "hand"]) == 2
-    assert "--any-size-model applies to --engine prove" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["check", "--help"])
-    assert "--any-size-model" in capsys.readouterr().out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", IN_FRAGMENT_EXAMPLES)
 def test_prove_on_an_example_in_the_fragment_is_any_size(path: str) -> None:
@@ -208,7 +197,7 @@ def test_prove_on_a_one_sided_example_reports_the_fixed_configuration(path: str)
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", [v.name for v in VARIANTS if supports(v.design) is None and not v.config]
+    "name", [v.name for v in VARIANTS if z3_derived.supports(v.design) is None and not v.config]
 )
 def test_never_safe_where_the_explorer_finds_a_safety_violation(name: str) -> None:
     variant = get_variant(name)

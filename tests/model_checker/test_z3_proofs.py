@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import z3
 
-from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker import z3_derived
 from kvhandoff.model_checker.prove import _inductive_subset, prove, prove_fixed
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import kinduction, spacer
@@ -65,8 +65,8 @@ def test_prove_covers_any_pool_size_and_lists_every_obligation() -> None:
 def test_a_weakened_invariant_makes_prove_fail_naming_action_invariant_and_cti() -> None:
     # "Validated pages hold own data" replaced by: true. Without it nothing says what decode
     # reads when it generates, so consecution of the read property fails under decode_generate.
-    weaken: dict[str, Any] = {"validated_pages_hold_own_data": lambda s: z3.BoolVal(True)}
-    obligations = z3_prove.prove_any_size(REFERENCE.design, weaken=weaken)
+    weaken: dict[str, Any] = {"validated_pages_hold_own_data": lambda m, s, tag: z3.BoolVal(True)}
+    obligations = z3_derived.prove_derived(REFERENCE.design, weaken=weaken)
     failed = [o for o in obligations if o.verdict == "failed"]
     assert failed
     named = {(o.action, o.invariant) for o in failed}
@@ -112,12 +112,12 @@ def test_spacer_out_of_time_is_unknown_never_safe() -> None:
 
 def test_a_failed_claim_takes_only_the_claims_that_lean_on_it() -> None:
     # a holds alone; b fails; c holds only while b is assumed. Houdini keeps exactly {a}.
-    def ob(name: str, ok: bool) -> z3_prove.Obligation:
-        return z3_prove.Obligation("consecution", name, "x", "proved" if ok else "failed", 0.0)
+    def ob(name: str, ok: bool) -> z3_derived.Obligation:
+        return z3_derived.Obligation("consecution", name, "x", "proved" if ok else "failed", 0.0)
 
     asked: list[set[str] | None] = []
 
-    def run(only: set[str] | None) -> list[z3_prove.Obligation]:
+    def run(only: set[str] | None) -> list[z3_derived.Obligation]:
         asked.append(only)
         claims = {"a", "b", "c"} if only is None else only
         return [ob(n, n == "a" or (n == "c" and "b" in claims)) for n in sorted(claims)]

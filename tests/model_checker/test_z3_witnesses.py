@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import z3
 
-from kvhandoff.model_checker import z3_prove
+from kvhandoff.model_checker import z3_derived
 from kvhandoff.model_checker.engines import ENGINES, EngineOptions
 from kvhandoff.model_checker.prove import prove
 from kvhandoff.model_checker.z3_encoding import Encoding
-from kvhandoff.model_checker.z3_witnesses import any_size_movement, fixed_movement, spec_reach
+from kvhandoff.model_checker.z3_witnesses import derived_movement, fixed_movement, spec_reach
 from kvhandoff.spec.config import Config, RequestSpec
 from kvhandoff.spec.properties import SOMETIMES
 from kvhandoff.spec.variants import REFERENCE, get_variant
@@ -27,44 +26,45 @@ TINY = Config(
 )
 
 
-def _any_size_without(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Patch the any-size model so that action `name` can never fire (its guard is False)."""
-    original = z3_prove.actions
+def _derived_without_write_landing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch the any-size model so that decode's step that lands a write changes nothing."""
+    real = z3_derived.step
 
-    def broken(design: Any, tag: str = "") -> list[z3_prove.Action]:
-        return [
-            dataclasses.replace(a, guard=lambda s: z3.BoolVal(False)) if a.name == name else a
-            for a in original(design, tag)
-        ]
+    def broken(model: Any, name: str, view: Any, tag: str) -> Any:
+        guard, new, constraints = real(model, name, view, tag)
+        return (
+            (guard, view, constraints)
+            if name == "decode_receive_write"
+            else (guard, new, constraints)
+        )
 
-    monkeypatch.setattr(z3_prove, "actions", broken)
+    monkeypatch.setattr(z3_derived, "step", broken)
 
 
-def test_the_any_size_model_fires_every_action_and_reaches_every_witness_it_can_express() -> None:
-    movement = any_size_movement(REFERENCE, Config())
+def test_the_any_size_model_takes_every_action_and_reaches_every_witness_the_spec_does() -> None:
+    movement = derived_movement(REFERENCE, Config())
     assert movement.problems == []
-    assert set(movement.actions) == {a.name for a in z3_prove.actions(REFERENCE.design)}
-    assert all(step is not None for step in movement.actions.values())
-    assert all(depth is not None for depth in movement.witnesses.values())
-    # Every witness is either checked or named as not expressible, with the reason.
-    assert set(movement.witnesses) | set(movement.not_checked) == {w.name for w in SOMETIMES}
-    assert "can_complete_handoff" in movement.witnesses
+    taken = {n for n, at in movement.actions.items() if at is not None}
+    fired, held = spec_reach(REFERENCE, Config(), movement.depth)
+    assert taken == set(fired)
+    assert {w for w, at in movement.witnesses.items() if at is not None} == set(held)
+    assert set(movement.witnesses) == {w.name for w in SOMETIMES}
 
 
 def test_prove_reports_an_any_size_model_that_never_lands_a_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The issue's example: with no write landing, every obligation still discharges (vacuously).
-    _any_size_without(monkeypatch, "decode_receive_write")
-    result = prove(REFERENCE, TINY, model="hand")
+    _derived_without_write_landing(monkeypatch)
+    result = prove(REFERENCE, TINY)
+    assert result.extra["scope"] == "any-size"
     assert all(o["verdict"] == "proved" for o in result.extra["obligations"])
     assert result.verdict == "unknown" and result.exit_code == 3
     assert not any(r.verdict == "holds" for r in result.results)
     findings = result.extra["vacuity"]
-    assert any("action decode_receive_write never fires" in f and "dead" in f for f in findings)
-    # No page ever holds data, so none is scrubbed; the spec scrubs one on the same config.
-    assert any("witness can_scrub_written_page" in f for f in findings)
-    assert result.witnesses["can_scrub_written_page"] is False
+    assert any("decode_receive_write" in f and "not a step of the model" in f for f in findings)
+    # No page ever holds data in the model, so the spec's handoff is not reached there.
+    assert result.witnesses["can_complete_handoff"] is False
 
 
 def _fixed_without_write_landing(monkeypatch: pytest.MonkeyPatch) -> None:
