@@ -229,10 +229,19 @@ def _derived_why_not(variant: Variant, config: Config) -> str | None:
     """Why the derived any-size model cannot prove this variant (None when it can). It reads the
     variant's own formulas (replaced guards and effects, added actions, state fields); what it
     lacks is a design outside its fragment and more than one prefill rank (and a construct it
-    refuses when translating, which `prove` reports the same way)."""
+    refuses when translating, which `prove` reports the same way). Room-keyed matching it reads,
+    but the invariants are written for request-keyed matching: there its obligations under
+    `prefill_receive_grant` run to the solver's timeout instead of failing, so `prove` takes
+    the fixed configuration, where they fail at once."""
     from kvhandoff.model_checker.z3_derived import supports as derived_supports
 
     why_not = derived_supports(variant.design)
+    if why_not is None and variant.design.matching != "request":
+        why_not = (
+            "room-keyed matching (a grant, abort or failure notice taken by another request on "
+            "its room): the invariants are written for request-keyed matching, and the any-size "
+            "obligations they leave open run to the solver's timeout"
+        )
     if why_not is None and config.prefill_ranks > 1:
         why_not = (
             f"prefill_ranks={config.prefill_ranks}: the derived any-size model has one prefill "
