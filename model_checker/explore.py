@@ -18,6 +18,11 @@ from every reachable state, whatever faults happened before, the protocol on its
 every request to an end. A state with no protocol step left that is not done ("stuck"), or a cycle
 of protocol steps among states that are not done, breaks it; otherwise the bound is the longest
 protocol-only path to a done state, reported as `response_bound`.
+
+The search keeps every state: no symmetry reduction. Decode's pages look interchangeable, but two
+rules read their order (lowest free pages first; a grant written in page order), so states equal
+up to a page relabelling can behave differently, and keeping one per class changed the incident's
+shortest counterexample (see `spec/symmetry.py`, benchmarks/results/symmetry.txt).
 """
 
 from __future__ import annotations
