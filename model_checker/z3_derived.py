@@ -415,6 +415,8 @@ class Model:
         self._count_fns: dict[tuple[str, str], Any] = {}
         self.changed: set[str] = set()
         """The symbols the step being translated changes (`effect` sets it)."""
+        self.translated: dict[tuple[Any, ...], tuple[Any, View, list[Any], set[str], View]] = {}
+        """`translated_step`'s memo (the view is kept so that its id stays its own)."""
         self.zero_axiom = False
 
     # --- terms ---------------------------------------------------------------------------------
@@ -1264,6 +1266,33 @@ def step(model: Model, name: str, view: View, tag: str) -> tuple[Any, View, list
     return guard, new, constraints
 
 
+_SHARED: dict[tuple[Any, ...], tuple[Model, View]] = {}
+
+
+def shared_model(design: Design, variant: Variant | None = None) -> tuple[Model, View]:
+    """One model (and its base state, tag "") per design or variant, shared by `prove_derived`
+    and `Simulator`: the witness check after a proof then reuses the proof's translation of every
+    step (`translated_step`) instead of making it again. Keyed by `step` too, so that a test
+    that patches the translation gets a model of its own."""
+    key = (variant.rules_key() if variant is not None else design, id(step))
+    if key not in _SHARED:
+        model = Model(design, variant)
+        _SHARED[key] = (model, base_view("", model.fields))
+    return _SHARED[key]
+
+
+def translated_step(model: Model, name: str, view: View, tag: str) -> tuple[Any, View, list[Any]]:
+    """`step`, remembered on the model per (action, state, tag), with the symbols it changes
+    (`model.changed` is set as `step` sets it)."""
+    key = (name, id(view), tag)
+    if key not in model.translated:
+        guard, new, constraints = step(model, name, view, tag)
+        model.translated[key] = (guard, new, constraints, set(model.changed), view)
+    guard, new, constraints, changed, _view = model.translated[key]
+    model.changed = set(changed)
+    return guard, new, constraints
+
+
 def prove_derived(
     design: Design,
     timeout: float | None = 60.0,
@@ -1280,9 +1309,12 @@ def prove_derived(
     why = supports(design)
     if why is not None:
         raise Untranslatable(why)
-    model = Model(design, variant)
-    model.zero_axiom = zero_axiom
-    s = base_view("", model.fields)
+    if zero_axiom:
+        model = Model(design, variant)
+        model.zero_axiom = True
+        s = base_view("", model.fields)
+    else:
+        model, s = shared_model(design, variant)
     cs = claims(model, s, "")
     if weaken:
         cs.update({n: _z(f(model, s, "")) for n, f in weaken.items()})
@@ -1319,7 +1351,7 @@ def prove_derived(
     for name, claim in cs.items():
         check(sv, "initiation", name, None, claim, None)
     for name in names if names is not None else actions(design, variant):
-        guard, s2, constraints = step(model, name, s, "")
+        guard, s2, constraints = translated_step(model, name, s, "")
         after = claims_after(model, cs, s, s2)
         if weaken:
             after.update({n: _z(f(model, s2, "'")) for n, f in weaken.items()})
@@ -1431,7 +1463,7 @@ class Simulator:
         if config.prefill_ranks != 1:
             raise Untranslatable("the derived any-size model has one prefill rank")
         self.design, self.config = design, config
-        self.model = Model(design, variant)
+        self.model, self._before = shared_model(design, variant)
         self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
         n, m = len(config.requests), config.decode_pages
         self.reqs = [z3.Const(f"R{i}", Req) for i in range(n)]
@@ -1450,7 +1482,6 @@ class Simulator:
         self.with_claims = True
         """Ask that the state before lie inside every claim (off for a variant whose claims
         fail on reachable states: its steps are then checked alone)."""
-        self._before = base_view("@0", self.model.fields)
         self._next = base_view("@1", self.model.fields)
         self._readings: dict[Any, dict[tuple[str, tuple[int, ...]], Any]] = {}
         self._pins: dict[Any, list[Any]] = {}
@@ -1562,7 +1593,8 @@ class Simulator:
         if state in self._pins:
             return self._pins[state]
         s = self._before
-        out = [p for key, value in self._reading(state).items() if (p := self._pin(s, key, value))]
+        pins = (self._pin(s, key, value) for key, value in self._reading(state).items())
+        out = [p for p in pins if p is not None]  # a Z3 term's truth value is costly to ask
         msgs = [z3.Const(f"M{k}", Msg) for k in range(len(state.network) + len(state.lost))]
         for x, msg in zip(msgs, (*state.network, *state.lost), strict=True):
             out += [s["sent"](x), self._message(x, msg)]
@@ -1630,7 +1662,7 @@ class Simulator:
         the step changes equal to its new value), and the symbols it changes."""
         if name not in self._steps:
             model, s, s1 = self.model, self._before, self._next
-            guard, s2, constraints = step(model, name, s, "")
+            guard, s2, constraints = translated_step(model, name, s, "")
             changed = set(model.changed)
             # Ground, over the config's requests and pages: a quantified equation here sends
             # the solver into model-based instantiation (seconds on a completion's step).
