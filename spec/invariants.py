@@ -34,6 +34,15 @@ first reachable state that breaks it, before any solver is asked to prove it.
 
 They are invariants of the *reference* design (and of designs that keep its defences); a variant
 that breaks a property breaks at least one of them, which is how the proof fails for it.
+
+**Room-keyed matching** changes the argument's step 2: prefill gives a grant to the first request
+waiting on its room, so what prefill holds, writes and completes for r may be a grant decode made
+for another request r' of the room, and (room, generation) names r', not r. Step 3 then rests on
+decode's binding instead: it admits a write only into a page owned by the request the write names
+(`owner(q) == w.req`), and accepts a completion only for the request it names (`m.req == t`).
+`invariants_for` gives such designs `ROOM_KEYED_INVARIANTS` in place of the three claims that
+say whose grant prefill holds, and `ROOM_KEYED_EXTRA_INVARIANTS`: decode's own progress, which
+request-keyed matching derives from prefill's.
 """
 
 from __future__ import annotations
