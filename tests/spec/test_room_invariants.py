@@ -133,6 +133,17 @@ def test_room_keyed_with_binding_lets_prefill_write_for_a_request_decode_refused
     assert explore(REFERENCE, config).result_for(broken.property).verdict == "holds"
 
 
+def test_the_fixed_config_prove_proves_every_safety_property_of_room_keyed_with_binding() -> None:
+    # The hand-written any-size model refuses room-keyed matching, so prove takes the fixed
+    # configuration: every obligation proved (about 24 s).
+    result = prove(get_variant("room_keyed_with_binding"), Config(), timeout=60, model="hand")
+    assert result.extra["scope"] == "fixed-config"
+    assert "room-keyed matching" in result.extra["any_size_unavailable"]
+    assert result.extra["obligations_proved"] == result.extra["obligations_total"]
+    verdicts = {r.property: r.verdict for r in result.results}
+    assert all(verdicts[p] == "holds" for p in SAFETY)
+
+
 @pytest.mark.slow
 def test_prove_any_size_room_keyed_with_binding() -> None:
     # About 85 s on two shared cores.
