@@ -197,7 +197,10 @@ def prefill_holds_a_generation_of_its_room() -> Term:
     (`m.req == t`); the writes and completions themselves still carry their writer's grant
     (`writes_carry_their_grant`, `messages_carry_a_generation_of_their_room`). Without the
     binding (`room_keyed_matching`) these invariants still hold, but what they are for does
-    not: `owned_pages_hold_owner_data_or_nothing` fails, and so does `no_cross_tenant_read`.
+    not: a write lands in another request's page (`owned_pages_hold_owner_data_or_nothing`
+    fails at depth 11), decode validates another request's completion
+    (`validated_pages_hold_own_data`, `decode_validates_only_completed_prefill`: depth 15), and
+    `no_cross_tenant_read` breaks at depth 16.
 
     "Some request of r's room" is said without an existential: the generation is one decode has
     issued (below its counter), and whichever request holds it is of r's room. Generations are
@@ -704,7 +707,13 @@ a grant decode made for another request on its room, so the request-keyed claims
 reachable states and cannot be part of any proof; these say what is true instead, and the others
 of `INVARIANTS` hold unchanged. With decode's binding (`room_keyed_with_binding`) they make the
 safety properties inductive; without it (`room_keyed_matching`) they still hold but the design
-breaks `owned_pages_hold_owner_data_or_nothing` and the properties that rest on it."""
+breaks the three the binding keeps (`owned_pages_hold_owner_data_or_nothing`,
+`validated_pages_hold_own_data`, `decode_validates_only_completed_prefill`) and the properties
+that rest on them. With one-sided writes there is no receiver to check the binding: a room-keyed
+`one_sided_fenced` lets a write land in another request's page (`fenced_writes_land_in_held_pages`
+and `owned_pages_hold_owner_data_or_nothing` fail, and `no_late_write_lands_in_reallocated_page`
+breaks); a room-keyed pull design (`reference_pull`'s) keeps them all on two requests sharing a
+room."""
 
 
 ROOM_KEYED_EXTRA_INVARIANTS: tuple[Invariant, ...] = (
