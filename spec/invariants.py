@@ -489,9 +489,23 @@ def rejected_requests_are_never_validated() -> Term:
     decode granted, prefill writes for it, and `room_keyed_with_binding` breaks
     `rejected_request_gets_error_not_output` ("prefill writes nothing for it"; nothing lands).
     Where every prompt over decode's limit is over prefill's too (the default scenario: 3 and 2
-    pages), the exception is empty and the property follows."""
+    pages), the exception is empty and the property follows. For that the invariant says, of
+    every request, that decode refuses only over its limit and prefill admits and writes only
+    within its own: the scenario's limits are the any-size model's free facts, and without these
+    clauses it cannot tell a refused request prefill may write from one it never admitted. (A
+    design that keeps an oversized prompt as a placeholder or truncates it admits it over the
+    limit; such a design breaks `rejected_request_gets_error_not_output` anyway.)"""
     return And(
-        forall(REQ, lambda r: Implies(d(r) == "rejected", over_decode_limit(r))),
+        forall(
+            REQ,
+            lambda r: And(
+                Implies(d(r) == "rejected", over_decode_limit(r)),
+                Implies(
+                    Or(p(r).is_in("admitted", "granted", "completed"), p_wrote(r) > 0),
+                    Not(over_prefill_limit(r)),
+                ),
+            ),
+        ),
         forall(
             REQ,
             lambda r: Implies(

@@ -144,18 +144,18 @@ def test_the_fixed_config_prove_proves_every_safety_property_of_room_keyed_with_
     assert all(verdicts[p] == "holds" for p in SAFETY)
 
 
-@pytest.mark.slow
 def test_prove_any_size_room_keyed_with_binding() -> None:
-    # About 85 s on two shared cores.
-    result = prove(get_variant("room_keyed_with_binding"), Config(), timeout=60)
+    # About 16 s. Every invariant is inductive any-size; one property is not, and rightly: the
+    # any-size model has every scenario at once, including those where it is false (above).
+    result = prove(get_variant("room_keyed_with_binding"), Config())
     assert result.extra["scope"] == "any-size"
     verdicts = {r.property: r.verdict for r in result.results}
     assert verdicts["rejected_request_gets_error_not_output"] == "unknown"
     assert all(
         verdicts[p] == "holds" for p in SAFETY if p != "rejected_request_gets_error_not_output"
     )
-    failed = {(o["invariant"], o["action"]) for o in result.extra["failed_obligations"]}
-    assert failed == {("rejected_request_gets_error_not_output", "decode_reject_request")}
+    failed = {o["invariant"] for o in result.extra["failed_obligations"]}
+    assert failed == {"rejected_request_gets_error_not_output"}
 
 
 @pytest.mark.slow
