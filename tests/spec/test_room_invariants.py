@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import z3
 
-from kvhandoff.model_checker.explore import explore, invariants_of
+from kvhandoff.model_checker.explore import build_graph, explore, invariants_of
 from kvhandoff.model_checker.prove import prove
+from kvhandoff.model_checker.z3_crosscheck import constants
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import kinduction
 from kvhandoff.model_checker.z3_invariants import fixed_invariants
@@ -78,6 +80,26 @@ def test_the_room_keyed_invariants_hold_on_every_reachable_state(scenario: list[
             # Without the binding a write lands in the pages decode holds for another request:
             # the invariant decode's ownership check keeps, and the properties on it, break.
             assert "owned_pages_hold_owner_data_or_nothing" in failing
+
+
+def test_kind_s_reading_of_the_room_keyed_invariants_holds_on_sampled_reachable_states() -> None:
+    # The formulas kind reads over the encoding agree with the explorer's on the spec's states
+    # (the encoding keeps a write with its writer, which under room-keyed matching may hold
+    # another request's grant).
+    variant = get_variant("room_keyed_with_binding")
+    config = parse_set(Config(), SHARED_ROOM)
+    enc = Encoding(variant, config, width=None)
+    invs = fixed_invariants(enc)
+    request_keyed = next(i for i in INVARIANTS if i.name == "prefill_holds_decodes_generation")
+    taken = 0
+    states = build_graph(variant, config)[0].states
+    for state in states[:: max(1, len(states) // 60)]:
+        s = constants(enc, enc.abstract(state))
+        for name, f in invs.items():
+            assert z3.is_true(z3.simplify(f(s))), name
+        taken += not request_keyed.holds(config, state, variant.design)
+    # The sample has states where prefill holds another request's grant.
+    assert taken > 0
 
 
 def test_a_wrong_room_keyed_clause_is_named_with_its_run(monkeypatch: pytest.MonkeyPatch) -> None:
