@@ -42,7 +42,7 @@ from kvhandoff.model_checker.result import CheckResult, PropertyResult, Verdict
 from kvhandoff.spec.actions import Action, action_name, is_fault
 from kvhandoff.spec.compiled import rules
 from kvhandoff.spec.config import Config
-from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS, Invariant
+from kvhandoff.spec.invariants import Invariant, invariants_for
 from kvhandoff.spec.machine import enabled, init, step
 from kvhandoff.spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
 from kvhandoff.spec.state import (
@@ -151,9 +151,9 @@ class _Shared:
 
 
 def invariants_of(variant: Variant) -> tuple[Invariant, ...]:
-    """The invariants the proof of this design uses (the one-sided designs have one more)."""
-    extra = ONE_SIDED_INVARIANTS if variant.design.write_path == "one_sided" else ()
-    return INVARIANTS + extra
+    """The invariants the proof of this design uses (`spec.invariants.invariants_for`: room-keyed
+    matching has its own versions of two, the one-sided designs have one more)."""
+    return invariants_for(variant.design)
 
 
 def build_graph(

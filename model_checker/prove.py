@@ -229,18 +229,19 @@ def _derived_why_not(variant: Variant, config: Config) -> str | None:
     """Why the derived any-size model cannot prove this variant (None when it can). It reads the
     variant's own formulas (replaced guards and effects, added actions, state fields); what it
     lacks is a design outside its fragment and more than one prefill rank (and a construct it
-    refuses when translating, which `prove` reports the same way). Room-keyed matching it reads,
-    but the invariants are written for request-keyed matching: there its obligations under
-    `prefill_receive_grant` run to the solver's timeout instead of failing, so `prove` takes
-    the fixed configuration, where they fail at once."""
+    refuses when translating, which `prove` reports the same way). Room-keyed matching it reads
+    (with the invariants of `spec.invariants.invariants_for`), but `prove` reports one scope for
+    all properties, and there `rejected_request_gets_error_not_output` can hold for the
+    configuration and not for every size (docs/z3.md, "The invariants"): the fixed
+    configuration is the scope that proves all that holds."""
     from kvhandoff.model_checker.z3_derived import supports as derived_supports
 
     why_not = derived_supports(variant.design)
     if why_not is None and variant.design.matching != "request":
         why_not = (
             "room-keyed matching (a grant, abort or failure notice taken by another request on "
-            "its room): the invariants are written for request-keyed matching, and the any-size "
-            "obligations they leave open run to the solver's timeout"
+            "its room): rejected_request_gets_error_not_output holds there for some "
+            "configurations, not for every size (docs/z3.md, 'The invariants')"
         )
     if why_not is None and config.prefill_ranks > 1:
         why_not = (

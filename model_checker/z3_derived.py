@@ -1159,13 +1159,14 @@ def well_formed(view: View) -> Any:
 
 
 @cache
-def _claim_terms() -> tuple[tuple[str, tuple[Term, ...]], ...]:
-    """Each invariant of spec/invariants.py as its clauses, and each `ALWAYS` property of
-    spec/properties.py, built once (so a clause is the same object at every state)."""
-    from kvhandoff.spec.invariants import INVARIANTS
+def _claim_terms(design: Design) -> tuple[tuple[str, tuple[Term, ...]], ...]:
+    """Each invariant of spec/invariants.py the design's proof uses (`invariants_for`: room-keyed
+    matching has its own versions of some) as its clauses, and each `ALWAYS` property of
+    spec/properties.py, built once per design (so a clause is the same object at every state)."""
+    from kvhandoff.spec.invariants import invariants_for
     from kvhandoff.spec.properties import ALWAYS
 
-    out = [(inv.name, tuple(clauses(inv.formula))) for inv in INVARIANTS]
+    out = [(inv.name, tuple(clauses(inv.formula))) for inv in invariants_for(design)]
     for prop in ALWAYS:
         if prop.formula is None:
             raise Untranslatable(f"{prop.name} has no formula")
@@ -1188,7 +1189,7 @@ def claims(
     with `before` (a `memo` of the state before the step), a clause that reads nothing the step
     changes (`model.changed`) is that translation again: it is the same formula."""
     out = {"well_formed": well_formed(view)}
-    for name, terms in _claim_terms():
+    for name, terms in _claim_terms(model.design):
         parts = []
         for t in terms:
             if before is not None and id(t) in before and not (_reads(t) & model.changed):

@@ -24,7 +24,7 @@ from kvhandoff.model_checker.z3_encoding import (
     shard,
     write_var,
 )
-from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
+from kvhandoff.spec.invariants import ONE_SIDED_INVARIANTS, invariants_for
 from kvhandoff.spec.logic import Term
 
 InvariantFormula = Callable[[SymState], Any]
@@ -36,15 +36,18 @@ def _in(x: Any, names: tuple[str, ...], table: dict[str, int]) -> Any:
 
 def fixed_invariants(enc: Encoding) -> dict[str, InvariantFormula]:
     """The invariants kind and the fixed-configuration prove use: the formulas of
-    `spec/invariants.py` themselves, read over the encoding (`logic_z3.FixedReading`), with the
-    one-sided designs' extra one, plus `well_formed` (facts about the encoding itself)."""
+    `spec/invariants.py` themselves, the design's (`invariants_for`: room-keyed matching's
+    versions, the one-sided designs' extra one), read over the encoding
+    (`logic_z3.FixedReading`), plus `well_formed` (facts about the encoding itself)."""
+    invs = invariants_for(enc.design)
     out: dict[str, InvariantFormula] = {}
-    if enc.design.write_path == "one_sided":
-        for inv in ONE_SIDED_INVARIANTS:
+    for inv in invs:
+        if inv in ONE_SIDED_INVARIANTS:
             out[inv.name] = _derived(enc, inv.formula)
     out["well_formed"] = well_formed(enc)
-    for inv in INVARIANTS:
-        out[inv.name] = _derived(enc, inv.formula)
+    for inv in invs:
+        if inv not in ONE_SIDED_INVARIANTS:
+            out[inv.name] = _derived(enc, inv.formula)
     return out
 
 

@@ -34,6 +34,15 @@ first reachable state that breaks it, before any solver is asked to prove it.
 
 They are invariants of the *reference* design (and of designs that keep its defences); a variant
 that breaks a property breaks at least one of them, which is how the proof fails for it.
+
+**Room-keyed matching** changes the argument's step 2: prefill gives a grant to the first request
+waiting on its room, so what prefill holds, writes and completes for r may be a grant decode made
+for another request r' of the room, and (room, generation) names r', not r. Step 3 then rests on
+decode's binding instead: it admits a write only into a page owned by the request the write names
+(`owner(q) == w.req`), and accepts a completion only for the request it names (`m.req == t`).
+`invariants_for` gives such designs `ROOM_KEYED_INVARIANTS` in place of the three claims that
+say whose grant prefill holds, and `ROOM_KEYED_EXTRA_INVARIANTS`: decode's own progress, which
+request-keyed matching derives from prefill's.
 """
 
 from __future__ import annotations
@@ -74,6 +83,8 @@ from kvhandoff.spec.vocabulary import (
     issued,
     next_gen,
     not_as_is,
+    over_decode_limit,
+    over_prefill_limit,
     owned,
     owner,
     owner_gen,
@@ -88,6 +99,7 @@ from kvhandoff.spec.vocabulary import (
     p_wrote,
     prefill_ranks,
     read_done,
+    room,
     shard_gen,
     shard_has,
     shard_outside,
@@ -166,10 +178,49 @@ def prefill_holds_decodes_generation() -> Term:
     only pages of that grant, and only while it holds one. A rank that has reported (several
     ranks) did so while prefill held the grant with every page it had data for written: the
     ranks write in lockstep, so no page is written after the first rank reports."""
+    return _prefill_writes_only_its_grant(lambda r: p_gen(r) == d_gen(r))
+
+
+def prefill_holds_a_generation_of_its_room() -> Term:
+    """Room-keyed matching (`matching="room"`): prefill gives a grant to the first request it
+    waits on for the grant's room, whichever request decode made it for. So the grant prefill
+    holds for r names a generation decode issued for *some* request of r's room, not necessarily
+    for r: `prefill_holds_decodes_generation` is false on reachable states (a cancelled request
+    takes the grant of the next request on its room). The rest is unchanged: prefill writes only
+    pages of the grant it holds, and only while it holds one.
+
+    The claim is weaker, and the proof must do without the stronger one: (room, generation) no
+    longer names prefill's request, so a write or a completion made under that grant can reach
+    pages decode holds for another request. What keeps them out is decode's binding
+    (`binds_request`): it admits a write only into a page its owner holds for the request the
+    write names (`owner(q) == w.req`) and accepts a completion only for the request it names
+    (`m.req == t`); the writes and completions themselves still carry their writer's grant
+    (`writes_carry_their_grant`, `messages_carry_a_generation_of_their_room`). Without the
+    binding (`room_keyed_matching`) these invariants still hold, but what they are for does
+    not: a write lands in another request's page (`owned_pages_hold_owner_data_or_nothing`
+    fails at depth 11), decode validates another request's completion
+    (`validated_pages_hold_own_data`, `decode_validates_only_completed_prefill`: depth 15), and
+    `no_cross_tenant_read` breaks at depth 16.
+
+    "Some request of r's room" is said without an existential: the generation is one decode has
+    issued (below its counter), and whichever request holds it is of r's room. Generations are
+    never reissued (`generations_are_unique`), so that is the same claim on reachable states, and
+    a universal one is what the any-size model's solver handles well (∀∃ is not)."""
+    return _prefill_writes_only_its_grant(
+        lambda r: And(
+            p_gen(r) < next_gen(),
+            forall(REQ, lambda o: Implies(d_gen(o) == p_gen(r), room(o) == room(r))),
+        )
+    )
+
+
+def _prefill_writes_only_its_grant(decode_issued: Callable[[Term], Term]) -> Term:
+    """Prefill's side of the grant, with `decode_issued(r)`: whose grant prefill's grant for r is
+    (the matching's: r's own, or one of r's room)."""
     return forall(
         REQ,
         lambda r: And(
-            Implies(p_gen(r) != 0, p_gen(r) == d_gen(r)),
+            Implies(p_gen(r) != 0, decode_issued(r)),
             p_wrote(r) <= p_granted_count(r),
             Implies(p_wrote(r) > 0, p_gen(r) != 0),
             Implies(p(r).is_in("granted", "completed"), p_gen(r) != 0),
@@ -208,6 +259,28 @@ def messages_carry_their_generation() -> Term:
             ["abort_ack"], lambda m: And(drain_fence(), m.gen != 0, m.gen == d_gen(m.req))
         ),
         each_pending_ack(lambda a: And(drain_fence(), a.gen != 0, a.gen == d_gen(a.req))),
+        forall(REQ, lambda r: Implies(d_awaiting_ack(r), drain_fence())),
+    )
+
+
+def messages_carry_a_generation_of_their_room() -> Term:
+    """Room-keyed matching: what decode sends (grants, aborts) still names the generation decode
+    granted the request the message is for, and a completion names the grant prefill holds for
+    its sender, as under request-keyed matching. But a failure notice, an owed drain ack and a
+    drain ack are prefill's, about the grant its request took, which decode may have made for
+    another request on the room: they name the generation *prefill* holds for their request
+    (with `prefill_holds_a_generation_of_its_room`, one decode issued on that room). Decode
+    matches them by room and generation, so one may stop a request other than the one that sent
+    it; that costs liveness, never safety."""
+    return And(
+        each_message(["grant"], lambda m: And(m.gen != 0, m.gen == d_gen(m.req))),
+        each_message(["completion"], lambda m: And(m.gen != 0, m.gen == p_gen(m.req))),
+        each_message(["abort"], lambda m: Or(m.gen == 0, m.gen == d_gen(m.req))),
+        each_message(["failure"], lambda m: Or(m.gen == 0, m.gen == p_gen(m.req))),
+        each_message(
+            ["abort_ack"], lambda m: And(drain_fence(), m.gen != 0, m.gen == p_gen(m.req))
+        ),
+        each_pending_ack(lambda a: And(drain_fence(), a.gen != 0, a.gen == p_gen(a.req))),
         forall(REQ, lambda r: Implies(d_awaiting_ack(r), drain_fence())),
     )
 
@@ -400,6 +473,82 @@ def rejected_requests_are_never_completed() -> Term:
     )
 
 
+def rejected_requests_are_never_validated() -> Term:
+    """Room-keyed matching: a request not admitted as sent is never validated, read or answered
+    with output, and whoever refused it stopped it, as in `rejected_requests_are_never_completed`.
+    But prefill may now write for it: where decode refused it (over decode's limit) and prefill
+    admitted it (within prefill's), prefill can take the grant decode made for another request
+    on its room, write under it and complete. The writes and the completion name the refused
+    request, and decode's binding turns them away: decode holds no pages for it and never will
+    (decode refuses only a request over its limit, and `d(r) == "rejected"` is final). So a
+    request is still never written or completed unless decode refused it and it is within
+    prefill's limit.
+
+    That exception is real, not a gap in the proof: in a scenario where decode admits less than
+    prefill (`decode_max_prompt < prefill_max_prompt`) and such a request shares a room with one
+    decode granted, prefill writes for it, and `room_keyed_with_binding` breaks
+    `rejected_request_gets_error_not_output` ("prefill writes nothing for it"; nothing lands).
+    Where every prompt over decode's limit is over prefill's too (the default scenario: 3 and 2
+    pages), the exception is empty and the property follows. For that the invariant says, of
+    every request, that decode refuses only over its limit and prefill admits and writes only
+    within its own: the scenario's limits are the any-size model's free facts, and without these
+    clauses it cannot tell a refused request prefill may write from one it never admitted. (A
+    design that keeps an oversized prompt as a placeholder or truncates it admits it over the
+    limit; such a design breaks `rejected_request_gets_error_not_output` anyway.)"""
+    return And(
+        forall(
+            REQ,
+            lambda r: And(
+                Implies(d(r) == "rejected", over_decode_limit(r)),
+                Implies(
+                    Or(p(r).is_in("admitted", "granted", "completed"), p_wrote(r) > 0),
+                    Not(over_prefill_limit(r)),
+                ),
+            ),
+        ),
+        forall(
+            REQ,
+            lambda r: Implies(
+                not_as_is(r),
+                And(
+                    Implies(
+                        Or(d(r) != "rejected", over_prefill_limit(r)),
+                        And(p_wrote(r) == 0, Not(p(r).is_in("granted", "completed"))),
+                    ),
+                    Not(d(r).is_in(*LATER)),
+                    Not(read_done(r)),
+                    Not(answered_ok(r)),
+                    Or(
+                        p(r) == "rejected",
+                        d(r) == "rejected",
+                        And(p(r) == "none", d(r) == "none"),
+                    ),
+                ),
+            ),
+        ),
+        each_message(["completion"], lambda m: Implies(not_as_is(m.req), d(m.req) == "rejected")),
+    )
+
+
+def decode_reads_only_what_it_validated() -> Term:
+    """Room-keyed matching: decode accepts a completion only for a request it has reserved pages
+    for, and reads only for one it has validated; neither is ever undone (what follows
+    validation is generating, answering, failing, releasing or a crash's loss, and decode never
+    reserves for a request again). Under request-keyed matching this follows from prefill's
+    progress: prefill completes only under the grant decode made for that very request, so a
+    request prefill completed has been reserved at decode. Under room-keyed matching prefill's
+    request may complete under another request's grant while decode has not even reserved it,
+    and decode's own progress has to be stated on its own."""
+    after_validation = ("validated", "generated", "answered", "failed", "released", "lost")
+    return forall(
+        REQ,
+        lambda r: And(
+            Implies(accepted_set(r), d(r).is_in(*after_validation)),
+            Implies(read_done(r), d(r).is_in(*after_validation[1:])),
+        ),
+    )
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "generations_are_unique",
@@ -457,7 +606,8 @@ INVARIANTS: tuple[Invariant, ...] = (
 def failing_invariants(
     config: Config, state: State, design: Design | None = None
 ) -> list[Invariant]:
-    return [inv for inv in INVARIANTS if not inv.holds(config, state, design)]
+    checked = INVARIANTS if design is None else invariants_for(design)
+    return [inv for inv in checked if not inv.holds(config, state, design)]
 
 
 def fenced_writes_land_in_held_pages() -> Term:
@@ -545,3 +695,60 @@ ONE_SIDED_INVARIANTS: tuple[Invariant, ...] = (
 )
 """Extra invariants of designs with one-sided writes and a drain fence (`one_sided_fenced`);
 with the ones above they make that design's safety properties inductive too."""
+
+
+ROOM_KEYED_INVARIANTS: dict[str, Invariant] = {
+    "prefill_holds_decodes_generation": Invariant(
+        "prefill_holds_a_generation_of_its_room",
+        "the grant prefill holds for a request is a grant decode issued on the request's room",
+        prefill_holds_a_generation_of_its_room(),
+    ),
+    "messages_carry_their_generation": Invariant(
+        "messages_carry_a_generation_of_their_room",
+        "decode's messages name its grant for their request; prefill's name the grant it holds",
+        messages_carry_a_generation_of_their_room(),
+    ),
+    "rejected_requests_are_never_completed": Invariant(
+        "rejected_requests_are_never_validated",
+        "a request not admitted as sent is never validated or answered, and written only where "
+        "decode refused it within prefill's limit",
+        rejected_requests_are_never_validated(),
+    ),
+}
+"""Room-keyed matching's versions of the invariants that say *whose* grant prefill holds, keyed
+by the invariant of `INVARIANTS` each replaces. Under `matching="room"` prefill's request can hold
+a grant decode made for another request on its room, so the request-keyed claims are false on
+reachable states and cannot be part of any proof; these say what is true instead, and the others
+of `INVARIANTS` hold unchanged. With decode's binding (`room_keyed_with_binding`) they make the
+safety properties inductive; without it (`room_keyed_matching`) they still hold but the design
+breaks the three the binding keeps (`owned_pages_hold_owner_data_or_nothing`,
+`validated_pages_hold_own_data`, `decode_validates_only_completed_prefill`) and the properties
+that rest on them. With one-sided writes there is no receiver to check the binding: a room-keyed
+`one_sided_fenced` lets a write land in another request's page (`fenced_writes_land_in_held_pages`
+and `owned_pages_hold_owner_data_or_nothing` fail, and `no_late_write_lands_in_reallocated_page`
+breaks); a room-keyed pull design (`reference_pull`'s) keeps them all on two requests sharing a
+room."""
+
+
+ROOM_KEYED_EXTRA_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        "decode_reads_only_what_it_validated",
+        "decode accepts only for a request it reserved, and reads only one it validated",
+        decode_reads_only_what_it_validated(),
+    ),
+)
+"""What room-keyed matching's proof needs besides `ROOM_KEYED_INVARIANTS`: facts of decode's own
+progress that request-keyed matching derives from prefill's."""
+
+
+def invariants_for(design: Design) -> tuple[Invariant, ...]:
+    """The invariants of the proof of a design, as every checker reads them (the explorer's
+    `--invariants`, kind, the fixed-configuration prove): `INVARIANTS`, with room-keyed
+    matching's versions in place of the request-keyed ones, and `ONE_SIDED_INVARIANTS` after
+    them for designs with one-sided writes."""
+    core = INVARIANTS
+    if design.matching == "room":
+        core = tuple(ROOM_KEYED_INVARIANTS.get(inv.name, inv) for inv in INVARIANTS)
+        core += ROOM_KEYED_EXTRA_INVARIANTS
+    extra = ONE_SIDED_INVARIANTS if design.write_path == "one_sided" else ()
+    return core + extra
