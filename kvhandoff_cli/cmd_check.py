@@ -71,7 +71,8 @@ def register(sub: Any) -> None:
         action="store_true",
         help="explicit search: also evaluate the proof's invariants (spec/invariants.py, the "
         "formulas kind and prove use) on every reachable state, and name any that fails with "
-        "its shortest run (they are the reference design's: a variant may break them); and "
+        "its shortest run (they are the reference design's, or room-keyed matching's own for a "
+        "design that matches by room: a variant may break them); and "
         "evaluate each safety property's and witness's formula (what the Z3 engines check) "
         "beside its Python function, naming any that disagree. Roughly doubles the search time",
     )
