@@ -35,19 +35,8 @@ from kvhandoff.spec.invariants import (
 from kvhandoff.spec.logic import REQ, Implies, forall
 from kvhandoff.spec.variants import REFERENCE, get_variant
 from kvhandoff.spec.vocabulary import d_gen, p_gen
+from tests.spec.test_room_matching import SAFETY, SHARED_ROOM  # two requests on one room
 
-SAFETY = (
-    "decode_reads_only_validated_pages",
-    "no_cross_tenant_read",
-    "accepted_completion_implies_full_coverage",
-    "rejected_request_gets_error_not_output",
-    "page_has_single_owner",
-    "no_late_write_lands_in_reallocated_page",
-    "freed_pages_hold_no_readable_data",
-)
-# Two requests on one room, two pages: the smallest scenario where a grant can be taken by the
-# wrong request (as in tests/spec/test_room_matching.py).
-SHARED_ROOM = ["requests=a:1:1,b:1:1", "decode_pages=2", "context_window=2"]
 # Decode admits less than prefill: request 1 (3 pages, room 1) is refused by decode and admitted
 # by prefill, which can then take the grant decode made for request 0 on the same room.
 DECODE_REFUSES_WHAT_PREFILL_ADMITS = [
