@@ -38,6 +38,11 @@ LADDER: list[tuple[str, str, list[str]]] = [
     ("default scenario, 4 pages", "reference", ["decode_pages=4"]),
     ("default scenario, 2 in flight", "reference", ["max_active=2"]),
     ("default scenario, 2 prefill ranks", "reference", ["prefill_ranks=2"]),
+    (
+        "wide scenario (2 in flight, 2 faults)",
+        "reference",
+        ["requests=a:2:1,b:3:1", "max_active=2", "max_faults=2"],
+    ),
 ]
 
 CHILD = r"""

@@ -22,7 +22,7 @@ from kvhandoff.model_checker.variant_loader import (
     load_variant,
     trace_variant_header,
 )
-from kvhandoff.spec.config import Config, ConfigError, default_config, parse_set
+from kvhandoff.spec.config import SCENARIOS, Config, ConfigError, parse_set, scenario_config
 from kvhandoff.spec.trace import with_header
 from kvhandoff.spec.variants import VARIANTS, Variant
 
@@ -57,6 +57,7 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set decode_pages=4 --set requests=a:2:1,b:3:2",
     )
+    add_scenario_argument(p)
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
     p.add_argument("--max-states", type=int, help="explicit search: stop after N states")
@@ -99,6 +100,18 @@ def register(sub: Any) -> None:
     v.set_defaults(func=run_variants)
 
 
+def add_scenario_argument(p: argparse.ArgumentParser) -> None:
+    """`--scenario NAME`: the configuration `--set` starts from (spec/config.py, `SCENARIOS`)."""
+    names = "; ".join(f"{name}: {text}" for name, (text, _) in SCENARIOS.items())
+    p.add_argument(
+        "--scenario",
+        default="default",
+        choices=list(SCENARIOS),
+        metavar="NAME",
+        help=f"the scenario --set starts from (default: default). {names}",
+    )
+
+
 def variant_json(v: Variant) -> dict[str, Any]:
     return {
         "name": v.name,
@@ -128,10 +141,13 @@ def run_variants(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def load_config(assignments: list[str], variant: Variant | None = None) -> Config:
-    """The default scenario, with the variant's own config fields, then the `--set` overrides."""
+def load_config(
+    assignments: list[str], variant: Variant | None = None, scenario: str = "default"
+) -> Config:
+    """The named scenario, with the variant's own config fields, then the `--set` overrides."""
     try:
-        base = default_config() if variant is None else variant.scenario(default_config())
+        start = scenario_config(scenario)
+        base = start if variant is None else variant.scenario(start)
         return parse_set(base, assignments)
     except (ConfigError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
@@ -382,7 +398,7 @@ def _single_json(run: EngineRun, variant: Variant, config: Config) -> dict[str, 
 
 def run_check(args: argparse.Namespace) -> int:
     variant = _load_variant(args.variant)
-    config = load_config(args.set, variant)
+    config = load_config(args.set, variant, args.scenario)
     if args.engine != "all" and args.engine not in ENGINES:
         raise UsageError(
             f"--engine {args.engine!r}: unknown engine; known: {', '.join([*ENGINES, 'all'])}"

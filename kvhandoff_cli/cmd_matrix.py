@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvhandoff.cli.cmd_check import add_scenario_argument
 from kvhandoff.cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
 from kvhandoff.model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
 from kvhandoff.model_checker.variant_loader import VariantLoadError, load_variant
-from kvhandoff.spec.config import Config, ConfigError, default_config, parse_set
+from kvhandoff.spec.config import Config, ConfigError, parse_set, scenario_config
 from kvhandoff.spec.properties import TERMINATION
 from kvhandoff.spec.variants import VARIANTS, Variant
 
@@ -74,6 +75,7 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_scenario_argument(p)
     p.add_argument("--depth", type=int, help="depth for bounded engines")
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
     p.add_argument(
@@ -189,7 +191,7 @@ def run_matrix(args: argparse.Namespace) -> int:
     if unknown or not engines:
         raise UsageError(f"--engines: unknown {unknown}; known: {', '.join(ENGINES)}")
     try:
-        config = parse_set(default_config(), args.set)
+        config = parse_set(scenario_config(args.scenario), args.set)
     except (ConfigError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     variants = list(VARIANTS)
@@ -227,7 +229,9 @@ def run_matrix(args: argparse.Namespace) -> int:
     spacer = EngineOptions(depth=args.depth, timeout=args.spacer_timeout)
     for variant in variants:
         try:
-            configs[variant.name] = parse_set(variant.scenario(default_config()), args.set)
+            configs[variant.name] = parse_set(
+                variant.scenario(scenario_config(args.scenario)), args.set
+            )
         except (ConfigError, TypeError) as exc:
             raise UsageError(f"variant {variant.name}: {exc}") from exc
     rows = []

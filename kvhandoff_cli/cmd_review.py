@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kvhandoff.cli.cmd_check import add_scenario_argument
 from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 DEFAULT_ENGINES = "explore,prove"
@@ -39,6 +40,7 @@ def register(sub: Any) -> None:
         "explicit-state explorer always runs: its counterexamples are the shortest)",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_scenario_argument(p)
     p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
     p.add_argument("--out", metavar="FILE", help="write the page here instead of stdout")
     p.set_defaults(func=run_review)
@@ -57,7 +59,7 @@ def run_review(args: argparse.Namespace) -> int:
     if "explore" not in engines:
         engines.insert(0, "explore")
     change = _load_variant(args.change)
-    config = load_config(args.set, change)
+    config = load_config(args.set, change, args.scenario)
     reference = next(v for v in VARIANTS if v.name == "reference")
     options = EngineOptions(timeout=args.timeout)
     baseline = ENGINES["explore"](reference, config, options)

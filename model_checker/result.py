@@ -37,9 +37,12 @@ def config_summary(config: Config) -> str:
     n = len(config.requests)
     tenants = len(config.tenants)
     ranks = config.prefill_ranks
+    # Said only when it is more than one, so the one-in-flight scopes read as they always have.
+    active = min(config.max_active, n)
+    in_flight = f"{active} in flight at once, " if active > 1 else ""
     return (
         f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, "
-        f"{n} request{'s' * (n != 1)}, "
+        f"{n} request{'s' * (n != 1)}, {in_flight}"
         f"{tenants} tenant{'s' * (tenants != 1)}, {ranks} prefill rank{'s' * (ranks != 1)}, "
         f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}"
     )
