@@ -143,37 +143,6 @@ def test_a_model_whose_write_never_lands_is_caught(monkeypatch: pytest.MonkeyPat
     assert not [r for r in result.results if r.verdict == "holds"]
 
 
-def test_the_unrolled_witness_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The check the replay replaced, kept until the replay's differential test has run on main.
-    _break_step(monkeypatch, "decode_reserve_pages")
-    universe, depth, _goals = z3_witnesses._derived_passes()[0]
-    names = z3_derived.actions(REFERENCE.design)
-    goals = ["can_complete_handoff", "decode_generate"]
-    found, unknown, _ = z3_witnesses._derived_unroll(REFERENCE, universe, depth, goals, 60, names)
-    assert unknown is None and found == {}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [v.name for v in VARIANTS if z3_derived.supports(v.design) is None]
-)
-def test_the_replay_and_the_unrolling_agree(name: str) -> None:
-    # Differential test of the witness check: on every catalogue variant of the fragment with
-    # one prefill rank, the replay of the spec's paths and the unrolling of the model find the
-    # model moves (no finding), and every witness the unrolling reaches the replay reaches too,
-    # unless the spec does not within the replay's depth.
-    variant = get_variant(name)
-    config = variant.scenario(Config())
-    if config.prefill_ranks != 1:
-        pytest.skip("the derived model has one prefill rank")
-    replayed = z3_witnesses.derived_movement(variant, config, timeout=60)
-    unrolled = z3_witnesses.derived_unrolled_movement(variant, config, timeout=60)
-    assert replayed.problems == [] and unrolled.problems == []
-    for w, at in unrolled.witnesses.items():
-        if at is not None and w not in replayed.spec_unreached:
-            assert replayed.witnesses[w] is not None, w
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", IN_FRAGMENT_EXAMPLES)
 def test_prove_on_an_example_in_the_fragment_is_any_size(path: str) -> None:
