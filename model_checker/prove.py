@@ -221,15 +221,14 @@ def prove(
 def _run_derived(
     variant: Variant, timeout: float | None, retries: bool, only: set[str] | None
 ) -> list[Obligation]:
-    from kvhandoff.model_checker.z3_derived import actions, prove_derived
+    from kvhandoff.model_checker.z3_derived import prove_derived
 
     # The any-size model leaves the scenario's numbers free, `max_retries` too. A configuration
     # without retries (the default) fixes that one: with `max_retries` 0 the retry's guard never
     # holds, so its action is left out, and the proof covers every size without client retries.
-    names = None
-    if not retries:
-        names = [n for n in actions(variant.design, variant) if n != "router_retry_request"]
-    return prove_derived(variant.design, timeout=timeout, only=only, variant=variant, names=names)
+    return prove_derived(
+        variant.design, timeout=timeout, only=only, variant=variant, retries=retries
+    )
 
 
 def _run_fixed(

@@ -79,6 +79,7 @@ from kvhandoff.spec.actions import (
     PrefillSendCompletion,
     PrefillWritePage,
     RetransmitMessage,
+    RouterRetryRequest,
     RouterSubmitRequest,
     snake_case,
 )
@@ -1137,6 +1138,7 @@ class Encoding:
 _CLASSES: dict[str, Any] = {
     snake_case(cls.__name__): cls
     for cls in (
+        RouterRetryRequest,  # never an instance (see `_instances`); named for completeness
         RouterSubmitRequest,
         PrefillAdmitRequest,
         PrefillRejectRequest,
