@@ -1032,6 +1032,8 @@ class Encoding:
                     read=read,
                     accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
                     p_lease_expired=self.pull and v[f"r{r}.lease_expired"],
+                    # No retries in this encoding (`__init__`): every attempt number is 0.
+                    attempt=0,
                     **(
                         {
                             field: tuple(k for k in range(self.ranks) if v[f"r{r}.{name}{k}"])
