@@ -216,6 +216,17 @@ REGISTRY: tuple[Counterpart, ...] = (
         silent="in live logs a retried RPC is not logged (the harness logs its own)",
     ),
     _row(
+        "router_retry_request",
+        _none(),
+        (),
+        note="conformance refuses scenarios with max_retries > 0 (`require_one_prefill_rank`)",
+        silent="not implemented: the implementation's prefill refuses a request id it has seen "
+        "(its tombstones, `PrefillCore._finished`, answer ALREADY_EXISTS, so a retry under the "
+        "same id gets an error, which is safe), and its grants and aborts carry no attempt "
+        "number: the reference's `attempt_fence` has no counterpart yet, so a lockstep replay of "
+        "a trace with a retry would diverge at the retry, not test anything",
+    ),
+    _row(
         "client_cancel_request",
         _call("cancel", _request),
         ("client_cancel_request",),

@@ -69,6 +69,15 @@ def require_one_prefill_rank(config: Config) -> None:
             "(one rank), so conformance runs only scenarios with prefill_ranks=1; check "
             "several-rank designs with `kvhandoff check --set prefill_ranks=N`"
         )
+    # Checked here too, so that every caller refuses it: a client's retry under the same request
+    # id is not implemented (see the registry's row for `router_retry_request`).
+    if config.max_retries:
+        raise UnsupportedScenario(
+            f"max_retries={config.max_retries}: the implementation refuses a request id it has "
+            "seen (prefill's tombstones answer ALREADY_EXISTS) and its messages carry no attempt "
+            "number, so it cannot play a retry; check retries with `kvhandoff check --set "
+            "max_retries=N`"
+        )
 
 
 class Target(abc.ABC):

@@ -391,6 +391,7 @@ class FixedReading(Reading):
             "room": self.enc.rooms[r],
             "count": s[f"r{r}.{k}_count"] if completion else 0,
             "has_digest": s[f"r{r}.{k}_digest"] if completion else False,
+            "attempt": 0,  # no retries in the fixed encoding (see `_FIXED["attempt"]`)
             "digest_page": (lambda j: s[f"r{r}.{k}_dpages{j}"])
             if completion
             else (lambda j: False),
@@ -547,6 +548,12 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: f.enc.ranks,
     "drain_fence": lambda f: f.drain,
+    # A client's retry: the fixed encoding keeps one message per request and kind, which a
+    # retried request's two attempts would not fit, so it refuses a scenario with retries
+    # (`Encoding.__init__`); without them no retry happens and every attempt number is 0.
+    "retries_spent": lambda f: 0,
+    "max_retries": lambda f: f.enc.config.max_retries,
+    "attempt": lambda f, r: 0,
 }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -114,13 +115,15 @@ def prove(
     # The any-size model is the spec's own rules translated under the variant's design options
     # and its own formulas. A Python override or added action reaches no model, so proving the
     # rest would prove some other protocol and call it this one. The fixed-config encoding
-    # refuses all of these (CannotEncode, naming the action or field), so ask it first.
-    Encoding(variant, config)
+    # refuses all of these (CannotEncode, naming the action or field), so ask it first; it also
+    # refuses client retries, for its own layout's sake (one message per request and kind), not
+    # the variant's, and the any-size model reads them: asked without them.
+    Encoding(variant, replace(config, max_retries=0))
     obligations: list[Obligation] | None = None
     run: Run
     why_not = _derived_why_not(variant, config)
     if why_not is None:
-        run = partial(_run_derived, variant, timeout)
+        run = partial(_run_derived, variant, timeout, config.max_retries > 0)
         try:
             # Translating every guard, effect and claim is the proof's first part: a construct
             # outside the model (a guard over the messages in flight) is refused.
@@ -182,14 +185,16 @@ def prove(
                 PropertyResult(p.name, "unknown", detail="proved, but vacuous: " + vacuity[0])
             )
             continue
-        # Not proved: is there a real counterexample?
-        if search is None:
+        # Not proved: is there a real counterexample? (Not searched where BMC's encoding cannot
+        # hold the configuration: client retries.)
+        if search is None and not config.max_retries:
             search = bmc_cached(variant, config, depth=depth, timeout=timeout)
             extra["bmc_depth"] = search.extra.get("max_depth")
-        found = search.result_for(p.name)
-        if found.verdict == "violated":
-            results.append(found)
-            continue
+        if search is not None:
+            found = search.result_for(p.name)
+            if found.verdict == "violated":
+                results.append(found)
+                continue
         first = first_failure[p.name]
         what = f"{first.kind} of {first.invariant}" + (
             f" under {first.action}" if first.action else ""
@@ -198,6 +203,8 @@ def prove(
         leans = "" if first in failed else " once the claims that failed are no longer assumed"
         detail = f"proof {why}: {what}{leans}; " + (
             f"no counterexample within {search.extra.get('max_depth')} steps"
+            if search is not None
+            else "no BMC search (its encoding cannot hold client retries: use the explorer)"
         )
         results.append(PropertyResult(p.name, "unknown", detail=detail))
     return CheckResult(
@@ -212,11 +219,16 @@ def prove(
 
 
 def _run_derived(
-    variant: Variant, timeout: float | None, only: set[str] | None
+    variant: Variant, timeout: float | None, retries: bool, only: set[str] | None
 ) -> list[Obligation]:
     from kvhandoff.model_checker.z3_derived import prove_derived
 
-    return prove_derived(variant.design, timeout=timeout, only=only, variant=variant)
+    # The any-size model leaves the scenario's numbers free, `max_retries` too. A configuration
+    # without retries (the default) fixes that one: with `max_retries` 0 the retry's guard never
+    # holds, so its action is left out, and the proof covers every size without client retries.
+    return prove_derived(
+        variant.design, timeout=timeout, only=only, variant=variant, retries=retries
+    )
 
 
 def _run_fixed(

@@ -79,6 +79,7 @@ from kvhandoff.spec.actions import (
     PrefillSendCompletion,
     PrefillWritePage,
     RetransmitMessage,
+    RouterRetryRequest,
     RouterSubmitRequest,
     snake_case,
 )
@@ -249,6 +250,17 @@ class Encoding:
         config: Config,
         width: int | None = 5,
     ) -> None:
+        if config.max_retries:
+            # A retried request's first attempt leaves messages and writes in flight (a
+            # duplicated grant, an abort, a late write) that meet its second attempt's: two
+            # distinct messages of one request and kind, and writes of a generation the
+            # request's prefill no longer holds, which this layout (one slot per request and
+            # kind, writes read off the request's own prefill fields) cannot hold.
+            raise CannotEncode(
+                f"max_retries={config.max_retries}: the fixed encoding keeps one message per "
+                "request and kind, and a retried request's two attempts can have two in flight; "
+                "check retries with the explicit engine (or prove's any-size model)"
+            )
         if not variant.is_pure_design:
             raise CannotEncode(
                 f"variant {variant.name!r} has Python code the Z3 encoding cannot translate: "
@@ -602,6 +614,8 @@ class Encoding:
         for kind in kinds:
             for r in reqs:
                 add("retransmit_message", (kind, r))
+        # router_retry_request: none. A scenario with retries is refused (`__init__`), and
+        # without them the retry's guard (`retries_spent < max_retries`) never holds.
         for r in reqs:
             add("client_cancel_request", (r,), True)
         for r in reqs:
@@ -1018,6 +1032,8 @@ class Encoding:
                     read=read,
                     accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
                     p_lease_expired=self.pull and v[f"r{r}.lease_expired"],
+                    # No retries in this encoding (`__init__`): every attempt number is 0.
+                    attempt=0,
                     **(
                         {
                             field: tuple(k for k in range(self.ranks) if v[f"r{r}.{name}{k}"])
@@ -1124,6 +1140,7 @@ class Encoding:
 _CLASSES: dict[str, Any] = {
     snake_case(cls.__name__): cls
     for cls in (
+        RouterRetryRequest,  # never an instance (see `_instances`); named for completeness
         RouterSubmitRequest,
         PrefillAdmitRequest,
         PrefillRejectRequest,

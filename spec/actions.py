@@ -188,6 +188,16 @@ class RetransmitMessage:
     message: Message
 
 
+@dataclass(frozen=True)
+class RouterRetryRequest:
+    """The client, having got an error, submits the request again: same request id, same room.
+
+    Client behaviour, not a fault: bounded by its own budget (`Config.max_retries`), and listed
+    after every other protocol step so that no existing counterexample changes."""
+
+    request: int
+
+
 # --- Faults -------------------------------------------------------------------------------------
 
 
@@ -278,6 +288,7 @@ Action = (
     | DecodeDetectPrefillRestart
     | PrefillDetectDecodeRestart
     | RetransmitMessage
+    | RouterRetryRequest
     | ClientCancelRequest
     | DecodeWaitingTimeout
     | PrefillAbortRequest
@@ -314,6 +325,7 @@ PROTOCOL_ACTIONS: tuple[type, ...] = (
     DecodeDetectPrefillRestart,
     PrefillDetectDecodeRestart,
     RetransmitMessage,
+    RouterRetryRequest,
 )
 FAULT_ACTIONS: tuple[type, ...] = (
     ClientCancelRequest,
@@ -358,6 +370,7 @@ def _message_from_json(data: dict[str, Any]) -> Message:
         reason=str(data.get("reason", "")),
         epoch=int(data.get("epoch", 0)),
         rank=int(data.get("rank", 0)),
+        attempt=int(data.get("attempt", 0)),
     )
 
 
@@ -391,6 +404,8 @@ def action_to_json(action: object) -> dict[str, Any]:
         value = getattr(action, name)
         if isinstance(value, Message | Write):
             value = _without_rank_0(_as_dict(value))
+            if value.get("attempt", 1) == 0:
+                del value["attempt"]  # as a rank of 0: traces without retries read as before
         args[name] = value
     return {"action": action_name(action), "args": _without_rank_0(args)}
 

@@ -1025,6 +1025,8 @@ def compile_effect(
                     term = getattr(u, field_name)
                     if term is not None:
                         parts.append(f"{field_name}={_source(term)}")
+                # Every message about r carries the attempt it was sent for (`run_effect`).
+                parts.append(f"attempt=S.requests[{r}].attempt")
                 if u.digest:
                     q = u.page.name if u.page is not None else "_q"
                     covered = _source(u.digest_page) if u.digest_page is not None else "False"

@@ -88,6 +88,11 @@ class Config:
     response_bound: int = 0
     """Bounded response: once faults stop, steps within which every request must end; 0 = any
     finite bound (no cycle, no stuck state)."""
+    max_retries: int = 0
+    """Times in one run the client submits a request again under the same request id and room,
+    after it got an error for it (`router_retry_request`). A retry is client behaviour, not a
+    fault: it has its own budget and does not count against `max_faults`. 0 (the default)
+    keeps every scenario's state space as it was before retries were modelled."""
 
     def __post_init__(self) -> None:
         positive = ("decode_pages", "page_size", "prefill_pool_pages", "context_window")
@@ -106,6 +111,7 @@ class Config:
             "max_cancels",
             "max_prefill_aborts",
             "response_bound",
+            "max_retries",
         )
         for name in non_negative:
             value = getattr(self, name)

@@ -364,6 +364,7 @@ _REQ_FIELDS = {
     "d_cancel": "d_cancel",
     "p_cancel": "p_cancel",
     "p_lease_expired": "p_lease_expired",
+    "attempt": "attempt",
 }
 """Symbols of one request that are a field of `ReqState` as they are."""
 _REQ_SETS = {
@@ -400,7 +401,12 @@ _FAULTS = {
     "timeouts_spent": "timeouts",
     "cancels_spent": "cancels",
     "prefill_aborts_spent": "prefill_aborts",
+    "retries_spent": "retries",  # kept in `Faults`, but not a fault (see `Faults.retries`)
 }
+_WITHDRAW = ("answered",)
+"""The client's answer, which an effect may only withdraw (`assign(answered(r), False)`: a retry
+sets the first attempt's error aside). Giving an answer is `answer_error` / `answer_ok`, which
+keep the first one given."""
 _GHOSTS = frozenset(f.name for f in __import__("dataclasses").fields(Ghost))
 
 WRITABLE: frozenset[str] = frozenset(
@@ -416,6 +422,7 @@ WRITABLE: frozenset[str] = frozenset(
         *_FAULTS,
         *_PENDING,
         *_ACKED,
+        *_WITHDRAW,
     ]
 )
 """The symbols an effect may assign: the state's own. The others are rigid (the scenario's) or
@@ -560,6 +567,8 @@ def run_effect(
                         for q in range(len(S.pages))
                         if covered is not None and covered(S, C, drain, *a, q)
                     )
+                # Every message about r carries the attempt it was sent for.
+                extra["attempt"] = S.requests[r].attempt
                 messages.append(
                     Message(
                         u.kind, room, gen, r, pages=pages, reason=u.reason, epoch=epoch, **extra
@@ -658,7 +667,13 @@ def _build(
     pending: dict[int, dict[str, Any]] = {}
     acked: dict[tuple[int, ...], bool] = {}
     for (name, key), value in assigned.items():
-        if name in _REQ_FIELDS or name in _REQ_SETS or name in _READ or name in _ACCEPTED:
+        if name in _WITHDRAW:
+            if value is not False:
+                raise ValueError(
+                    f"an effect may only withdraw an answer, not set {name} to {value}"
+                )
+            by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
+        elif name in _REQ_FIELDS or name in _REQ_SETS or name in _READ or name in _ACCEPTED:
             by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
         elif name in _PAGE or name in _SHARD:
             by_page.setdefault(key[0], {})[name, key[1:]] = value
@@ -740,8 +755,11 @@ def _new_request(
     sets: dict[str, set[int]] = {}
     read: dict[Any, Any] = {}
     accepted: dict[str, Any] = {}
+    answer = req.answer
     for (name, rest), value in changes.items():
-        if name in _REQ_FIELDS:
+        if name in _WITHDRAW:
+            answer = fields["answer"] = None
+        elif name in _REQ_FIELDS:
             fields[_REQ_FIELDS[name]] = value
         elif name in _ACCEPTED:
             accepted[name] = value
@@ -761,7 +779,7 @@ def _new_request(
             fields["accepted_full"] = bool(accepted.get("accepted_full", was is True))
         else:
             fields["accepted_full"] = None
-    if reply is not None and req.answer is None:
+    if reply is not None and answer is None:
         if reply.ok:
             fields["answer"] = Answer(ok=True, tags=req.read or ())
         else:

@@ -228,6 +228,7 @@ MESSAGE_FIELDS: dict[str, Sort] = {
     "room": INT,  # the room it names
     "count": INT,  # a completion: how many pages it says were written
     "has_digest": BOOL,  # a completion: it carries a digest
+    "attempt": INT,  # the sender's attempt number for the request (a client's retry: 1)
 }
 MESSAGE_PAGE_FIELDS: dict[str, Sort] = {"has_page": PAGE, "digest_page": PAGE}
 """Fields that take a page: `m.has_page(q)`, page q is among the pages a grant names;

@@ -100,6 +100,7 @@ from kvhandoff.spec.actions import (
     PrefillSendCompletion,
     PrefillWritePage,
     RetransmitMessage,
+    RouterRetryRequest,
     RouterSubmitRequest,
     action_name,
     snake_case,
@@ -150,12 +151,14 @@ from kvhandoff.spec.logic import (
     rank_guard,
     write_guard,
 )
-from kvhandoff.spec.state import PREFILL_LIVE, State, initial_state
+from kvhandoff.spec.state import PREFILL_LIVE, PREFILL_TERMINAL, State, initial_state
 from kvhandoff.spec.variants import REFERENCE, Design, FormulaGuard, Variant
 from kvhandoff.spec.vocabulary import (
     accepted_full,
     accepted_set,
     answered,
+    answered_ok,
+    attempt,
     cancelled_mid_transfer,
     cancels_spent,
     crashes_spent,
@@ -183,6 +186,7 @@ from kvhandoff.spec.vocabulary import (
     max_duplicates,
     max_faults,
     max_prefill_aborts,
+    max_retries,
     max_timeouts,
     next_gen,
     not_as_is,
@@ -220,6 +224,7 @@ from kvhandoff.spec.vocabulary import (
     read_page,
     read_req,
     refused_write,
+    retries_spent,
     room,
     scrubbed_written_page,
     shard_gen,
@@ -518,9 +523,15 @@ def _prefill_receive_grant_effect(design: Design) -> EffectFormula:
                 return And(waiting(t), room(t) == m.room)
 
             return [consume(m), each(REQ, lambda t: take(t, _first(t, on_room)))]
-        # Keyed by the request id the grant carries (and its room: our implementation).
+        # Keyed by the request id the grant carries (and its room: our implementation), and,
+        # with `attempt_fence`, the attempt it was made for: a grant of a retried request's first
+        # attempt is stale for the second (see `router_retry_request`).
         r = m.req
-        out: list[Any] = [consume(m), take(r, waiting(r))]
+        if design.attempt_fence:
+            mine = And(waiting(r), m.attempt == attempt(r))
+        else:
+            mine = waiting(r)
+        out: list[Any] = [consume(m), take(r, mine)]
         if design.prefill_adopts_unknown_grant:
             unknown = And(Not(waiting(r)), Not(p(r).is_in(*PREFILL_LIVE)))
             out.append(adopt_orphan(r, m.gen, when=unknown))
@@ -782,7 +793,10 @@ def _decode_receive_failure_effect(design: Design) -> EffectFormula:
                 return And(room(t) == m.room, applies(t))
 
             return [consume(m), each(REQ, lambda t: fail(t, _first(t, on_room)))]
-        return [consume(m), fail(m.req, TRUE)]
+        # By request id, and with `attempt_fence` the attempt: a rejection notice of a retried
+        # request's first attempt (generation 0, so no generation tells it apart) is stale.
+        fresh = m.attempt == attempt(m.req) if design.attempt_fence else TRUE
+        return [consume(m), fail(m.req, fresh)]
 
     return message_effect(body)
 
@@ -966,7 +980,12 @@ def _prefill_receive_abort_effect(design: Design) -> EffectFormula:
                 return And(room(t) == m.room, Or(waiting, took))
 
             return [consume(m), each(REQ, lambda t: abort(t, _first(t, on_room)))]
-        return [consume(m), abort(m.req, TRUE)]
+        # By request id, and with `attempt_fence` the attempt: prefill stops a request still
+        # waiting for its grant on an abort of *any* generation (decode may abort a grant prefill
+        # has not received yet), so only the attempt tells a first attempt's abort from one for
+        # the second.
+        fresh = m.attempt == attempt(m.req) if design.attempt_fence else TRUE
+        return [consume(m), abort(m.req, fresh)]
 
     return message_effect(body)
 
@@ -1113,6 +1132,103 @@ def _retransmit_guard(design: Design) -> GuardFormula:
 
 def _retransmit_effect(design: Design) -> EffectFormula:
     return message_effect(lambda m: [resend(m)])
+
+
+# --- router_retry_request ------------------------------------------------------------------------
+#
+# A client that got an error may submit the same request again, under the same request id and
+# the same room: clients retry, and proxies retry for them (an OpenAI-style client resends a
+# request whose stream broke; a fan-out resends a failed branch under its id). The question the
+# rule asks is what the *first* attempt has left behind when the second one starts.
+#
+# When. Only after the client got an error (output is final: nothing to retry), and only once
+# both workers have finished with the first attempt: prefill in a terminal phase, decode done
+# and holding no page. A worker that still holds the request id refuses a submission under it
+# (our prefill and decode answer ALREADY_EXISTS; the router itself keeps the id until both
+# sides reported), and the client would just get another error for the same work still going
+# on: that refused resubmission is a stutter, not modelled. The router's own word of a cancel
+# still on its way to a worker (`d_cancel`, `p_cancel`) is the router's knowledge too, and it
+# waits for that call to return first; prompts over the context window are refused at the
+# router's door whatever the attempt, so retrying one is not modelled either. The router's
+# load bound (`max_active`) counts the retried request as in progress again.
+#
+# What is *not* waited for, because nobody can see it: the first attempt's messages still in
+# the network or among the lost ones (a duplicated grant, a retransmission, a rejection notice
+# or an abort sent before any grant, with generation 0), its page writes still in flight, and
+# the drain acks prefill may still owe. They stay, and meet the second attempt: that is what
+# this rule is for. The fences they meet are the receivers' own: decode's generations (fresh
+# for every grant, so a completion, a write or a drain ack of the first attempt names a
+# generation no reservation of the second holds), the boot epochs, and prefill's matching of
+# grants and aborts by request id, which a retry under the same id does *not* tell apart.
+#
+# Effect. The router hands the request to both workers again, as `router_submit_request` does,
+# and every per-attempt fact of the request starts afresh, so that the second attempt is held
+# to the same properties as the first: the client's answer is withdrawn (`answered` may only be
+# assigned false), the ghost record of what decode read and accepted is cleared, `not_as_is`
+# too; prefill's and decode's phases, grants, counts and rank sets return to those of a request
+# just handed over. Decode's generation counter is not touched: the second grant gets a fresh
+# generation. A retry is not a fault: it spends its own budget (`max_retries`), never
+# `max_faults`, and is a protocol step (so termination is checked across it).
+
+
+def _router_retry_guard(design: Design) -> GuardFormula:
+    in_progress = count(REQ, lambda q: And(submitted(q), Not(answered(q))))
+    return guard(
+        lambda r: And(
+            retries_spent() < max_retries(),
+            submitted(r),
+            answered(r),
+            Not(answered_ok(r)),
+            Not(over_context_window(r)),
+            Not(d_cancel(r)),
+            Not(p_cancel(r)),
+            p(r).is_in(*sorted(PREFILL_TERMINAL)),
+            d(r).is_in("rejected", "failed", "released", "lost"),
+            Not(exists(PAGE, lambda q: d_holds(r, q))),
+            in_progress < max_active(),
+        )
+    )
+
+
+def _router_retry_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        return [
+            assign(retries_spent(), retries_spent() + 1),
+            assign(attempt(r), attempt(r) + 1),
+            # The client's side: the first attempt's error is set aside.
+            assign(answered(r), False),
+            assign(not_as_is(r), False),
+            # Handed over again, with the epochs the router now sees.
+            assign(p(r), "received"),
+            assign(p_len(r), 0),
+            assign(p_gen(r), 0),
+            assign(p_wrote(r), 0),
+            assign(p_epoch(r), decode_epoch()),
+            assign(p_lease_expired(r), False),
+            each(PAGE, lambda q: assign(p_granted(r, q), False)),
+            each(RANK, lambda k: assign(p_rank_done(r, k), False)),
+            assign(d(r), "received"),
+            assign(d_gen(r), 0),
+            assign(d_epoch(r), prefill_epoch()),
+            assign(d_awaiting_ack(r), False),
+            each(
+                RANK,
+                lambda k: [assign(d_rank(r, k), False), assign(d_ack(r, k), False)],
+            ),
+            # Ghost: what decode read and accepted belongs to the attempt.
+            assign(read_done(r), False),
+            each(
+                PAGE,
+                lambda q: [
+                    assign(read_page(r, q), False),
+                    each(RANK, lambda k: assign(read_has(r, q, k), False)),
+                ],
+            ),
+            assign(accepted_set(r), False),
+            assign(accepted_full(r), False),
+        ]
+
+    return effect(body)
 
 
 # --- Faults --------------------------------------------------------------------------------------
@@ -1407,6 +1523,7 @@ PROTOCOL_GROUPS: tuple[tuple[type, ...], ...] = (
     (DecodeDetectPrefillRestart,),
     (PrefillDetectDecodeRestart,),
     (RetransmitMessage,),
+    (RouterRetryRequest,),
 )
 """The protocol's steps, in the order `enabled` lists them (`spec/compiled.py`)."""
 
@@ -1459,6 +1576,7 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "decode_receive_abort_ack": _decode_receive_abort_ack_guard,
     "network_fail_transfer": _fail_transfer_guard,
     "prefill_send_abort_ack": _prefill_send_abort_ack_guard,
+    "router_retry_request": _router_retry_guard,
 }
 """The guards, every step of the protocol and every fault. The Z3 encodings translate these
 (`Encoding.rule`); `enabled` runs them compiled (`spec/compiled.py`)."""
@@ -1497,6 +1615,7 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "decode_receive_abort_ack": _decode_receive_abort_ack_effect,
     "network_fail_transfer": _fail_transfer_effect,
     "prefill_send_abort_ack": _prefill_send_abort_ack_effect,
+    "router_retry_request": _router_retry_effect,
 }
 """The effects, those of the steps of `RULE_GUARDS`. The Z3 encodings translate these
 (`Encoding.rule`); `step` runs them compiled (`spec/compiled.py`)."""

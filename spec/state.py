@@ -227,6 +227,9 @@ class Message:
     reason: str = ""
     epoch: int = 0  # on a grant: decode's boot epoch, i.e. which registration of its pool
     rank: int = 0  # on a completion or an abort ack: the prefill rank that sent it
+    # The sender's attempt number for the request (`ReqState.attempt`): what tells a message of
+    # a retried request's first attempt from one of its second (`Design.attempt_fence`).
+    attempt: int = 0
 
 
 @dataclass(frozen=True, order=True)
@@ -322,6 +325,10 @@ class ReqState:
     accepted_full: bool | None = (
         None  # at completion acceptance: did every granted page hold r's data?
     )
+    # The router's attempt number for the request id (0, then 1 after a client's retry: see
+    # `router_retry_request`). The router hands it to both workers with the request, and every
+    # control message about the request carries it (`Message.attempt`).
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,6 +343,11 @@ class Faults:
     timeouts: int = 0
     cancels: int = 0
     prefill_aborts: int = 0
+    # Client retries (`router_retry_request`): kept with the faults so that one budget record
+    # bounds every source of repetition, but not a fault and so not part of `total` (a retry is
+    # what a client does after an error, not something that goes wrong; `max_faults` must not
+    # ration it, or a scenario with one fault could never retry the request that fault failed).
+    retries: int = 0
 
     @property
     def total(self) -> int:

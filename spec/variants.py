@@ -128,6 +128,11 @@ class Design:
     required_prefill_response_num` with the count taken from prefill's topology), or the first
     one to arrive (`first_rank`: the required count computed as 1). With one prefill rank the two
     are the same protocol."""
+    attempt_fence: bool = True
+    """Where a worker matches a grant, an abort or a failure notice by request id
+    (`matching="request"`), it also checks the attempt number the message carries against the
+    one the router handed it with the request: a message of a retried request's first attempt
+    is stale for the second. False: the request id alone (`retry_reuses_request_id`)."""
 
     def __post_init__(self) -> None:
         # Every option is a closed choice: the Literal (or bool) it is declared with lists the
@@ -996,6 +1001,31 @@ VARIANTS: tuple[Variant, ...] = (
         ),
         completion_quorum="first_rank",
         config={"prefill_ranks": 2, "max_faults": 0},
+    ),
+    _R.derive(
+        "retry_reuses_request_id",
+        "A retried request's first-attempt grant or abort is taken by its second attempt.",
+        breaks=("every_request_terminates",),
+        explanation=(
+            "No M-number: engines.md section 7 lists no retry bug; the mechanism is M10's (a late "
+            "message of a finished incarnation adopted by a new one under the same key) and "
+            "M18's (transfer state keyed by an id the worker no longer serves), with the key a "
+            "request id a client resubmits rather than a shared room. Prefill matches grants and "
+            "aborts by request id, and stops a request still waiting for its grant on an abort of "
+            "any generation, since decode may abort a grant prefill has not received; a retry "
+            "under the same id cannot be told from its first attempt. The first attempt's abort, "
+            "still in flight when the client retries (the client got its error at once), stops "
+            "the second attempt at prefill, and decode waits for ever on the grant it made for "
+            "it; a stale grant taken instead makes prefill write under a generation decode no "
+            "longer holds (refused: the generation and request binding keep it safe) and decode "
+            "waits the same. The reference carries the router's attempt number on every message "
+            "(`attempt_fence`). Checked with one retry over the default scenario (one fault): the "
+            "client's cancel is what gives it the error and leaves decode's abort in flight; "
+            "without a fault the only error is prefill's rejection of the over-long request, "
+            "which its retry gets again, stale grant or not."
+        ),
+        attempt_fence=False,
+        config={"max_retries": 1},
     ),
     _R.derive(
         "reference_pull",

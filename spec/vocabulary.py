@@ -299,6 +299,20 @@ p_lease_expired = _sym(
     "pull path: the lease on prefill's pinned source blocks for r ran out (they may be reused)",
 )
 
+# What a client's retry reads and writes (`router_retry_request`): its own budget, apart from the
+# faults' (a retry is client behaviour, not a fault), and the answer it withdraws: `answered` is
+# the one derived-looking symbol an effect may assign, and only to false (the client's error for
+# the first attempt is set aside so that the second attempt's answer is checked afresh).
+retries_spent = _sym("retries_spent", (), INT, "how many client retries the run has spent")
+max_retries = _sym("max_retries", (), INT, "how many client retries a run may have (rigid)")
+attempt = _sym(
+    "attempt",
+    (REQ,),
+    INT,
+    "the router's attempt number for request r (0; 1 after a retry), handed to both workers and "
+    "carried by every message about r",
+)
+
 next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -429,6 +443,9 @@ CONCRETE = PythonReading(
         "p_acked": "(C.requests[{0}].room, next((a[1] for a in S.pending_acks if a[2] == {0}), 0),"
         " {1}) in S.acked_ranks",
         "p_lease_expired": _REQ + ".p_lease_expired",
+        "retries_spent": "S.faults.retries",
+        "max_retries": "C.max_retries",
+        "attempt": _REQ + ".attempt",
         "next_gen": "S.next_generation",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",
@@ -448,6 +465,7 @@ CONCRETE = PythonReading(
             "room": "{0}.room",
             "count": "{0}.count",
             "has_digest": "{0}.digest is not None",
+            "attempt": "{0}.attempt",
             "reason_is": "{0}.reason == {1}",
         },
         "write": {

@@ -171,14 +171,17 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     for name in ("m13_lease_expiry_pull", "m14_silent_receive_failure_pull"):
         assert {"bmc", "kind", "prove"} <= set(caught[name])
     assert caught["reference_pull"] == []
-    # Every catalogue variant is within the Z3 encoding (two prefill ranks included).
+    # Every catalogue variant is within the Z3 encoding (two prefill ranks included), but the one
+    # checked with a client retry, which the fixed encoding cannot hold (a liveness bug: the
+    # explorer catches it).
+    assert caught["retry_reuses_request_id"] == ["explore"]
     unencoded = {
         row["variant"]
         for row in out["rows"]
         for c in row["cells"]
         if c["verdict"] == "cannot_encode"
     }
-    assert unencoded == set()
+    assert unencoded == {"retry_reuses_request_id"}
 
 
 def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(

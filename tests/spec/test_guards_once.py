@@ -156,6 +156,12 @@ def test_they_agree_with_two_prefill_ranks_acknowledging_a_drain(seen: Seen) -> 
     assert _agree("one_sided_fenced", [*SMALL, "prefill_ranks=2"], seen) > 500
 
 
+def test_they_agree_with_a_client_retry(seen: Seen) -> None:
+    # With and without the attempt fence: the stale first-attempt messages the retry meets.
+    assert _agree("reference", [*SMALL, "max_retries=1"], seen) == 30_334
+    assert _agree("retry_reuses_request_id", [*SMALL, "max_retries=1"], seen) == 40_078
+
+
 def test_each_formula_is_enabled_somewhere_and_disabled_somewhere(seen: Seen) -> None:
     if not seen:
         for name in VARIANTS:
