@@ -400,6 +400,7 @@ _FAULTS = {
     "timeouts_spent": "timeouts",
     "cancels_spent": "cancels",
     "prefill_aborts_spent": "prefill_aborts",
+    "partitions_spent": "partitions",
 }
 _GHOSTS = frozenset(f.name for f in __import__("dataclasses").fields(Ghost))
 

@@ -336,6 +336,7 @@ class Faults:
     timeouts: int = 0
     cancels: int = 0
     prefill_aborts: int = 0
+    partitions: int = 0  # decode took a live prefill for dead (`decode_suspect_prefill_dead`)
 
     @property
     def total(self) -> int:
@@ -346,6 +347,7 @@ class Faults:
             + self.timeouts
             + self.cancels
             + self.prefill_aborts
+            + self.partitions
         )
 
 
