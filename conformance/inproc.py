@@ -99,6 +99,9 @@ class InProcTarget(Target):
         self.prefill_done: set[RequestId] = set()
         # Every grant decode sent, by request: what a forged or replayed message is made from.
         self.grants_sent: dict[RequestId, list[dc.SendGrant]] = {}
+        # (request, generation) of the grants prefill acknowledged (decode then knows which
+        # prefill holds the request: `suspect_prefill_dead`).
+        self.grants_delivered: set[tuple[RequestId, int]] = set()
         # The decode health probe: decode learns prefill's epoch from it.
         self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
 
@@ -257,6 +260,26 @@ class InProcTarget(Target):
             reply = self._to_prefill(pc.FailRequest(rid, Status.ABORTED, "injected"))
             return reply.status is Status.OK
         return False
+
+    def suspect_prefill_dead(self) -> bool:
+        # Decode fails only the requests whose grant prefill acknowledged; the spec's decode,
+        # which does not track delivery, fails a request whose grant is in flight too. Such a
+        # grant would then reach the live prefill and the request be served: refuse the step
+        # there rather than diverge (the registry's row says so).
+        for rid, state in self.decode.active_requests().items():
+            view = self.decode.grant_of(rid)
+            if state == "waiting" and view is not None:
+                if (rid, int(view.generation)) not in self.grants_delivered:
+                    return False
+        # The probe gets no answer until decode gives prefill up; prefill itself runs on.
+        for _ in range(self.decode.config.prefill_dead_after_misses):
+            self._to_decode(dc.PrefillHeartbeat(None, self.now))
+        if not self.decode.prefill_dead:
+            return False
+        # The partition heals: the next probe answers, with the epoch decode already knew
+        # (nothing restarted, nothing more to detect), and decode stops taking prefill for dead.
+        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        return True
 
     def restart_prefill(self) -> None:
         self.prefill = pc.PrefillCore(self.prefill.config)
@@ -498,6 +521,7 @@ class InProcTarget(Target):
                 )
             )
             if reply.status is Status.OK:
+                self.grants_delivered.add((g.request_id, int(g.generation)))
                 self._to_decode(
                     dc.GrantDelivered(g.request_id, g.generation, self.prefill_epoch, self.now)
                 )

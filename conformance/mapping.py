@@ -208,9 +208,12 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "decode_detect_prefill_restart",
         "decode",
-        "decode_detect_prefill_restart | stutter",
+        "decode_detect_prefill_restart | decode_suspect_prefill_dead | stutter",
         "new_epoch; failed: the requests it failed (none the spec's step keeps, and every one "
         "whose grant the lost prefill held)",
+        "new_epoch null: missed health checks, with no new epoch to show prefill restarted "
+        "(decode_suspect_prefill_dead: it fails exactly the requests the spec's decode waits "
+        "on; a stutter when it waits on none)",
     ),
     Row("decode_generate", "decode", "decode_generate", "request_id, pages == granted pages"),
     Row(

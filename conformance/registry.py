@@ -246,6 +246,16 @@ REGISTRY: tuple[Counterpart, ...] = (
     _row("prefill_restart", _call("restart_prefill", returns=True), ("prefill_restart",)),
     _row("decode_restart", _call("restart_decode", returns=True), ("decode_restart",)),
     _row(
+        "decode_suspect_prefill_dead",
+        _call("suspect_prefill_dead"),
+        ("decode_detect_prefill_restart",),
+        "the implementation logs it as decode_detect_prefill_restart with new_epoch null "
+        "(reason 'prefill stopped answering health checks'). Its decode fails only the requests "
+        "whose grant prefill acknowledged; the in-process target therefore refuses the step "
+        "while a grant decode waits on is undelivered (in flight or lost), where the spec's "
+        "decode, which does not track delivery, fails that request too",
+    ),
+    _row(
         "prefill_lease_expire",
         _none(),
         (),

@@ -128,6 +128,13 @@ class Target(abc.ABC):
         its scheduler gives up on it."""
         return False
 
+    def suspect_prefill_dead(self) -> bool:
+        """A network partition between decode and a prefill that stays up: decode's health
+        probe of prefill misses until decode takes prefill for dead, then the partition heals
+        (prefill answers the next probe, with the same boot epoch). False: the target cannot cut
+        the probe off, or cannot do it now (the spec step is not taken)."""
+        return False
+
     @abc.abstractmethod
     def restart_prefill(self) -> None: ...
 

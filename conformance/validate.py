@@ -35,6 +35,7 @@ from kvhandoff.spec.actions import (
     DecodeReleasePages,
     DecodeReservePages,
     DecodeRestart,
+    DecodeSuspectPrefillDead,
     DecodeWaitingTimeout,
     NetworkDropMessage,
     NetworkDuplicateMessage,
@@ -428,11 +429,32 @@ class Matchers:
 
     def m_decode_detect_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
         named = ev["args"].get("failed")
+        if "new_epoch" in ev["args"] and ev["args"]["new_epoch"] is None:
+            return self._suspected_dead(s, named)
         if s.decode_sees_prefill_epoch != s.prefill_epoch:
             if named is not None and not self._fails_as_named(s, named):
                 return []
             return [Match((DecodeDetectPrefillRestart(),))]
         return [Match(())]
+
+    def _suspected_dead(self, s: State, named: list[Any] | None) -> list[Match]:
+        """Decode's health checks of prefill missed and it took prefill for dead, with no new
+        epoch (the log's `new_epoch` is null): a partition, `decode_suspect_prefill_dead`, which
+        fails every request the spec's decode waits on (`reserved`). The line must name exactly
+        those: one it kept would go on to be served by the live prefill, which the spec's
+        decode no longer allows. Waiting on none, decode's suspicion changes nothing: a stutter."""
+        waiting = {q for q, req in enumerate(s.requests) if req.d == "reserved"}
+        failed = set()
+        for rid in named or ():
+            q = self.ids.requests.get(str(rid))
+            if q is None:
+                return []
+            failed.add(q)
+        if not waiting:
+            return [Match(())] if not failed else []
+        if named is not None and failed != waiting:
+            return []
+        return [Match((DecodeSuspectPrefillDead(),))]
 
     def _fails_as_named(self, s: State, named: list[Any]) -> bool:
         """The requests a restart detection says it failed: only requests the spec's step fails
@@ -1315,6 +1337,7 @@ def config_from_logs(
         max_timeouts=big,
         max_cancels=big,
         max_prefill_aborts=big,
+        max_partitions=big,
     )
     return config, ids
 

@@ -95,7 +95,7 @@ from typing import Any, cast
 import z3
 
 from kvhandoff.model_checker.logic_z3 import Untranslatable
-from kvhandoff.model_checker.z3_encoding import D_PHASES, P_PHASES, D, P
+from kvhandoff.model_checker.z3_encoding import D_PHASES, FAULT_FIELDS, P_PHASES, D, P
 from kvhandoff.spec import vocabulary as V
 from kvhandoff.spec.actions import snake_case
 from kvhandoff.spec.effects import (
@@ -179,6 +179,8 @@ _DERIVED = frozenset(
     }
 )
 _ANSWER = {"ans_set": (REQ,), "ans_ok": (REQ,), "ans_timeout": (REQ,)}
+FAULT_COUNTS = FAULT_FIELDS
+"""The fault counts whose sum is `faults_spent` (`X_spent` each), those of the fixed encoding."""
 
 
 def _kept_args(args: Sequence[Sort]) -> tuple[Sort, ...]:
@@ -527,8 +529,7 @@ class Model:
         if name == "timed_out_waiting":
             return z3.And(view["ans_set"](*kept), view["ans_timeout"](*kept))
         if name == "faults_spent":
-            names = ("crashes", "drops", "duplicates", "timeouts", "cancels", "prefill_aborts")
-            return z3.Sum([view[f"{n}_spent"]() for n in names])
+            return z3.Sum([view[f"{n}_spent"]() for n in FAULT_COUNTS])
         if name == "read_tenant":
             return RIGID.f["tenant"](view["read_req"](*kept))
         if name == "shard_outside":
@@ -925,8 +926,7 @@ _DERIVED_READS: dict[str, set[str]] = {
     "p_granted_count": {"p_granted"},
     "p_written": {"p_granted", "p_wrote"},
     "issued": {"p_granted", "p_wrote", "inflight"},
-    "faults_spent": {f"{n}_spent" for n in ("crashes", "drops", "duplicates", "timeouts")}
-    | {"cancels_spent", "prefill_aborts_spent"},
+    "faults_spent": {f"{n}_spent" for n in FAULT_COUNTS},
     "read_tenant": {"read_req"},
 }
 

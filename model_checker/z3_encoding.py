@@ -62,6 +62,7 @@ from kvhandoff.spec.actions import (
     DecodeReleaseTimeout,
     DecodeReservePages,
     DecodeRestart,
+    DecodeSuspectPrefillDead,
     DecodeWaitingTimeout,
     NetworkDropMessage,
     NetworkDuplicateMessage,
@@ -142,6 +143,7 @@ REASONS = (
     "decode restarted",
     "prefill reported failure: lease expired",
     "page transfer failed",
+    "prefill stopped answering health checks",
 )
 REASON = {text: i for i, text in enumerate(REASONS)}
 KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
@@ -195,7 +197,15 @@ LEASE_EXPIRED = "lease expired"
 """Pull path: a request can send two distinct failure messages (an abort's, and its lease's expiry
 notice), so the expiry notice has a slot of its own, `lease_failure` (a `failure` message with
 this reason)."""
-FAULT_FIELDS = ("crashes", "drops", "duplicates", "timeouts", "cancels", "prefill_aborts")
+FAULT_FIELDS = (
+    "crashes",
+    "drops",
+    "duplicates",
+    "timeouts",
+    "cancels",
+    "prefill_aborts",
+    "partitions",
+)
 GHOST_FIELDS = (
     "late_landing",
     "refused_write",
@@ -624,6 +634,7 @@ class Encoding:
             add("prefill_abort_request", (r,), True)
         add("prefill_restart", (), True)
         add("decode_restart", (), True)
+        add("decode_suspect_prefill_dead", (), True)
         if self.pull:
             for r in reqs:
                 add("prefill_lease_expire", (r,), True)
@@ -1170,6 +1181,7 @@ _CLASSES: dict[str, Any] = {
         PrefillAbortRequest,
         PrefillRestart,
         DecodeRestart,
+        DecodeSuspectPrefillDead,
         NetworkDropMessage,
         NetworkDuplicateMessage,
         PrefillLeaseExpire,

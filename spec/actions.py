@@ -237,6 +237,14 @@ class DecodeRestart:
 
 
 @dataclass(frozen=True)
+class DecodeSuspectPrefillDead:
+    """A network partition: decode's health check of prefill misses, so decode takes prefill for
+    dead, though it is alive and keeps working (SGLang: `HEARTBEAT_MAX_FAILURE` misses ->
+    `_handle_node_failure`). Decode fails the requests it waits on from prefill; prefill, cut
+    off but running, may keep writing and later send completions. Spends the partition budget."""
+
+
+@dataclass(frozen=True)
 class PrefillLeaseExpire:
     """Pull path: prefill's lease on the request's pinned blocks runs out and they are freed.
 
@@ -294,6 +302,7 @@ Action = (
     | PrefillAbortRequest
     | PrefillRestart
     | DecodeRestart
+    | DecodeSuspectPrefillDead
     | PrefillLeaseExpire
     | NetworkFailTransfer
     | NetworkDropMessage
@@ -333,6 +342,7 @@ FAULT_ACTIONS: tuple[type, ...] = (
     PrefillAbortRequest,
     PrefillRestart,
     DecodeRestart,
+    DecodeSuspectPrefillDead,
     PrefillLeaseExpire,
     NetworkFailTransfer,
     NetworkDropMessage,

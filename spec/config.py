@@ -85,6 +85,11 @@ class Config:
     """Client cancellations."""
     max_prefill_aborts: int = 1
     """Prefill-local aborts (client abort at prefill, grammar error, running timeout)."""
+    max_partitions: int = 0
+    """Network partitions in which decode's health check takes a live prefill for dead
+    (`decode_suspect_prefill_dead`). 0 by default: the fault multiplies the states of every
+    scenario, and the pinned counts (the default scenario's 71,075 for the reference) are
+    without it; `--set max_partitions=1` turns it on."""
     response_bound: int = 0
     """Bounded response: once faults stop, steps within which every request must end; 0 = any
     finite bound (no cycle, no stuck state)."""
@@ -110,6 +115,7 @@ class Config:
             "max_timeouts",
             "max_cancels",
             "max_prefill_aborts",
+            "max_partitions",
             "response_bound",
             "max_retries",
         )

@@ -402,6 +402,7 @@ _FAULTS = {
     "cancels_spent": "cancels",
     "prefill_aborts_spent": "prefill_aborts",
     "retries_spent": "retries",  # kept in `Faults`, but not a fault (see `Faults.retries`)
+    "partitions_spent": "partitions",
 }
 _WITHDRAW = ("answered",)
 """The client's answer, which an effect may only withdraw (`assign(answered(r), False)`: a retry

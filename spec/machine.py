@@ -83,6 +83,7 @@ from kvhandoff.spec.actions import (
     DecodeReleaseTimeout,
     DecodeReservePages,
     DecodeRestart,
+    DecodeSuspectPrefillDead,
     DecodeWaitingTimeout,
     NetworkDropMessage,
     NetworkDuplicateMessage,
@@ -185,6 +186,7 @@ from kvhandoff.spec.vocabulary import (
     max_drops,
     max_duplicates,
     max_faults,
+    max_partitions,
     max_prefill_aborts,
     max_retries,
     max_timeouts,
@@ -212,6 +214,7 @@ from kvhandoff.spec.vocabulary import (
     p_wrote,
     page_reuse,
     page_used,
+    partitions_spent,
     pending_ack,
     pending_ack_gen,
     prefill_aborts_spent,
@@ -269,15 +272,18 @@ def _first(t: Var, holds: Callable[[Var], Term]) -> Term:
     return And(holds(t), forall(REQ, lambda u: Implies(u < t, Not(holds(u)))))
 
 
-def _decode_fail_effect(design: Design, r: Var, reason: str, when: Term, abort: Term) -> Updates:
+def _decode_fail_effect(
+    design: Design, r: Var, reason: str, when: Term, abort: Term, fence: bool = True
+) -> Updates:
     """Decode gives up on request r, where `when` holds: the client gets an error, decode forgets
     the ranks that reported, and (where `abort` also holds) prefill is told to stop.
 
     When prefill may still be writing (the request holds a grant), decode sends an abort for the
     generation (generation 0 before any grant); on the one-sided path with a drain fence, release
-    then waits for prefill's ack (`d_awaiting_ack`)."""
+    then waits for prefill's ack (`d_awaiting_ack`), unless `fence` is False: the caller's design
+    releases without it (`fence_survives_suspicion`)."""
     reserved = d(r) == "reserved"
-    fenced = design.release_fence in ("drain_ack", "ack_or_timeout")
+    fenced = fence and design.release_fence in ("drain_ack", "ack_or_timeout")
     return [
         send("abort", r, gen=If(reserved, d_gen(r), 0), when=And(when, abort)),
         answer_error(r, reason, when=when),
@@ -1401,6 +1407,61 @@ def _decode_restart_effect(design: Design) -> EffectFormula:
     return effect(body)
 
 
+# --- decode_suspect_prefill_dead -----------------------------------------------------------------
+#
+# A network partition, seen from decode: its health check of prefill misses often enough
+# (SGLang: `HEARTBEAT_MAX_FAILURE` misses of `/health` -> `_handle_node_failure`; our
+# implementation: `prefill_dead_after_misses`) and decode takes prefill for dead. Prefill is
+# alive: nothing of it is lost, it keeps the grants it holds, keeps writing, and may send its
+# completions and drain acks once the partition heals (the model's network delivers late, so
+# "heals" needs no state of its own). Unlike `decode_detect_prefill_restart` no new epoch shows
+# that the writer is gone, and that is the point: decode cannot tell a dead prefill from one it
+# cannot hear, so what it does on suspicion must be safe for a writer that is still writing.
+#
+# Decode fails the requests it waits on prefill's transfer for (`reserved`), as a real restart
+# would: the client gets an error, prefill is sent an abort for the grant. A request not yet
+# granted has nothing at stake at prefill (our decode ties a request to prefill when its grant
+# is delivered) and waits on as before.
+#
+# What becomes of the fence is each design's, and each must stay safe against the live writer:
+# - the reference (`release_fence="generation"`, receiver-checked writes) releases the pages at
+#   once, as on every failure: a late write is refused by decode's ownership check, and the late
+#   completion finds the request failed. Safe, and the request ends.
+# - a drain-fenced design (`one_sided_fenced`) keeps its fence: the pages stay held until
+#   prefill's drain ack, which comes once the abort gets through and its writes drained. Safe,
+#   and the request ends once the partition heals.
+# - releasing without the ack ("the writer is gone") is the catalogue variant
+#   `release_on_suspected_death` (`fence_survives_suspicion=False`): on the one-sided path a
+#   write prefill had in flight, or issues before the abort reaches it, lands in a page granted
+#   again to another request.
+
+
+def _decode_suspect_prefill_dead_guard(design: Design) -> GuardFormula:
+    # Only while some request waits on prefill: a suspicion with nothing to fail changes nothing
+    # but the budget (leaving it out keeps the state space small).
+    return guard(
+        lambda: And(
+            _within_budget(partitions_spent(), max_partitions()),
+            exists(REQ, lambda r: d(r) == "reserved"),
+        )
+    )
+
+
+def _decode_suspect_prefill_dead_effect(design: Design) -> EffectFormula:
+    def request(r: Var) -> Updates:
+        waiting = d(r) == "reserved"
+        return _decode_fail_effect(
+            design,
+            r,
+            "prefill stopped answering health checks",
+            waiting,
+            TRUE,
+            fence=design.fence_survives_suspicion,
+        )
+
+    return effect(lambda: [assign(partitions_spent(), partitions_spent() + 1), each(REQ, request)])
+
+
 # --- prefill_lease_expire ------------------------------------------------------------------------
 #
 # Pull path only: decode reads the source blocks, which prefill holds under a lease; once it runs
@@ -1533,6 +1594,7 @@ FAULT_GROUPS: tuple[tuple[type, ...], ...] = (
     (PrefillAbortRequest,),
     (PrefillRestart,),
     (DecodeRestart,),
+    (DecodeSuspectPrefillDead,),
     (PrefillLeaseExpire,),
     (NetworkFailTransfer,),
     (NetworkDropMessage,),
@@ -1562,6 +1624,7 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "decode_waiting_timeout": _decode_waiting_timeout_guard,
     "prefill_abort_request": _prefill_abort_guard,
     "decode_restart": _decode_restart_guard,
+    "decode_suspect_prefill_dead": _decode_suspect_prefill_dead_guard,
     "prefill_lease_expire": _prefill_lease_expire_guard,
     "prefill_receive_grant": _prefill_receive_grant_guard,
     "decode_receive_failure": _decode_receive_failure_guard,
@@ -1601,6 +1664,7 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "decode_waiting_timeout": _decode_waiting_timeout_effect,
     "prefill_abort_request": _prefill_abort_effect,
     "decode_restart": _decode_restart_effect,
+    "decode_suspect_prefill_dead": _decode_suspect_prefill_dead_effect,
     "prefill_lease_expire": _prefill_lease_expire_effect,
     "prefill_receive_grant": _prefill_receive_grant_effect,
     "decode_receive_failure": _decode_receive_failure_effect,

@@ -348,6 +348,7 @@ class Faults:
     # what a client does after an error, not something that goes wrong; `max_faults` must not
     # ration it, or a scenario with one fault could never retry the request that fault failed).
     retries: int = 0
+    partitions: int = 0  # decode took a live prefill for dead (`decode_suspect_prefill_dead`)
 
     @property
     def total(self) -> int:
@@ -358,6 +359,7 @@ class Faults:
             + self.timeouts
             + self.cancels
             + self.prefill_aborts
+            + self.partitions
         )
 
 

@@ -134,6 +134,16 @@ class Design:
     one the router handed it with the request: a message of a retried request's first attempt
     is stale for the second. False: the request id alone (`retry_reuses_request_id`)."""
 
+    fence_survives_suspicion: bool = True
+    """When decode's health check takes prefill for dead (a partition: prefill may be alive,
+    `decode_suspect_prefill_dead`), the requests decode fails keep the release fence of its
+    design: on a drain-fenced design their pages wait for prefill's drain ack, which comes once
+    the partition heals and the abort gets through. False: decode releases them without the ack,
+    reasoning that a dead writer's writes cannot land (our implementation's
+    `_fail_after_prefill_loss`, safe there only because decode checks every write; SGLang's
+    deferred release resolves on its 30 s timeout after heartbeat loss). Matters only where
+    release waits for the drain ack."""
+
     def __post_init__(self) -> None:
         # Every option is a closed choice: the Literal (or bool) it is declared with lists the
         # values the engines know. Anything else is rejected here, so a catalogue entry, a
@@ -283,6 +293,7 @@ FAULT_COUNTS = frozenset(
         "crashes_spent",
         "drops_spent",
         "duplicates_spent",
+        "partitions_spent",
     }
 )
 """The fault counts a fault's effect spends (their sum is `faults_spent`)."""
@@ -1026,6 +1037,32 @@ VARIANTS: tuple[Variant, ...] = (
         ),
         attempt_fence=False,
         config={"max_retries": 1},
+    ),
+    _R.derive(
+        "release_on_suspected_death",
+        "One-sided, drain-fenced: decode releases without the ack when it takes prefill for dead.",
+        breaks=("no_late_write_lands_in_reallocated_page", "freed_pages_hold_no_readable_data"),
+        explanation=(
+            "No M-number: engines.md section 7 lists no partition bug; it is M8's window opened "
+            "by a health check instead of a deadline. On the one-sided, drain-fenced design "
+            "(`one_sided_fenced`) decode's heartbeat to prefill misses in a network partition "
+            "(SGLang: `HEARTBEAT_MAX_FAILURE` misses -> `_handle_node_failure`), and decode "
+            "fails the requests it waits on and frees their pages without the drain ack, "
+            "reasoning that a dead writer's writes cannot land (the comment on our "
+            "implementation's `_fail_after_prefill_loss`; SGLang's deferred release after "
+            "heartbeat loss resolves on its 30 s timeout). But prefill is alive: it still holds "
+            "the grant and writes until the abort reaches it, and nothing at the receiver "
+            "refuses a one-sided write, so the write lands in a page granted again to the next "
+            "request (in the default scenario, given 23 steps, after the next tenant's "
+            "completion validated: decode generates from it, a cross-tenant read). The "
+            "reference survives the same partition (decode's ownership check refuses the late "
+            "write), and so does `one_sided_fenced` (the pages wait for the ack). Checked with "
+            "one partition allowed (`max_partitions=1`): the bug needs it."
+        ),
+        write_path="one_sided",
+        release_fence="drain_ack",
+        fence_survives_suspicion=False,
+        config={"max_partitions": 1},
     ),
     _R.derive(
         "reference_pull",

@@ -264,6 +264,12 @@ prefill_aborts_spent = _sym(
     "prefill_aborts_spent", (), INT, "how many prefill aborts the budget has spent"
 )
 duplicates_spent = _sym("duplicates_spent", (), INT, "how many duplicates the budget has spent")
+partitions_spent = _sym(
+    "partitions_spent",
+    (),
+    INT,
+    "how many partitions (decode taking a live prefill for dead) the budget has spent",
+)
 faults_spent = _sym("faults_spent", (), INT, "how many faults of any kind have happened")
 max_faults = _sym("max_faults", (), INT, "how many faults a run may have in all (rigid)")
 max_drops = _sym("max_drops", (), INT, "how many message losses a run may have (rigid)")
@@ -275,6 +281,12 @@ max_timeouts = _sym("max_timeouts", (), INT, "how many timeouts a run may have (
 max_cancels = _sym("max_cancels", (), INT, "how many client cancels a run may have (rigid)")
 max_prefill_aborts = _sym(
     "max_prefill_aborts", (), INT, "how many prefill aborts a run may have (rigid)"
+)
+max_partitions = _sym(
+    "max_partitions",
+    (),
+    INT,
+    "how many partitions in which decode takes a live prefill for dead a run may have (rigid)",
 )
 room = _sym("room", (REQ,), INT, "the room the router gave request r (rigid)")
 pending_ack = _sym(
@@ -429,6 +441,7 @@ CONCRETE = PythonReading(
         "cancels_spent": "S.faults.cancels",
         "prefill_aborts_spent": "S.faults.prefill_aborts",
         "duplicates_spent": "S.faults.duplicates",
+        "partitions_spent": "S.faults.partitions",
         "faults_spent": "S.faults.total",
         "max_faults": "C.max_faults",
         "max_crashes": "C.max_crashes",
@@ -437,6 +450,7 @@ CONCRETE = PythonReading(
         "max_timeouts": "C.max_timeouts",
         "max_cancels": "C.max_cancels",
         "max_prefill_aborts": "C.max_prefill_aborts",
+        "max_partitions": "C.max_partitions",
         "room": "C.requests[{0}].room",
         "pending_ack": "any(a[2] == {0} for a in S.pending_acks)",
         "pending_ack_gen": "next((a[1] for a in S.pending_acks if a[2] == {0}), 0)",

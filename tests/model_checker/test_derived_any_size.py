@@ -17,6 +17,7 @@ import pytest
 import z3
 
 from kvhandoff.model_checker import z3_derived
+from kvhandoff.model_checker.explore import build_graph
 from kvhandoff.model_checker.logic_z3 import Untranslatable
 from kvhandoff.model_checker.prove import _derived_why_not
 from kvhandoff.spec.actions import action_name
@@ -167,6 +168,26 @@ def test_sampled_steps_of_each_variant_are_steps_of_the_derived_model(name: str)
     if name != "reference":
         sim.with_claims = False
     assert [d for b, a, af in edges if (d := sim.check_step(b, a, af)) is not None] == []
+
+
+def test_the_partition_s_steps_are_steps_of_the_derived_model() -> None:
+    # `decode_suspect_prefill_dead` is off in the default scenarios (`max_partitions=0`), so
+    # the sampled edges above never hold it: take its edges from a scenario that allows it.
+    config = dataclasses.replace(edges_by_kind("reference")[0], max_partitions=1)
+    graph, _, _ = build_graph(REFERENCE, config, keep_edges=True)
+    assert graph.all_edges is not None
+    edges = [
+        (graph.states[i], action, graph.states[j])
+        for i, out in enumerate(graph.all_edges)
+        for j, action in out
+        if action_name(action) == "decode_suspect_prefill_dead"
+    ]
+    assert len(edges) > 10
+    sim = z3_derived.Simulator(REFERENCE.design, config)
+    assert [d for b, a, af in edges[::5] if (d := sim.check_step(b, a, af)) is not None] == []
+    # With its effect missing the step is no step of the model.
+    before, action, _ = edges[0]
+    assert sim.check_step(before, action, before) is not None
 
 
 def test_the_simulation_check_has_teeth() -> None:

@@ -10,6 +10,8 @@ cannot take a step the spec takes is vacuous: its properties are `unknown`, neve
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvhandoff.model_checker import z3_derived, z3_witnesses
@@ -49,8 +51,10 @@ def test_prove_on_the_derived_model_proves_the_reference_for_any_size() -> None:
     assert "vacuity" not in result.extra and movement["problems"] == []
     assert all(at is not None for at in movement["witnesses"].values())
     # Off on the reference (by design or by the scenario: nothing is over decode's limit that
-    # prefill admits): the spec never takes them, so they are not asked of the model.
+    # prefill admits, and no partition is allowed): the spec never takes them, so they are not
+    # asked of the model.
     assert set(movement["spec_unreached"]) == {
+        "decode_suspect_prefill_dead",
         "decode_reject_request",
         "decode_release_timeout",
         "prefill_lease_expire",
@@ -61,6 +65,16 @@ def test_prove_on_the_derived_model_proves_the_reference_for_any_size() -> None:
     }
     taken = {n for n, at in movement["actions"].items() if at is not None}
     assert taken == set(z3_derived.actions(REFERENCE.design)) - set(movement["spec_unreached"])
+
+
+def test_with_a_partition_allowed_the_witness_replay_takes_it_on_the_derived_model() -> None:
+    result = prove(REFERENCE, replace(Config(), max_partitions=1), timeout=60)
+    assert result.extra["scope"] == "any-size"
+    assert result.extra["obligations_proved"] == result.extra["obligations_total"]
+    movement = result.extra["movement"]
+    assert movement["problems"] == [] and "vacuity" not in result.extra
+    assert "decode_suspect_prefill_dead" not in movement["spec_unreached"]
+    assert movement["actions"]["decode_suspect_prefill_dead"] is not None
 
 
 def _violated_by_explorer(variant: Variant) -> set[str]:

@@ -16,6 +16,7 @@ from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, constants,
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import bmc
 from kvhandoff.model_checker.z3_invariants import fixed_invariants
+from kvhandoff.spec.actions import DecodeSuspectPrefillDead
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.invariants import INVARIANTS, ONE_SIDED_INVARIANTS
 from kvhandoff.spec.machine import enabled
@@ -91,6 +92,23 @@ def test_z3_takes_exactly_the_explorers_edges_with_two_prefill_ranks(name: str) 
         assert any(q.d_ranks for s in picks for q in s.requests)
     assert edge_mismatches(variant, config, _sample(picks, 25)) == []
     assert accepted_non_edges(variant, config, picks, samples=3, seed=2) == []
+
+
+@pytest.mark.parametrize("name", ["reference", "one_sided_fenced", "release_on_suspected_death"])
+def test_z3_takes_the_explorers_edges_where_decode_suspects_a_live_prefill(name: str) -> None:
+    """A partition (`decode_suspect_prefill_dead`, off by default): the states where decode may
+    take prefill for dead, and those after it did, with each design's fence."""
+    variant = get_variant(name)
+    config = replace(SMALL, max_partitions=1)
+    graph, _, _ = build_graph(variant, config)
+    suspect = DecodeSuspectPrefillDead()
+    picks = [
+        s for s in graph.states if s.faults.partitions or suspect in enabled(variant, config, s)
+    ]
+    assert any(suspect in enabled(variant, config, s) for s in picks)
+    assert any(s.faults.partitions for s in picks)
+    assert edge_mismatches(variant, config, _sample(picks, 25)) == []
+    assert accepted_non_edges(variant, config, picks, samples=3, seed=3) == []
 
 
 def test_z3_keeps_two_orphan_grants_of_one_room_apart() -> None:

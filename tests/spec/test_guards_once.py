@@ -48,6 +48,7 @@ VARIANTS = [
     "m14_silent_receive_failure_pull",
     "m10_stale_status_adopted",  # matching by room alone
     "first_rank_completion_accepted",  # two prefill ranks (its catalogue config)
+    "release_on_suspected_death",  # a partition: decode takes a live prefill for dead
 ]
 WIDE = [
     "requests=a:1:1,b:3:2,c:1:1",

@@ -1,0 +1,137 @@
+"""The implementation under a partition in which decode takes a live prefill for dead.
+
+The spec's `decode_suspect_prefill_dead` is, on the in-process target, decode's health probe of
+prefill missing `prefill_dead_after_misses` times (prefill stays up), then answering again. The
+implementation logs it as `decode_detect_prefill_restart` with no new epoch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.lockstep import Session, run_program
+from kvhandoff.conformance.replay import replay_trace
+from kvhandoff.conformance.validate import Ids, Validator
+from kvhandoff.spec import Config, get_variant
+from kvhandoff.spec.actions import (
+    Action,
+    DecodeAdmitRequest,
+    DecodeSuspectPrefillDead,
+    PrefillAdmitRequest,
+    PrefillReceiveGrant,
+    PrefillWritePage,
+    RouterSubmitRequest,
+    action_name,
+)
+from kvhandoff.spec.trace import Trace
+from tests.explored import explored
+
+CONFIG = replace(campaign.campaign_config(), max_partitions=1)
+
+
+def _ids(config: Config) -> Ids:
+    return Ids(config.page_size, {f"r{r}": r for r in range(len(config.requests))})
+
+
+def _take(session: Session, kind: type) -> bool:
+    (action,) = [a for a in session.enabled() if isinstance(a, kind)]
+    return session.do(action)
+
+
+def _granted_and_writing() -> Session:
+    session = Session(InProcTarget(), CONFIG, "reference", probes=False)
+    for kind in (
+        RouterSubmitRequest,
+        PrefillAdmitRequest,
+        DecodeAdmitRequest,  # the implementation's decode admits and reserves in one call
+        PrefillReceiveGrant,
+        PrefillWritePage,
+    ):
+        assert _take(session, kind), kind.__name__
+    return session
+
+
+def test_the_variant_s_counterexample_replays_and_the_reference_refuses_the_late_write() -> None:
+    # The catalogue's partition counterexample, played on the reference implementation: decode
+    # gives prefill up while a write is on the wire, frees the page, and the live prefill's
+    # write arrives. The real decode refuses it, and every event is the spec's.
+    variant = get_variant("release_on_suspected_death")
+    result = explored(variant.name)
+    late = result.result_for("no_late_write_lands_in_reallocated_page")
+    assert late.trace is not None
+    header = {"kind": "counterexample", "variant": variant.name, "property": late.property}
+    report = replay_trace(Trace(result.config, late.trace, header), "inproc", "reference")
+    assert report.conforms, report.summary()
+    steps = {s.action["action"]: s for s in report.steps}
+    suspect = steps["decode_suspect_prefill_dead"]
+    assert suspect.performed and "decode:decode_detect_prefill_restart" in suspect.events
+    (detect,) = [e for e in report.events if e["event"] == "decode_detect_prefill_restart"]
+    assert detect["args"]["new_epoch"] is None and detect["args"]["failed"] == ["r0"]
+    writes = [e for e in report.events if e["event"] == "decode_receive_write"]
+    assert writes and writes[-1]["args"]["outcome"] == "refused"
+    assert report.answers["r0"]["ok"] is False
+    assert "prefill stopped answering health checks" in report.answers["r0"]["message"]
+
+
+def test_the_partition_in_lockstep_fails_the_waiting_request_and_everything_settles() -> None:
+    session = _granted_and_writing()
+    assert _take(session, DecodeSuspectPrefillDead)
+    state = session.state
+    assert state.faults.partitions == 1 and state.requests[0].d in ("failed", "released")
+    # Decode stops taking prefill for dead once the partition heals.
+    assert isinstance(session.target, InProcTarget) and not session.target.decode.prefill_dead
+    session.finish()
+    answers = session.target.answers()
+    assert not answers[0].ok
+
+
+def test_the_target_refuses_the_partition_while_a_grant_is_in_flight() -> None:
+    # The implementation's decode would keep a request whose grant the live prefill has not
+    # acknowledged yet; the spec's decode fails it. The target does not take the step there.
+    session = Session(InProcTarget(), CONFIG, "reference", probes=False)
+    for kind in (RouterSubmitRequest, PrefillAdmitRequest, DecodeAdmitRequest):
+        assert _take(session, kind)
+    assert DecodeSuspectPrefillDead() in session.enabled()
+    before = len(session.events)
+    assert not session.do(DecodeSuspectPrefillDead())
+    assert len(session.events) == before
+    assert session.state.faults.partitions == 0
+
+
+def test_a_detection_that_keeps_a_waiting_request_is_unexplained() -> None:
+    session = _granted_and_writing()
+    assert _take(session, DecodeSuspectPrefillDead)
+    events = [dict(e) for e in session.events]
+    (i,) = [k for k, e in enumerate(events) if e["event"] == "decode_detect_prefill_restart"]
+    assert Validator(CONFIG, _ids(CONFIG)).run(events).ok
+    # The same log, but decode claims it failed nothing: r0 would go on to be served by the
+    # live prefill, which the spec's decode no longer allows.
+    events[i] = {**events[i], "args": {**events[i]["args"], "failed": []}}
+    report = Validator(CONFIG, _ids(CONFIG)).run(events)
+    assert not report.ok and report.explained == i
+
+
+def test_random_programs_with_a_partition_conform_and_their_logs_validate() -> None:
+    taken = 0
+    for seed in range(150):
+        rnd = random.Random(seed)
+
+        def choose(options: list[Action], rnd: random.Random = rnd) -> Action:
+            # Take the partition half the times it is offered: uniformly it is rarely drawn.
+            suspect = [a for a in options if isinstance(a, DecodeSuspectPrefillDead)]
+            if suspect and rnd.random() < 0.5:
+                return suspect[0]
+            return rnd.choice(options)
+
+        session = run_program(InProcTarget(), CONFIG, "reference", choose, 20)
+        taken += sum(
+            1
+            for s in session.steps
+            if s.performed and action_name(s.action) == "decode_suspect_prefill_dead"
+        )
+        report = Validator(CONFIG, _ids(CONFIG)).run(session.events)
+        assert report.ok, (seed, report.message)
+    assert taken >= 10
