@@ -45,7 +45,21 @@ a stale completion or a room-keyed grant to feed (docs/spec.md, "Named scenarios
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("variant", [v.name for v in VARIANTS])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(
+            v.name,
+            marks=pytest.mark.skip(
+                reason="a retry over the wide scenario: 4.8 M states, 405 s and several GiB "
+                "(measured once: every_request_terminates broken in 27 steps)"
+            ),
+        )
+        if v.config.get("max_retries")
+        else v.name
+        for v in VARIANTS
+    ],
+)
 def test_every_catalogue_verdict_holds_on_the_wide_scenario(variant: str) -> None:
     """Two requests in flight at once on one room, two faults per run (`--scenario wide`): every
     variant keeps its catalogue verdict, caught by at least the properties its entry names (it may
