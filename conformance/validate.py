@@ -430,7 +430,17 @@ class Matchers:
     def m_decode_detect_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
         named = ev["args"].get("failed")
         if "new_epoch" in ev["args"] and ev["args"]["new_epoch"] is None:
-            return self._suspected_dead(s, named)
+            # Missed health checks say nothing of why: a partition (prefill alive) or a prefill
+            # that really crashed and stays down (SGLang's crash_down finding), which the spec
+            # explains as the crash and its detection. Both are offered; the search keeps the
+            # one the rest of the log agrees with.
+            # The restart first: where the spec's prefill did restart, that is the explanation.
+            out: list[Match] = []
+            if s.decode_sees_prefill_epoch != s.prefill_epoch and (
+                named is None or self._fails_as_named(s, named)
+            ):
+                out.append(Match((DecodeDetectPrefillRestart(),)))
+            return out + self._suspected_dead(s, named)
         if s.decode_sees_prefill_epoch != s.prefill_epoch:
             if named is not None and not self._fails_as_named(s, named):
                 return []
