@@ -35,11 +35,14 @@ from kvhandoff.model_checker.z3_encoding import (
     Encoding,
     P,
     SymState,
+    att,
     read_shard,
     shard,
     slot,
+    slot_args,
     slot_kind,
     slot_rank,
+    write_args,
     write_var,
 )
 from kvhandoff.spec.logic import (
@@ -315,10 +318,11 @@ class FixedReading(Reading):
         out: list[tuple[list[Any], Any, dict[str, Any]]] = []
         if what == "write":
             for r in range(enc.n):
-                for j in range(enc.np):
-                    for rank in range(enc.ranks):
-                        w = write_var(r, j, rank)
-                        out.append(([], s[w], self.write_fields(r, j, rank)))
+                for a in range(enc.attempts):
+                    for j in range(enc.np):
+                        for rank in range(enc.ranks):
+                            w = write_var(r, j, rank, a)
+                            out.append(([], s[w], self.write_fields(r, j, rank, a)))
             return out
         if what == "pending_ack":
             for r in range(enc.n):
@@ -330,21 +334,27 @@ class FixedReading(Reading):
         for kind in slots:
             k = slot(kind)
             for r in range(enc.n):
-                present = s[f"r{r}.{k}_net"] + s[f"r{r}.{k}_lost"] > 0
-                out.append(([], present, self.slot_fields(kind, r)))
+                for a in range(enc.attempts):
+                    pre = att(r, a)
+                    present = s[f"{pre}{k}_net"] + s[f"{pre}{k}_lost"] > 0
+                    out.append(([], present, self.slot_fields(kind, r, a)))
         return out
 
-    def write_fields(self, r: int, j: int, k: int = 0) -> dict[str, Any]:
-        """The fields of request r's write of rank k's shard of page j (`w{j}`, `w{j}s{k}`): the
-        encoding keeps a write with its writer, so it carries the writer's grant, room, data and
-        epoch by construction."""
+    def write_fields(self, r: int, j: int, k: int = 0, a: int = 0) -> dict[str, Any]:
+        """The fields of request r's write of rank k's shard of page j (`w{j}`, `w{j}s{k}`),
+        issued by attempt a: the encoding keeps a write with its writer, so it carries the
+        writer's grant, room, data and epoch by construction (with retries, the grant's
+        generation and epoch the attempt recorded when it issued it: `wgen`, `wepoch`)."""
         s = self.s
+        gen, epoch = s[f"r{r}.p_gen"], s[f"r{r}.p_epoch"]
+        if self.enc.retries:
+            gen, epoch = s[f"{att(r, a)}wgen"], s[f"{att(r, a)}wepoch"]
         return {
             "req": r,
             "page": j,
-            "gen": s[f"r{r}.p_gen"],
-            "data_gen": s[f"r{r}.p_gen"],
-            "epoch": s[f"r{r}.p_epoch"],
+            "gen": gen,
+            "data_gen": gen,
+            "epoch": epoch,
             "right_room": True,
             "right_tenant": True,
             "rank": k,
@@ -370,49 +380,50 @@ class FixedReading(Reading):
         ]
         return z3.Or(owed)
 
-    def slot_fields(self, kind: str, r: int) -> dict[str, Any]:
-        """The fields of the message in request r's slot of `kind` (the encoding keeps one
-        distinct message per request, kind and, for completions and drain acks, rank;
-        "lease_failure" is the pull path's notice)."""
+    def slot_fields(self, kind: str, r: int, a: int = 0) -> dict[str, Any]:
+        """The fields of the message in request r's slot of `kind` for attempt a (the encoding
+        keeps one distinct message per request, attempt, kind and, for completions and drain
+        acks, rank; "lease_failure" is the pull path's notice)."""
         s = self.s
         k = slot(kind)
         rank = slot_rank(kind)
         completion = kind.split(".")[0] == "completion"
+        pre = att(r, a)
         return {
             "req": r,
-            "gen": s[f"r{r}.{k}_gen"],
-            "epoch": s[f"r{r}.g_epoch"] if kind == "grant" else 0,
+            "gen": s[f"{pre}{k}_gen"],
+            "epoch": s[f"{pre}g_epoch"] if kind == "grant" else 0,
             "rank": rank,
             # That rank has already reported this request (kept with several ranks only: with
             # one, reporting completes the request).
             "rank_done": s[f"r{r}.prd{rank}"] if self.enc.ranks > 1 else False,
-            "has_page": _grant_page(s, kind, r),
-            "reason_is": _failure_reason(s, kind, r),
+            "has_page": _grant_page(s, kind, pre),
+            "reason_is": _failure_reason(s, kind, pre),
             "room": self.enc.rooms[r],
-            "count": s[f"r{r}.{k}_count"] if completion else 0,
-            "has_digest": s[f"r{r}.{k}_digest"] if completion else False,
-            "attempt": 0,  # no retries in the fixed encoding (see `_FIXED["attempt"]`)
-            "digest_page": (lambda j: s[f"r{r}.{k}_dpages{j}"])
+            "count": s[f"{pre}{k}_count"] if completion else 0,
+            "has_digest": s[f"{pre}{k}_digest"] if completion else False,
+            "attempt": a,
+            "digest_page": (lambda j: s[f"{pre}{k}_dpages{j}"])
             if completion
             else (lambda j: False),
         }
 
 
-def _failure_reason(s: SymState, kind: str, r: int) -> Callable[[str], Any]:
+def _failure_reason(s: SymState, kind: str, pre: str) -> Callable[[str], Any]:
     """`m.reason_is(why)` for the slot: a failure notice says rejected or aborted (`f_aborted`),
     the pull path's lease notice says the lease expired; other messages give no reason."""
     if kind == "lease_failure":
         return lambda why: why == "lease expired"
     if kind != "failure":
         return lambda why: False
-    aborted = s[f"r{r}.f_aborted"]
+    aborted = s[f"{pre}f_aborted"]
     return lambda why: {"rejected": z3.Not(aborted), "aborted": aborted}.get(why, False)
 
 
-def _grant_page(s: SymState, kind: str, r: int) -> Callable[[Any], Any]:
+def _grant_page(s: SymState, kind: str, pre: str) -> Callable[[Any], Any]:
     if kind != "grant":
         return lambda j: False
-    return lambda j: s[f"r{r}.g_pages{j}"]
+    return lambda j: s[f"{pre}g_pages{j}"]
 
 
 def _r(field: str) -> Callable[[FixedReading, int], Any]:
@@ -471,7 +482,8 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "p_written": _written,
     # Issued: counted as written, or some rank's write of it in flight.
     "issued": lambda f, r, j: z3.Or(
-        *(f.s[write_var(r, j, k)] for k in range(f.enc.ranks)), _written(f, r, j)
+        *(f.s[write_var(r, j, k, a)] for a in range(f.enc.attempts) for k in range(f.enc.ranks)),
+        _written(f, r, j),
     ),
     "p_rank_done": _ranked("prd"),
     "d": _r("d"),
@@ -550,12 +562,11 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: f.enc.ranks,
     "drain_fence": lambda f: f.drain,
-    # A client's retry: the fixed encoding keeps one message per request and kind, which a
-    # retried request's two attempts would not fit, so it refuses a scenario with retries
-    # (`Encoding.__init__`); without them no retry happens and every attempt number is 0.
-    "retries_spent": lambda f: 0,
+    # A client's retry: variables only where the scenario allows retries (without them no retry
+    # happens, and every attempt number is 0).
+    "retries_spent": lambda f: f.s["f.retries"] if f.enc.retries else 0,
     "max_retries": lambda f: f.enc.config.max_retries,
-    "attempt": lambda f, r: 0,
+    "attempt": lambda f, r: f.s[f"r{r}.attempt"] if f.enc.retries else 0,
 }
 
 
@@ -576,6 +587,7 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
         name: _request_var(field)
         for name, field in {
             "submitted": "submitted",
+            "answered": "ans_set",  # only ever withdrawn (a retry): see `spec.effects`
             "not_as_is": "not_as_is",
             "p": "p",
             "p_len": "p_len",
@@ -624,6 +636,8 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     "next_gen": lambda: "next_gen",
     "prefill_epoch": lambda: "prefill_epoch",
     "decode_epoch": lambda: "decode_epoch",
+    "retries_spent": lambda: "f.retries",
+    "attempt": lambda r: f"r{r}.attempt",
     "decode_seen_prefill_epoch": lambda: "dsp",
     "prefill_seen_decode_epoch": lambda: "psd",
     "late_landing": lambda: "gh.late_landing",
@@ -664,15 +678,16 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
     reading = FixedReading(enc, s)
     new: dict[str, Any] = {}
     sent: dict[str, list[Any]] = {}
-    taken: tuple[str, int] | None = None
-    write: tuple[int, int, int] | None = None
+    taken: tuple[str, int, int] | None = None
+    write: tuple[int, int, int, int] | None = None
     if eff.params and isinstance(eff.params[0], Bound) and eff.params[0].what_of == "write":
-        # A step that takes a write: the instance names it, `(r, j)` or with ranks `(r, j, k)`.
-        write = (args[0], args[1], args[2] if len(args) > 2 else 0)
+        # A step that takes a write: the instance names it, `(r, j)`, with ranks `(r, j, k)`,
+        # of a retry's attempt a `(r, j, k, a)`.
+        write = write_args(args)
         args = (reading.write_fields(*write),)
     elif eff.params and isinstance(eff.params[0], Bound):
-        # A step that takes a message: the instance names its slot, `(kind, r)`.
-        taken = (args[0], args[1])
+        # A step that takes a message: the instance names its slot, `(kind, r)` or `(kind, r, a)`.
+        taken = slot_args(args)
         args = (reading.slot_fields(*taken),)
     elif len(eff.params) == 2 and len(args) == 1:
         args = (*args, 0)  # a step of each prefill rank, with one rank: `(r,)`
@@ -713,6 +728,12 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                     if not (never or v is False or (_is_z3(v) and z3.is_false(v))):
                         raise Untranslatable(f"{name} is not kept by the one-rank encoding")
                     continue
+                if name == "p_lease_expired" and not enc.pull:
+                    # The push path keeps no lease (a retry's reset clears it: nothing to do).
+                    v = tr(u.value)
+                    if not (v is False or (_is_z3(v) and z3.is_false(v))):
+                        raise Untranslatable("p_lease_expired set on the push path")
+                    continue
                 if name not in _FIXED_VARS:
                     raise Untranslatable(f"symbol {name!r} is not a variable of the fixed encoding")
                 put(_FIXED_VARS[name](*at), when, tr(u.value))
@@ -725,31 +746,39 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                     raise Untranslatable(f"a {u.kind} sent by a rank the step does not name")
                 kind: str = "lease_failure" if u.reason == "lease expired" else u.kind
                 k = slot(slot_kind(kind, rank))
-                net = f"r{r}.{k}_net"
-                # A second send into the same slot under a condition that excludes the first
-                # (decode aborting a request it gives up on, or asking again for a drain ack)
-                # adds to the count *before* the step: the same value, and a form in which the
-                # step-bounds analysis sees that the step adds at most one.
-                base = s[net] if _exclusive(sent.get(net, []), when) else old(net)
-                put(net, when, base + 1)
-                sent.setdefault(net, []).append(when)
-                put(f"r{r}.{k}_gen", when, tr(u.gen))
-                if u.epoch is not None:
-                    put(f"r{r}.g_epoch", when, tr(u.epoch))
-                if u.count is not None:
-                    put(f"r{r}.{k}_count", when, tr(u.count))
-                if u.kind == "completion":
-                    put(f"r{r}.{k}_digest", when, u.digest)
-                if u.page is not None and u.digest_page is not None:
-                    for j in range(enc.np):
-                        env[id(u.page)] = j
-                        put(f"r{r}.{k}_dpages{j}", when, translate(u.digest_page, reading, env))
-                if u.page is not None and u.has_page is not None:
-                    for j in range(enc.np):
-                        env[id(u.page)] = j
-                        put(f"r{r}.g_pages{j}", when, translate(u.has_page, reading, env))
-                if u.kind == "failure" and u.reason != "lease expired":
-                    put(f"r{r}.f_aborted", when, u.reason == "aborted")
+                sent_when = when
+                # With retries, into the slot of the sender's attempt (`attempt(r)`, which the
+                # message carries).
+                for a in range(enc.attempts):
+                    pre = att(r, a)
+                    if enc.retries:
+                        when = z3.And(_bool(sent_when), s[f"r{r}.attempt"] == a)
+                    net = f"{pre}{k}_net"
+                    # A second send into the same slot under a condition that excludes the
+                    # first (decode aborting a request it gives up on, or asking again for a
+                    # drain ack) adds to the count *before* the step: the same value, and a form
+                    # in which the step-bounds analysis sees that the step adds at most one.
+                    base = s[net] if _exclusive(sent.get(net, []), when) else old(net)
+                    put(net, when, base + 1)
+                    sent.setdefault(net, []).append(when)
+                    put(f"{pre}{k}_gen", when, tr(u.gen))
+                    if u.epoch is not None:
+                        put(f"{pre}g_epoch", when, tr(u.epoch))
+                    if u.count is not None:
+                        put(f"{pre}{k}_count", when, tr(u.count))
+                    if u.kind == "completion":
+                        put(f"{pre}{k}_digest", when, u.digest)
+                    if u.page is not None and u.digest_page is not None:
+                        for j in range(enc.np):
+                            env[id(u.page)] = j
+                            dp = translate(u.digest_page, reading, env)
+                            put(f"{pre}{k}_dpages{j}", when, dp)
+                    if u.page is not None and u.has_page is not None:
+                        for j in range(enc.np):
+                            env[id(u.page)] = j
+                            put(f"{pre}g_pages{j}", when, translate(u.has_page, reading, env))
+                    if u.kind == "failure" and u.reason != "lease expired":
+                        put(f"{pre}f_aborted", when, u.reason == "aborted")
             elif isinstance(u, Adopt):
                 # The encoding keeps an orphan with the request whose grant it came from.
                 r = tr(u.req)
@@ -766,8 +795,8 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 put(write_var(*write), when, False)  # it arrived: off the wire
             elif isinstance(u, Move):
                 assert taken is not None
-                kind, r = taken
-                net, lost = f"r{r}.{slot(kind)}_net", f"r{r}.{slot(kind)}_lost"
+                kind, r, a = taken
+                net, lost = (f"{att(r, a)}{slot(kind)}_{w}" for w in ("net", "lost"))
                 if u.op in ("consume", "lose"):
                     put(net, when, old(net) - 1)
                 if u.op == "lose":
@@ -791,12 +820,20 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 put(f"r{r}.ans_set", when, True)
             else:
                 r = tr(u.req)
-                for j in range(enc.np):
-                    env[id(u.page)] = j
-                    issued = translate(u.cond, reading, env)
-                    for rank in range(enc.ranks):  # every rank writes its shard of the page
-                        w = write_var(r, j, rank)
-                        put(w, True, z3.Or(old(w), issued))
+                for a in range(enc.attempts):
+                    # With retries, into the slots of prefill's attempt, which record the grant
+                    # the writes carry (`write_fields`).
+                    now = s[f"r{r}.attempt"] == a if enc.retries else True
+                    for j in range(enc.np):
+                        env[id(u.page)] = j
+                        issued = translate(u.cond, reading, env)
+                        if enc.retries:
+                            issued = z3.And(_bool(issued), now)
+                            put(f"{att(r, a)}wgen", issued, s[f"r{r}.p_gen"])
+                            put(f"{att(r, a)}wepoch", issued, s[f"r{r}.p_epoch"])
+                        for rank in range(enc.ranks):  # every rank writes its shard of the page
+                            w = write_var(r, j, rank, a)
+                            put(w, True, z3.Or(old(w), issued))
     return new
 
 

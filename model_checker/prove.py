@@ -36,7 +36,7 @@ import z3
 
 from kvhandoff.model_checker.result import CheckResult, PropertyResult
 from kvhandoff.model_checker.z3_derived import Obligation
-from kvhandoff.model_checker.z3_encoding import Encoding
+from kvhandoff.model_checker.z3_encoding import CannotEncode, Encoding
 from kvhandoff.model_checker.z3_engines import (
     DEFAULT_BMC_DEPTH,
     NOT_CHECKED,
@@ -115,9 +115,9 @@ def prove(
     # The any-size model is the spec's own rules translated under the variant's design options
     # and its own formulas. A Python override or added action reaches no model, so proving the
     # rest would prove some other protocol and call it this one. The fixed-config encoding
-    # refuses all of these (CannotEncode, naming the action or field), so ask it first; it also
-    # refuses client retries, for its own layout's sake (one message per request and kind), not
-    # the variant's, and the any-size model reads them: asked without them.
+    # refuses all of these (CannotEncode, naming the action or field), so ask it first. Asked
+    # without client retries: the one thing it refuses with them (several prefill ranks) is
+    # its own layout's limit, not the variant's, and the any-size model may still read them.
     Encoding(variant, replace(config, max_retries=0))
     obligations: list[Obligation] | None = None
     run: Run
@@ -169,6 +169,7 @@ def prove(
     if vacuity:
         extra["vacuity"] = list(vacuity)
     search = None
+    no_search: str | None = None
     results = []
     for p in ALWAYS:
         if p.name in proved and not vacuity:
@@ -186,10 +187,15 @@ def prove(
             )
             continue
         # Not proved: is there a real counterexample? (Not searched where BMC's encoding cannot
-        # hold the configuration: client retries.)
-        if search is None and not config.max_retries:
-            search = bmc_cached(variant, config, depth=depth, timeout=timeout)
-            extra["bmc_depth"] = search.extra.get("max_depth")
+        # hold the configuration: client retries with several prefill ranks.)
+        if search is None and no_search is None:
+            try:
+                Encoding(variant, config)
+            except CannotEncode as exc:
+                no_search = str(exc)
+            else:
+                search = bmc_cached(variant, config, depth=depth, timeout=timeout)
+                extra["bmc_depth"] = search.extra.get("max_depth")
         if search is not None:
             found = search.result_for(p.name)
             if found.verdict == "violated":
@@ -204,7 +210,7 @@ def prove(
         detail = f"proof {why}: {what}{leans}; " + (
             f"no counterexample within {search.extra.get('max_depth')} steps"
             if search is not None
-            else "no BMC search (its encoding cannot hold client retries: use the explorer)"
+            else f"no BMC search ({no_search}: use the explorer)"
         )
         results.append(PropertyResult(p.name, "unknown", detail=detail))
     return CheckResult(

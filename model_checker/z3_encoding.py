@@ -188,9 +188,32 @@ def read_shard(r: int, j: int, k: int) -> str:
     return f"r{r}.rc{j}" if k == 0 else f"r{r}.rc{j}s{k}"
 
 
-def write_var(r: int, j: int, k: int) -> str:
-    """Request r's write of rank k's shard of page j, in flight."""
-    return f"r{r}.w{j}" if k == 0 else f"r{r}.w{j}s{k}"
+def att(r: int, a: int = 0) -> str:
+    """The variable prefix of request r's attempt a (`r{r}.`; a retry's attempt a >= 1:
+    `r{r}.a{a}`): the prefix of the message slots and writes that attempt sent."""
+    return f"r{r}." if a == 0 else f"r{r}.a{a}"
+
+
+def write_var(r: int, j: int, k: int, a: int = 0) -> str:
+    """Request r's write of rank k's shard of page j, issued by attempt a, in flight."""
+    return f"{att(r, a)}w{j}" if k == 0 else f"{att(r, a)}w{j}s{k}"
+
+
+def slot_args(args: tuple[Any, ...]) -> tuple[str, int, int]:
+    """(kind, request, attempt) of a message instance's arguments, `(kind, r)` or, for a retry's
+    attempt a >= 1, `(kind, r, a)`."""
+    return (args[0], args[1], args[2] if len(args) > 2 else 0)
+
+
+def write_args(args: tuple[Any, ...]) -> tuple[int, int, int, int]:
+    """(request, page, rank, attempt) of a write instance's arguments: `(r, j)`, with ranks
+    `(r, j, k)`, and for a retry's attempt a >= 1 `(r, j, k, a)`."""
+    return (
+        args[0],
+        args[1],
+        args[2] if len(args) > 2 else 0,
+        args[3] if len(args) > 3 else 0,
+    )
 
 
 LEASE_EXPIRED = "lease expired"
@@ -260,16 +283,25 @@ class Encoding:
         config: Config,
         width: int | None = 5,
     ) -> None:
-        if config.max_retries:
-            # A retried request's first attempt leaves messages and writes in flight (a
-            # duplicated grant, an abort, a late write) that meet its second attempt's: two
-            # distinct messages of one request and kind, and writes of a generation the
-            # request's prefill no longer holds, which this layout (one slot per request and
-            # kind, writes read off the request's own prefill fields) cannot hold.
+        # Client retries. A retried request's first attempt leaves messages and writes in
+        # flight (a duplicated grant, an abort, a late write) that meet its second attempt's:
+        # two distinct messages of one request and kind, and writes of a generation the
+        # request's prefill no longer holds. Everything else the spec keeps per request is reset
+        # by the retry (or, like the drain ack owed, kept once per request by the spec itself),
+        # so only what is *in flight* needs room for several attempts: each attempt gets its own
+        # message slots and write slots (`att(r, a)`), and a message carries its slot's attempt.
+        # Attempt 0 keeps the names of an encoding without retries, so with `max_retries` 0 the
+        # layout, the instances and the relation are exactly those of before. A write's fields
+        # cannot be read off prefill's fields once a retry has reset them, so with retries each
+        # attempt's writes keep their grant's generation and epoch (`wgen`, `wepoch`), recorded
+        # when issued (prefill's grant does not change while its writes are in flight).
+        self.attempts = config.max_retries + 1
+        self.retries = config.max_retries > 0
+        if self.retries and config.prefill_ranks > 1:
             raise CannotEncode(
-                f"max_retries={config.max_retries}: the fixed encoding keeps one message per "
-                "request and kind, and a retried request's two attempts can have two in flight; "
-                "check retries with the explicit engine (or prove's any-size model)"
+                f"max_retries={config.max_retries} with {config.prefill_ranks} prefill ranks: "
+                "the fixed encoding holds retries with one rank only; check it with the "
+                "explicit engine"
             )
         if not variant.is_pure_design:
             raise CannotEncode(
@@ -396,6 +428,11 @@ class Encoding:
             out += [(f"r{r}.orph", "B"), (f"r{r}.orph_gen", "I")]
             if self.pull:
                 out.append((f"r{r}.lease_expired", "B"))
+            if self.retries:
+                out.append((f"r{r}.attempt", "I"))
+                for a in range(self.attempts):
+                    out += self._attempt_slots(r, a) if a else []
+                    out += [(f"{att(r, a)}wgen", "I"), (f"{att(r, a)}wepoch", "I")]
         for j in pages:
             out += [(f"pg{j}.own", "B"), (f"pg{j}.own_req", "I"), (f"pg{j}.own_gen", "I")]
             for k in range(self.ranks):
@@ -410,11 +447,32 @@ class Encoding:
             ("psd", "I"),
         ]
         out += [(f"f.{f}", "I") for f in FAULT_FIELDS]
+        if self.retries:
+            out.append(("f.retries", "I"))
         out += [(f"gh.{g}", "B") for g in GHOST_FIELDS]
         out += [
             (f"v.{name}", "B" if isinstance(initial, bool) else "I")
             for name, initial in sorted(self.state_fields.items())
         ]
+        return out
+
+    def _attempt_slots(self, r: int, a: int) -> list[tuple[str, str]]:
+        """The message slots and write slots of request r's attempt a >= 1 (attempt 0's are
+        the request's own, declared with it)."""
+        out: list[tuple[str, str]] = []
+        pre, pages = att(r, a), range(self.np)
+        for kind in self.slot_kinds:
+            sk = slot(kind)
+            out += [(f"{pre}{sk}_net", "I"), (f"{pre}{sk}_lost", "I"), (f"{pre}{sk}_gen", "I")]
+        out += [(f"{pre}g_pages{j}", "B") for j in pages]
+        out.append((f"{pre}g_epoch", "I"))
+        for kind in self.slot_kinds:
+            if kind.split(".")[0] == "completion":
+                c = slot(kind)
+                out += [(f"{pre}{c}_count", "I"), (f"{pre}{c}_digest", "B")]
+                out += [(f"{pre}{c}_dpages{j}", "B") for j in pages]
+        out.append((f"{pre}f_aborted", "B"))
+        out += [(write_var(r, j, k, a), "B") for j in pages for k in range(self.ranks)]
         return out
 
     def reason_code(self, reason: str) -> int:
@@ -549,6 +607,12 @@ class Encoding:
 
         def add(name: str, args: tuple[Any, ...] = (), fault: bool = False) -> None:
             out.append(Instance(name, args, fault))
+            # A step that takes a message or a write: one instance per attempt's slot.
+            for a in range(1, self.attempts):
+                if args and isinstance(args[0], str):
+                    out.append(Instance(name, (*args, a), fault))
+                elif name in ("decode_receive_write", "network_fail_transfer"):
+                    out.append(Instance(name, (*args, *(0,) * (3 - len(args)), a), fault))
 
         for r in reqs:
             add("router_submit_request", (r,))
@@ -624,8 +688,11 @@ class Encoding:
         for kind in kinds:
             for r in reqs:
                 add("retransmit_message", (kind, r))
-        # router_retry_request: none. A scenario with retries is refused (`__init__`), and
-        # without them the retry's guard (`retries_spent < max_retries`) never holds.
+        # router_retry_request: only with retries (without them its guard,
+        # `retries_spent < max_retries`, never holds).
+        if self.retries:
+            for r in reqs:
+                add("router_retry_request", (r,))
         for r in reqs:
             add("client_cancel_request", (r,), True)
         for r in reqs:
@@ -683,16 +750,15 @@ class Encoding:
         if formula.source == "writes":
             # A step that takes a write: the instance's slot (r, j[, k]) holds it while it is in
             # flight.
-            r, j, *rank = inst.args
-            k = rank[0] if rank else 0
-            env = {id(formula.params[0]): reading.write_fields(r, j, k)}
-            return z3.And(s[write_var(r, j, k)], translate(formula.formula, reading, env))
+            r, j, k, a = write_args(inst.args)
+            env = {id(formula.params[0]): reading.write_fields(r, j, k, a)}
+            return z3.And(s[write_var(r, j, k, a)], translate(formula.formula, reading, env))
         if formula.source:
             # A step that takes a message: the instance's slot holds it, and the step is enabled
             # only while a copy is there (in the network, or among the messages to resend).
-            kind, r = inst.args
-            env = {id(formula.params[0]): reading.slot_fields(kind, r)}
-            count = s[f"r{r}.{slot(kind)}_{'net' if formula.source == 'network' else 'lost'}"]
+            kind, r, a = slot_args(inst.args)
+            env = {id(formula.params[0]): reading.slot_fields(kind, r, a)}
+            count = s[f"{att(r, a)}{slot(kind)}_{'net' if formula.source == 'network' else 'lost'}"]
             return z3.And(count > 0, translate(formula.formula, reading, env))
         args = inst.args + (0,) * (len(formula.params) - len(inst.args))  # (r,): one rank
         env = {id(p): a for p, a in zip(formula.params, args, strict=True)}
@@ -842,6 +908,10 @@ class Encoding:
             v[f"r{r}.d_cancel"] = q.d_cancel
             v[f"r{r}.p_cancel"] = q.p_cancel
             v[f"r{r}.not_as_is"] = q.not_as_is
+            if self.retries:
+                v[f"r{r}.attempt"] = q.attempt
+            elif q.attempt:
+                raise EncodingError(f"request {r}: attempt {q.attempt} without retries")
             if self.pull:
                 v[f"r{r}.lease_expired"] = q.p_lease_expired
             elif q.p_lease_expired:
@@ -871,47 +941,58 @@ class Encoding:
                     if self.ranks == 1:
                         raise EncodingError(f"request {r}: rank set {name} {ranks} with one rank")
                     v[f"r{r}.{name}{rank}"] = True
-        seen: dict[tuple[str, int], Message] = {}
+        seen: dict[tuple[str, int, int], Message] = {}
         for where, bag in (("net", state.network), ("lost", state.lost)):
             for m in bag:
                 kind: str = m.kind
                 if m.kind == "failure" and m.reason == LEASE_EXPIRED:
                     kind = "lease_failure"
                 kind = slot_kind(kind, m.rank)
-                if kind not in self.slot_kinds:
+                if kind not in self.slot_kinds or not 0 <= m.attempt < self.attempts:
                     raise EncodingError(f"message {m} has no slot in this encoding")
-                key = (kind, m.request)
+                key = (kind, m.request, m.attempt)
                 if key in seen and seen[key] != m:
                     raise EncodingError(f"two distinct {kind} messages of request {m.request}")
                 seen[key] = m
-                k = slot(kind)
-                v[f"r{m.request}.{k}_{where}"] += 1
-                v[f"r{m.request}.{k}_gen"] = m.generation
+                k, pre = slot(kind), att(m.request, m.attempt)
+                v[f"{pre}{k}_{where}"] += 1
+                v[f"{pre}{k}_gen"] = m.generation
                 if m.kind == "grant":
-                    v[f"r{m.request}.g_epoch"] = m.epoch
+                    v[f"{pre}g_epoch"] = m.epoch
                     for j in m.pages:
-                        v[f"r{m.request}.g_pages{j}"] = True
+                        v[f"{pre}g_pages{j}"] = True
                 if m.kind == "completion":
-                    v[f"r{m.request}.{k}_count"] = m.count
-                    v[f"r{m.request}.{k}_digest"] = m.digest is not None
+                    v[f"{pre}{k}_count"] = m.count
+                    v[f"{pre}{k}_digest"] = m.digest is not None
                     for j, _req, _gen in m.digest or ():
-                        v[f"r{m.request}.{k}_dpages{j}"] = True
+                        v[f"{pre}{k}_dpages{j}"] = True
                 if m.kind == "failure":
-                    v[f"r{m.request}.f_aborted"] = m.reason == "aborted"
+                    v[f"{pre}f_aborted"] = m.reason == "aborted"
         for w in state.writes:
             q = state.requests[w.data.request]
             r = w.data.request
+            # The attempt that issued it: the current one while prefill holds its grant, else
+            # (generations are never reused) the one before, the only earlier one a single
+            # retry leaves; with more retries a stale write's attempt is not recoverable here.
+            a = q.attempt
+            if self.retries and w.generation != q.p_gen:
+                if q.attempt != 1:
+                    raise EncodingError(f"write {w}: which attempt of request {r} issued it?")
+                a = 0
+            gen, epoch = (q.p_gen, q.p_epoch) if a == q.attempt else (w.generation, w.epoch)
             expected = Write(
                 c.requests[r].room,
-                q.p_gen,
+                gen,
                 w.page,
-                Tag(r, q.p_gen, c.requests[r].tenant),
-                q.p_epoch,
+                Tag(r, gen, c.requests[r].tenant),
+                epoch,
                 w.rank,
             )
             if w != expected or not 0 <= w.rank < self.ranks:
                 raise EncodingError(f"write {w} is not derivable from request {r}'s prefill state")
-            v[write_var(r, w.page, w.rank)] = True
+            v[write_var(r, w.page, w.rank, a)] = True
+            if self.retries:
+                v[f"{att(r, a)}wgen"], v[f"{att(r, a)}wepoch"] = gen, epoch
         for _room, gen, r in state.pending_acks:
             v[f"r{r}.pa"], v[f"r{r}.pa_gen"] = True, gen
         for room, gen, rank in state.acked_ranks:
@@ -954,6 +1035,10 @@ class Encoding:
         v["dsp"], v["psd"] = state.decode_sees_prefill_epoch, state.prefill_sees_decode_epoch
         for f in FAULT_FIELDS:
             v[f"f.{f}"] = getattr(state.faults, f)
+        if self.retries:
+            v["f.retries"] = state.faults.retries
+        elif state.faults.retries:
+            raise EncodingError(f"{state.faults.retries} retries spent without retries")
         for g in GHOST_FIELDS:
             v[f"gh.{g}"] = getattr(state.ghost, g)
         for name, initial in self.state_fields.items():
@@ -976,30 +1061,35 @@ class Encoding:
             return Tag(-1, gen, OTHER_TENANT)
         return Tag(r, gen, self.config.requests[r].tenant)
 
-    def message(self, v: dict[str, Any], kind: str, r: int) -> Message:
-        """The message held in slot (kind, r)."""
-        k, room, rank = slot(kind), self.rooms[r], slot_rank(kind)
-        gen = v[f"r{r}.{k}_gen"]
+    def message(self, v: dict[str, Any], kind: str, r: int, a: int = 0) -> Message:
+        """The message held in slot (kind, r) of attempt a."""
+        k, room, rank, pre = slot(kind), self.rooms[r], slot_rank(kind), att(r, a)
+        gen = v[f"{pre}{k}_gen"]
         kind = kind.split(".")[0]
         if kind == "grant":
-            pages = tuple(j for j in range(self.np) if v[f"r{r}.g_pages{j}"])
-            return Message("grant", room, gen, r, pages=pages, epoch=v[f"r{r}.g_epoch"])
+            pages = tuple(j for j in range(self.np) if v[f"{pre}g_pages{j}"])
+            return Message("grant", room, gen, r, pages=pages, epoch=v[f"{pre}g_epoch"], attempt=a)
         if kind == "completion":
             digest = None
-            if v[f"r{r}.{k}_digest"]:
-                digest = tuple((j, r, gen) for j in range(self.np) if v[f"r{r}.{k}_dpages{j}"])
-            count = v[f"r{r}.{k}_count"]
-            return Message("completion", room, gen, r, count=count, digest=digest, rank=rank)
+            if v[f"{pre}{k}_digest"]:
+                digest = tuple((j, r, gen) for j in range(self.np) if v[f"{pre}{k}_dpages{j}"])
+            count = v[f"{pre}{k}_count"]
+            return Message(
+                "completion", room, gen, r, count=count, digest=digest, rank=rank, attempt=a
+            )
         if kind == "failure":
-            reason = "aborted" if v[f"r{r}.f_aborted"] else "rejected"
-            return Message("failure", room, gen, r, reason=reason)
+            reason = "aborted" if v[f"{pre}f_aborted"] else "rejected"
+            return Message("failure", room, gen, r, reason=reason, attempt=a)
         if kind == "lease_failure":
-            return Message("failure", room, gen, r, reason=LEASE_EXPIRED)
-        return Message(kind, room, gen, r, rank=rank)  # type: ignore[arg-type]
+            return Message("failure", room, gen, r, reason=LEASE_EXPIRED, attempt=a)
+        return Message(kind, room, gen, r, rank=rank, attempt=a)  # type: ignore[arg-type]
 
-    def write(self, v: dict[str, Any], r: int, j: int, k: int = 0) -> Write:
-        gen = v[f"r{r}.p_gen"]
-        return Write(self.rooms[r], gen, j, self._tag(r, gen), v[f"r{r}.p_epoch"], k)
+    def write(self, v: dict[str, Any], r: int, j: int, k: int = 0, a: int = 0) -> Write:
+        if self.retries:
+            gen, epoch = v[f"{att(r, a)}wgen"], v[f"{att(r, a)}wepoch"]
+        else:
+            gen, epoch = v[f"r{r}.p_gen"], v[f"r{r}.p_epoch"]
+        return Write(self.rooms[r], gen, j, self._tag(r, gen), epoch, k)
 
     def concretize(self, v: dict[str, Any]) -> State:
         """The spec state a time step's values stand for."""
@@ -1043,8 +1133,7 @@ class Encoding:
                     read=read,
                     accepted_full=v[f"r{r}.acc_full"] if v[f"r{r}.acc_set"] else None,
                     p_lease_expired=self.pull and v[f"r{r}.lease_expired"],
-                    # No retries in this encoding (`__init__`): every attempt number is 0.
-                    attempt=0,
+                    attempt=v[f"r{r}.attempt"] if self.retries else 0,
                     **(
                         {
                             field: tuple(k for k in range(self.ranks) if v[f"r{r}.{name}{k}"])
@@ -1062,19 +1151,21 @@ class Encoding:
         network: list[Message] = []
         lost: list[Message] = []
         for r in range(self.n):
-            for kind in self.slot_kinds:
-                k = slot(kind)
-                if v[f"r{r}.{k}_net"] < 0 or v[f"r{r}.{k}_lost"] < 0:
-                    raise EncodingError(f"negative message count in slot {kind} of request {r}")
-                m = self.message(v, kind, r) if v[f"r{r}.{k}_net"] + v[f"r{r}.{k}_lost"] else None
-                network += [m] * v[f"r{r}.{k}_net"]  # type: ignore[list-item]
-                lost += [m] * v[f"r{r}.{k}_lost"]  # type: ignore[list-item]
+            for a in range(self.attempts):
+                for kind in self.slot_kinds:
+                    net, gone = (f"{att(r, a)}{slot(kind)}_{w}" for w in ("net", "lost"))
+                    if v[net] < 0 or v[gone] < 0:
+                        raise EncodingError(f"negative message count in slot {kind} of request {r}")
+                    m = self.message(v, kind, r, a) if v[net] + v[gone] else None
+                    network += [m] * v[net]  # type: ignore[list-item]
+                    lost += [m] * v[gone]  # type: ignore[list-item]
         writes = [
-            self.write(v, r, j, k)
+            self.write(v, r, j, k, a)
             for r in range(self.n)
+            for a in range(self.attempts)
             for j in range(self.np)
             for k in range(self.ranks)
-            if v[write_var(r, j, k)]
+            if v[write_var(r, j, k, a)]
         ]
         pages = []
         for j in range(self.np):
@@ -1123,7 +1214,10 @@ class Encoding:
             pending_acks=tuple(pending),
             acked_ranks=tuple(acked),
             orphans=tuple(orphans),
-            faults=Faults(**{f: v[f"f.{f}"] for f in FAULT_FIELDS}),
+            faults=Faults(
+                **{f: v[f"f.{f}"] for f in FAULT_FIELDS},
+                retries=v["f.retries"] if self.retries else 0,
+            ),
             ghost=Ghost(**{g: v[f"gh.{g}"] for g in GHOST_FIELDS}),
         )
 
@@ -1132,17 +1226,16 @@ class Encoding:
         inst = self.instances[i]
         cls = _CLASSES.get(inst.name) or self.added_kinds[inst.name]
         if inst.name == "decode_receive_write":
-            return DecodeReceiveWrite(self.write(v, *inst.args))
+            return DecodeReceiveWrite(self.write(v, *write_args(inst.args)))
         if inst.name == "network_fail_transfer":
-            return NetworkFailTransfer(self.write(v, *inst.args))
+            return NetworkFailTransfer(self.write(v, *write_args(inst.args)))
         if inst.name == "prefill_send_abort_ack":
             r, *rank = inst.args
             return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"], *rank)
         if inst.name == "prefill_send_completion" and len(inst.args) == 2:
             return PrefillSendCompletion(inst.args[0], rank=inst.args[1])
         if inst.args and isinstance(inst.args[0], str):
-            kind, r = inst.args
-            action: Action = cls(self.message(v, kind, r))
+            action: Action = cls(self.message(v, *slot_args(inst.args)))
             return action
         action = cls(*inst.args)
         return action
@@ -1151,7 +1244,7 @@ class Encoding:
 _CLASSES: dict[str, Any] = {
     snake_case(cls.__name__): cls
     for cls in (
-        RouterRetryRequest,  # never an instance (see `_instances`); named for completeness
+        RouterRetryRequest,
         RouterSubmitRequest,
         PrefillAdmitRequest,
         PrefillRejectRequest,

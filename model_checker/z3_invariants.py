@@ -21,6 +21,7 @@ from kvhandoff.model_checker.z3_encoding import (
     REASONS,
     Encoding,
     SymState,
+    att,
     shard,
     write_var,
 )
@@ -71,9 +72,21 @@ def well_formed(enc: Encoding) -> InvariantFormula:
             out.append(s[f"r{r}.p_epoch"] <= s["decode_epoch"])
             out.append(s[f"r{r}.g_epoch"] <= s["decode_epoch"])
             out.append(s[f"r{r}.d_epoch"] <= s["prefill_epoch"])
-            for j in pages:
-                for k in range(enc.ranks):
-                    out.append(z3.Implies(s[write_var(r, j, k)], s[f"r{r}.p_pages{j}"]))
+            for a in range(enc.attempts):
+                # With retries, only the current attempt's writes: a retry resets prefill's
+                # grant while the attempt before may still have writes in flight.
+                now = s[f"r{r}.attempt"] == a if enc.retries else True
+                for j in pages:
+                    for k in range(enc.ranks):
+                        w = s[write_var(r, j, k, a)]
+                        w = z3.And(w, now) if enc.retries else w
+                        out.append(z3.Implies(w, s[f"r{r}.p_pages{j}"]))
+                if a:
+                    out.append(s[f"{att(r, a)}g_epoch"] <= s["decode_epoch"])
+            if enc.retries:
+                out.append(s[f"r{r}.attempt"] <= s["f.retries"])
+        if enc.retries:
+            out.append(s["f.retries"] <= enc.config.max_retries)
         for j in pages:
             out.append(z3.Implies(s[f"pg{j}.own"], s[f"pg{j}.own_req"] < n))
             for k in range(enc.ranks):

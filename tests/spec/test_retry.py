@@ -141,8 +141,9 @@ def test_matching_by_request_id_alone_breaks_termination_with_a_retry() -> None:
 
 
 def test_engines_that_cannot_hold_a_retry_say_so() -> None:
+    Encoding(REFERENCE, ONE)  # the fixed encoding holds a retry (one slot set per attempt)...
     with pytest.raises(CannotEncode, match="max_retries=1"):
-        Encoding(REFERENCE, ONE)
+        Encoding(REFERENCE, replace(ONE, prefill_ranks=2))  # ...with one prefill rank only
     with pytest.raises(UnsupportedScenario, match="max_retries=1"):
         require_one_prefill_rank(ONE)
     with pytest.raises(ValueError, match="max_retries"):
