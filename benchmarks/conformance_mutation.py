@@ -96,6 +96,7 @@ def run_one(mutant: Mutant | None, target: str, timeout: float, extra: list[str]
             target,
             "--out",
             str(root / "report"),
+            *(mutant.conform_args if mutant is not None else ()),
             *extra,
         ]
         start = time.perf_counter()

@@ -879,7 +879,10 @@ class DecodeCore:
                 return [
                     Log(
                         "decode_abort_request",
-                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                        _with_attempt(
+                            {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                            ev.attempt,
+                        ),
                     ),
                     Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
                 ]
@@ -887,7 +890,14 @@ class DecodeCore:
         cmds: list[DecodeCommand] = [
             Log(
                 "decode_abort_request",
-                {"request_id": req.request_id, "generation": req.generation, "reason": ev.reason},
+                _with_attempt(
+                    {
+                        "request_id": req.request_id,
+                        "generation": req.generation,
+                        "reason": ev.reason,
+                    },
+                    req.attempt,
+                ),
             )
         ]
         if req.state is RequestState.WAITING:

@@ -690,7 +690,10 @@ class PrefillCore:
         if ev.status is Status.OK:
             self._forget(req, "finished")
             return [
-                Log("prefill_finish_request", {"request_id": req.request_id, "status": "ok"}),
+                Log(
+                    "prefill_finish_request",
+                    _with_attempt({"request_id": req.request_id, "status": "ok"}, req.attempt),
+                ),
                 AnswerRequest(req.request_id, Status.OK, attempt=req.attempt),
             ]
         # Decode refused the completion and has already failed the request: no notice needed.
@@ -712,15 +715,21 @@ class PrefillCore:
         newer = self._stale(ev.request_id, ev.attempt)
         if newer is not None:
             # An abort of another attempt of this request id (a retried request's first
-            # attempt): stale, dropped and not acked; the attempt prefill holds carries on.
+            # attempt): stale, never taken for the attempt prefill holds, which carries on. An
+            # earlier attempt is over at prefill (nothing of it can be in flight), so its abort
+            # is acked: a decode still releasing that attempt's pages waits for the ack.
             reason = f"abort of attempt {ev.attempt}, prefill holds attempt {newer}"
-            return [
+            cmds: list[PrefillCommand] = [
                 Log(
                     "prefill_receive_abort",
                     {**args, "in_flight": False, "outcome": "stale_attempt", "reason": reason},
-                ),
-                Reply(Status.OK),
+                )
             ]
+            if ev.attempt < newer:
+                cmds.append(
+                    SendAbortAck(ev.request_id, ev.room, ev.generation, ev.token, ev.attempt)
+                )
+            return [*cmds, Reply(Status.OK)]
         req = self._requests.get(ev.request_id)
         # An abort kills a request, so it is checked like a write: the room must be the
         # request's, and where prefill knows the grant (held or parked), generation and token
@@ -760,9 +769,7 @@ class PrefillCore:
             ]  # M18 keeps the orphan's transfer state regardless
         ack = SendAbortAck(ev.request_id, ev.room, ev.generation, ev.token, ev.attempt)
         if req is None or req.grant is None or req.grant.generation != ev.generation:
-            cmds: list[PrefillCommand] = [
-                Log("prefill_receive_abort", {**args, "in_flight": False})
-            ]
+            cmds = [Log("prefill_receive_abort", {**args, "in_flight": False})]
             if req is not None and req.grant is None:
                 cmds += self._fail(
                     req, Status.ABORTED, "decode aborted the request", tell_decode=False
@@ -806,13 +813,19 @@ class PrefillCore:
                 return [
                     Log(
                         "prefill_cancel_request",
-                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                        _with_attempt(
+                            {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                            ev.attempt,
+                        ),
                     ),
                     Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
                 ]
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[PrefillCommand] = [
-            Log("prefill_cancel_request", {"request_id": req.request_id, "reason": ev.reason})
+            Log(
+                "prefill_cancel_request",
+                _with_attempt({"request_id": req.request_id, "reason": ev.reason}, req.attempt),
+            )
         ]
         if req.state is PrefillState.WRITING:
             if not req.stop_reason:
@@ -860,7 +873,14 @@ class PrefillCore:
             cmds += [
                 Log(
                     "prefill_drop_orphan_grant",
-                    {"request_id": grant.request_id, "room": room, "generation": grant.generation},
+                    _with_attempt(
+                        {
+                            "request_id": grant.request_id,
+                            "room": room,
+                            "generation": grant.generation,
+                        },
+                        grant.attempt,
+                    ),
                 ),
                 SendRejection(
                     grant.request_id, room, Status.FAILED_PRECONDITION, reason, grant.attempt
@@ -877,12 +897,15 @@ class PrefillCore:
         cmds: list[PrefillCommand] = [
             Log(
                 "prefill_finish_request",
-                {
-                    "request_id": req.request_id,
-                    "status": "error",
-                    "code": status.value,
-                    "reason": reason,
-                },
+                _with_attempt(
+                    {
+                        "request_id": req.request_id,
+                        "status": "error",
+                        "code": status.value,
+                        "reason": reason,
+                    },
+                    req.attempt,
+                ),
             )
         ]
         if tell_decode and not self._b.silent_prefill_abort:

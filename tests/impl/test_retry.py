@@ -4,6 +4,8 @@ than the one they hold (the spec's `router_retry_request` with `Design.attempt_f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvhandoff.impl.core import decode as dc
 from kvhandoff.impl.core import prefill as pc
 from kvhandoff.impl.core import router as rc
@@ -24,11 +26,11 @@ RID = RequestId("r1")
 ROOM = Room(7)
 
 
-def _reply(cmds: list[object]) -> Reply:
+def _reply(cmds: Sequence[object]) -> Reply:
     return next((c for c in cmds if isinstance(c, Reply)), Reply(Status.OK))
 
 
-def _logs(cmds: list[object], kind: str) -> list[dict[str, object]]:
+def _logs(cmds: Sequence[object], kind: str) -> list[dict[str, object]]:
     return [dict(c.args) for c in cmds if isinstance(c, Log) and c.kind == kind]
 
 
@@ -119,7 +121,10 @@ def test_a_stale_first_attempt_abort_does_not_stop_the_retry_at_prefill() -> Non
     cmds = p.handle(pc.AbortReceived(RID, ROOM, Generation(0), b"", attempt=0))
     (line,) = _logs(cmds, "prefill_receive_abort")
     assert line["outcome"] == "stale_attempt" and "attempt 1" in str(line["reason"])
-    assert not [c for c in cmds if isinstance(c, pc.SendAbortAck | pc.AnswerRequest)]
+    # Acked (attempt 0 is over at prefill: nothing of it is in flight), never applied.
+    acks = [c for c in cmds if isinstance(c, pc.SendAbortAck)]
+    assert [a.attempt for a in acks] == [0]
+    assert not [c for c in cmds if isinstance(c, pc.AnswerRequest | pc.CancelWrites)]
     assert p.active_requests() == {RID: "admitted"}
     # The retry's own grant is still taken.
     grant = pc.GrantReceived(RID, ROOM, Generation(5), (PageId(0), PageId(1)), b"t", 8, 0.0, 1)
