@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['seconds']} s of conform runs"
         )
     print(f"total {total:.1f} s (conform args: {' '.join(extra) or 'defaults'})")
+    for m in mutants:
+        if m.conform_args:
+            print(f"  {m.name}: run with {' '.join(m.conform_args)} first")
     return 0
 
 

@@ -189,12 +189,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "though they may belong to another request by now",
         DECODE,
         "        req = self._requests.get(ev.request_id)\n"
-        "        if req is None or req.generation != ev.generation or req.room != ev.room:",
+        "        if (\n"
+        "            req is None\n"
+        "            or req.generation != ev.generation\n"
+        "            or req.room != ev.room\n",
         "        req = self._requests.get(ev.request_id)\n"
         "        tomb = self._released.get((ev.request_id, ev.generation))\n"
         "        if req is None and tomb is not None:\n"
         "            self._free.update(tomb.pages)\n"
-        "        if req is None or req.generation != ev.generation or req.room != ev.room:",
+        "        if (\n"
+        "            req is None\n"
+        "            or req.generation != ev.generation\n"
+        "            or req.room != ev.room\n",
     ),
     _m(
         "release_before_drain",
@@ -362,7 +368,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "router_cancel_not_forwarded_to_decode",
         "a client cancel is answered but never forwarded to decode",
         ROUTER,
-        "        if req.decode is None:\n            cmds.append(AbortAtDecode(req.request_id, ev.reason))",
+        "        if req.decode is None:\n"
+        "            cmds.append(AbortAtDecode(req.request_id, ev.reason, req.attempt))",
         "        if req.decode is None:\n            pass",
     ),
     # ------------------------------------------------------------------ edge (gRPC servers only)

@@ -4,8 +4,9 @@ than the one they hold (the spec's `router_retry_request` with `Design.attempt_f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from kvhandoff.impl.cluster import Cluster
 from kvhandoff.impl.core import decode as dc
 from kvhandoff.impl.core import prefill as pc
 from kvhandoff.impl.core import router as rc
@@ -21,6 +22,7 @@ from kvhandoff.impl.core.common import (
 )
 from kvhandoff.impl.core.inprocess import InProcessCluster
 from kvhandoff.impl.modes import Behaviour
+from kvhandoff.impl.tokenizer import encode
 
 RID = RequestId("r1")
 ROOM = Room(7)
@@ -214,3 +216,30 @@ def test_a_stale_router_cancel_does_not_withdraw_the_retry() -> None:
     cmds = d.handle(dc.CancelRequest(RID, "late cancel", 0.0, attempt=0))
     assert _reply(cmds).status is Status.NOT_FOUND
     assert d.active_requests() == {RID: "waiting"}
+
+
+# ------------------------------------------------------------------------------ the servers
+
+
+def test_the_servers_serve_a_retry_after_an_error_and_refuse_a_replay(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster("reference")
+    prompt = encode("a retried request")
+    cluster.stall_prefill_writes("rt-1", after_messages=0)
+    with cluster.client() as c:
+        # The first attempt stalls mid-handoff; the client gives up (its deadline passes).
+        first = c.generate("t", prompt, 4, request_id="rt-1", timeout=1.0)
+        assert first.status == "error"
+        cluster.resume_prefill_writes("rt-1")
+        assert cluster.wait_quiescent(timeout=10.0)
+        # Not a retry: an id the router answered with an error is not resubmitted as new.
+        again = c.generate("t", prompt, 4, request_id="rt-1")
+        assert again.status == "error" and again.code == "ALREADY_EXISTS", again
+        retried = c.generate("t", prompt, 4, request_id="rt-1", retry=True)
+        assert retried.status == "ok", retried
+        fresh = c.generate("t", prompt, 4, request_id="rt-2")
+        assert fresh.status == "ok" and retried.tokens == fresh.tokens
+        # Served: nothing to retry any more.
+        late = c.generate("t", prompt, 4, request_id="rt-1", retry=True)
+        assert late.status == "error" and late.code == "FAILED_PRECONDITION", late
