@@ -96,6 +96,7 @@ def run_one(mutant: Mutant | None, target: str, timeout: float, extra: list[str]
             target,
             "--out",
             str(root / "report"),
+            *(mutant.conform_args if mutant is not None else ()),
             *extra,
         ]
         start = time.perf_counter()
@@ -243,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['seconds']} s of conform runs"
         )
     print(f"total {total:.1f} s (conform args: {' '.join(extra) or 'defaults'})")
+    for m in mutants:
+        if m.conform_args:
+            print(f"  {m.name}: run with {' '.join(m.conform_args)} first")
     return 0
 
 

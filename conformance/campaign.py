@@ -86,10 +86,11 @@ class _TargetFailed(BaseException):
         self.error = error
 
 
-def campaign_config() -> Config:
+def campaign_config(max_retries: int = 0) -> Config:
     """The default scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
-    reused) with a budget of up to 4 faults per program."""
-    return replace(default_config(), max_faults=4)
+    reused) with a budget of up to 4 faults per program, and `max_retries` client retries under
+    the same request id (`router_retry_request`; only a target with `Target.retries` plays them)."""
+    return replace(default_config(), max_faults=4, max_retries=max_retries)
 
 
 def boundary_tokens(config: Config) -> list[int]:
@@ -299,10 +300,14 @@ def run(
     config: Config | None = None,
     out_dir: Path | None = None,
     target: Target | None = None,
+    max_retries: int = 0,
 ) -> CampaignReport:
-    """Run a campaign; never raises for a divergence (it is reported)."""
-    cfg = config or campaign_config()
-    require_one_prefill_rank(cfg)
+    """Run a campaign; never raises for a divergence (it is reported). `max_retries` is the
+    default scenario's retry budget (ignored when `config` is given)."""
+    cfg = config or campaign_config(max_retries)
+    # (Before a target is made: a scenario no target plays is refused at once; whether this
+    # one plays retries is asked once it exists.)
+    require_one_prefill_rank(cfg, retries=True if target is None else target.retries)
     out = out_dir or Path("kvhandoff-report")
     if target is None:
         # A target made here is released here: a gRPC target keeps its servers between traces.

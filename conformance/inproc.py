@@ -9,6 +9,12 @@ for decode (`decode_cancel`, the spec's `decode_receive_cancel`) and for prefill
 (`prefill_cancel`, the spec's `prefill_receive_cancel`; the router's withdrawal on a decode
 failure is the spec's `abort` by another path). Page data
 is a ghost tag: (writer request id, tenant) of the last write that landed.
+
+Retries (`retry`, the spec's `router_retry_request`): the client resubmits a failed request
+under the same id with `retry` set; the router makes it the next attempt. Every pending message
+keeps the attempt it was sent for, and `deliver`, `drop`, `duplicate` and `retransmit` pick the
+message of the spec message's attempt, so a first attempt's late message and the retry's are
+told apart as the spec tells them apart.
 """
 
 from __future__ import annotations
@@ -38,6 +44,14 @@ from kvhandoff.impl.modes import get_mode
 from kvhandoff.spec.config import Config
 
 ROUTER_KINDS = ("router_result",)
+# Deliverable steps the spec names by request, not by message: of the request's current attempt.
+_OF_THE_CURRENT_ATTEMPT = (
+    "prefill_submit",
+    "decode_submit",
+    "decode_cancel",
+    "prefill_cancel",
+    "stream_close",
+)
 
 
 @dataclass
@@ -48,6 +62,7 @@ class _Pending:
     page: int
     payload: Any
     mid: int
+    attempt: int = 0
 
 
 @dataclass
@@ -60,6 +75,7 @@ class _Writer:
 class InProcTarget(Target):
     name = "inproc"
     fine_grained = True
+    retries = True
 
     def __init__(self) -> None:
         self.config: Config | None = None
@@ -67,7 +83,7 @@ class InProcTarget(Target):
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, config: Config, mode: str) -> None:
-        require_one_prefill_rank(config)
+        require_one_prefill_rank(config, retries=True)
         b = get_mode(mode).behaviour
         self.behaviour = b
         self.config = config
@@ -96,6 +112,8 @@ class InProcTarget(Target):
         self.answered: dict[int, TargetAnswer] = {}
         self.tokens = 0
         self.submitted: set[int] = set()
+        # The current attempt of each retried request (absent: 0).
+        self.attempts: dict[RequestId, int] = {}
         self.prefill_done: set[RequestId] = set()
         # Every grant decode sent, by request: what a forged or replayed message is made from.
         self.grants_sent: dict[RequestId, list[dc.SendGrant]] = {}
@@ -156,6 +174,57 @@ class InProcTarget(Target):
         if reply.status is not Status.OK:
             self.answered[r] = TargetAnswer(False, reply.status.value, reply.message)
 
+    def retry(self, r: int) -> bool:
+        assert self.config is not None
+        spec = self.config.requests[r]
+        rid = RequestId(self.request_id(r))
+        # The client retries once the first attempt is over everywhere, as the spec's guard
+        # asks (prefill done with it, decode holding none of its pages). Two steps the spec
+        # takes at once or never are finished here first. (1) The spec hands a request over
+        # to both workers at submission; here the router's hand-over may still be on its way
+        # to a worker that already ended the request (a cancel overtook it): it arrives now,
+        # is refused, and the router hears the result it waits for. (2) This decode keeps an
+        # aborted request's pages until prefill acks the abort (the spec's two-sided decode
+        # releases at once): the abort and its ack go through now. Anything else still held
+        # (a call in progress) leaves the retry undone: the router or decode would refuse it.
+        for p in [
+            p
+            for p in self.pending
+            if p.rid == rid and p.kind in ("prefill_submit", "decode_submit")
+        ]:
+            self.pending.remove(p)
+            self._deliver(p)
+        if rid in self.decode.active_requests():
+            # Only while decode still holds the first attempt: once it has released (prefill was
+            # taken for dead, or restarted), that attempt's abort stays in flight and meets the
+            # retry, as the spec's does.
+            for kinds in (("abort", "cancel_prefill"), ("abort_ack",)):
+                for p in [p for p in self.pending if p.rid == rid and p.kind in kinds]:
+                    if p in self.pending:
+                        self.pending.remove(p)
+                        self._deliver(p)
+        if rid in self.decode.active_requests() or self.router.attempt_of(rid) is not None:
+            return False
+        reply = self._to_router(
+            rc.ClientSubmit(
+                rid,
+                Tenant(spec.tenant),
+                Room(spec.room),
+                self.prompt_tokens(self.config, r),
+                4,
+                self.now,
+                retry=True,
+            )
+        )
+        if reply.status is not Status.OK:
+            return False  # the router still holds the id, or holds no error for it
+        # The first attempt's answer is set aside; the retry's prefill call is open again.
+        self.attempts[rid] = self.attempts.get(rid, 0) + 1
+        self.answered.pop(r, None)
+        self.reads.pop(rid, None)
+        self.prefill_done.discard(rid)
+        return True
+
     def cancel(self, r: int) -> bool:
         rid = RequestId(self.request_id(r))
         reply = self._to_router(rc.ClientCancel(rid))
@@ -164,7 +233,9 @@ class InProcTarget(Target):
 
     # ------------------------------------------------------------------ message control
 
-    def _find(self, kind: str, r: int, page: int | None = None) -> _Pending | None:
+    def _find(
+        self, kind: str, r: int, page: int | None = None, attempt: int | None = None
+    ) -> _Pending | None:
         rid = self.request_id(r)
         kinds = {
             "failure": ("rejection", "cancel_decode"),
@@ -174,11 +245,15 @@ class InProcTarget(Target):
         }
         for k in kinds.get(kind, (kind,)):
             for p in self.pending:
-                if p.kind == k and p.rid == rid and (page is None or p.page == page):
+                if p.kind != k or p.rid != rid or (page is not None and p.page != page):
+                    continue
+                if attempt is None or p.attempt == attempt:
                     return p
         return None
 
-    def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
+    def deliver(
+        self, kind: str, r: int, page: int | None = None, attempt: int | None = None
+    ) -> bool:
         if kind == "heartbeat":
             self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
             return True
@@ -188,7 +263,11 @@ class InProcTarget(Target):
             p = self._find(kind, r)
             if p is None or not self._can_deliver(p):
                 return False  # the spec's decode waits for free pages; the impl would refuse
-        p = self._find(kind, r, page)
+        if attempt is None and kind in _OF_THE_CURRENT_ATTEMPT:
+            # A step the spec names by request alone acts on the request's current attempt
+            # (the router's withdrawal of a first attempt may still be on its way).
+            attempt = self.attempts.get(RequestId(self.request_id(r)), 0)
+        p = self._find(kind, r, page, attempt)
         if p is None:
             return False
         self.pending.remove(p)
@@ -204,11 +283,12 @@ class InProcTarget(Target):
                 "kind": kind.get(p.kind, p.kind),
                 "request_id": p.rid,
                 "generation": p.generation,
+                **({"attempt": p.attempt} if p.attempt else {}),
             },
         )
 
-    def drop(self, kind: str, r: int) -> bool:
-        p = self._find(kind, r)
+    def drop(self, kind: str, r: int, attempt: int | None = None) -> bool:
+        p = self._find(kind, r, attempt=attempt)
         if p is None:
             return False
         self.pending.remove(p)
@@ -216,10 +296,12 @@ class InProcTarget(Target):
         self._harness("network_drop_message", p)
         return True
 
-    def retransmit(self, kind: str, r: int) -> bool:
+    def retransmit(self, kind: str, r: int, attempt: int | None = None) -> bool:
         rid = self.request_id(r)
         for p in self.lost:
             k = {"rejection": "failure", "cancel_decode": "failure", "cancel_prefill": "abort"}
+            if attempt is not None and p.attempt != attempt:
+                continue
             if p.rid == rid and k.get(p.kind, p.kind) == kind:
                 self.lost.remove(p)
                 self.pending.append(p)
@@ -227,12 +309,14 @@ class InProcTarget(Target):
                 return True
         return False
 
-    def duplicate(self, kind: str, r: int) -> bool:
-        p = self._find(kind, r)
+    def duplicate(self, kind: str, r: int, attempt: int | None = None) -> bool:
+        p = self._find(kind, r, attempt=attempt)
         if p is None:
             return False
         self.mid += 1
-        self.pending.append(_Pending(p.kind, p.rid, p.generation, p.page, p.payload, self.mid))
+        self.pending.append(
+            _Pending(p.kind, p.rid, p.generation, p.page, p.payload, self.mid, p.attempt)
+        )
         self._harness("network_duplicate_message", p)
         return True
 
@@ -247,7 +331,7 @@ class InProcTarget(Target):
     def prefill_abort(self, r: int) -> bool:
         rid = RequestId(self.request_id(r))
         for key, w in list(self.writers.items()):
-            if key[0] == rid and w.in_flight == 0:
+            if key[0] == rid and w.in_flight == 0 and w.start.attempt == self._attempt(rid):
                 # Writing: its write stream breaks.
                 del self.writers[key]
                 self._drop_stream(key)
@@ -417,6 +501,8 @@ class InProcTarget(Target):
 
     def _forge(self, core: dc.DecodeCore, rid: RequestId, kind: str) -> dc.DecodeEvent | None:
         view = core.grant_of(rid)
+        # A forged message names the attempt decode holds: what is probed is the grant's checks.
+        attempt = core.attempt_of(rid) or 0
         if kind.startswith(("completion_", "write_")) and kind != "write_replay_released":
             if view is None or view.state != "waiting":
                 return None
@@ -436,7 +522,7 @@ class InProcTarget(Target):
                     room = Room(room + 1000)
                 elif kind == "completion_forged_token":
                     token = bytes(b ^ 0xFF for b in token) or b"forged"
-                return dc.CompletionReceived(rid, room, gen, token, count, digest)
+                return dc.CompletionReceived(rid, room, gen, token, count, digest, attempt)
             page, index = int(pages[0]), 0
             data = claimed = self._page_digest(rid, gen, 0)
             if kind == "write_wrong_room":
@@ -454,7 +540,9 @@ class InProcTarget(Target):
                 token = bytes(b ^ 0xFF for b in token) or b"forged"
             elif kind == "write_corrupt_data":
                 data = hashlib.sha256(b"corrupted page").digest()[:8]
-            return dc.WriteReceived(rid, room, gen, token, page, 1_000_000 + index, data, claimed)
+            return dc.WriteReceived(
+                rid, room, gen, token, page, 1_000_000 + index, data, claimed, attempt=attempt
+            )
         # Replays: the latest earlier generation of the request, no longer the current one.
         current = view.generation if view is not None and view.state == "waiting" else None
         old = [g for g in self.grants_sent.get(rid, []) if g.generation != current]
@@ -466,12 +554,20 @@ class InProcTarget(Target):
                 return None
             digest = self._page_digest(rid, g.generation, 0)
             return dc.WriteReceived(
-                rid, g.room, g.generation, g.token, int(g.pages[0]), 1_000_000, digest, digest
+                rid,
+                g.room,
+                g.generation,
+                g.token,
+                int(g.pages[0]),
+                1_000_000,
+                digest,
+                digest,
+                attempt=g.attempt,
             )
         if kind == "abort_ack_replay_released":
             if view is not None and view.generation == g.generation:
                 return None  # still being released: a real ack, not a replay
-            return dc.AbortAckReceived(rid, g.room, g.generation)
+            return dc.AbortAckReceived(rid, g.room, g.generation, attempt=g.attempt)
         return None
 
     @staticmethod
@@ -481,18 +577,31 @@ class InProcTarget(Target):
 
     # ------------------------------------------------------------------ plumbing
 
+    def _attempt(self, rid: RequestId) -> int:
+        """The attempt prefill holds of `rid` (the router's where prefill holds none)."""
+        held = self.prefill.attempt_of(rid)
+        if held is None:
+            held = self.router.attempt_of(rid)
+        return held or 0
+
     def _push(
-        self, kind: str, rid: RequestId, generation: int, payload: Any, page: int = -1
+        self,
+        kind: str,
+        rid: RequestId,
+        generation: int,
+        payload: Any,
+        page: int = -1,
+        attempt: int = 0,
     ) -> None:
         self.mid += 1
-        self.pending.append(_Pending(kind, rid, generation, page, payload, self.mid))
+        self.pending.append(_Pending(kind, rid, generation, page, payload, self.mid, attempt))
 
     def _deliver(self, p: _Pending) -> None:
         k = p.kind
         if k == "prefill_submit":
             c: Any = p.payload
             reply = self._to_prefill(
-                pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now)
+                pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now, c.attempt)
             )
             if reply.status is not Status.OK:
                 self.prefill_done.add(c.request_id)
@@ -509,6 +618,7 @@ class InProcTarget(Target):
                     c.max_tokens,
                     self.tokens.to_bytes(16, "big"),
                     self.now,
+                    c.attempt,
                 )
             )
             if reply.status is not Status.OK:
@@ -517,7 +627,14 @@ class InProcTarget(Target):
             g: dc.SendGrant = p.payload
             reply = self._to_prefill(
                 pc.GrantReceived(
-                    g.request_id, g.room, g.generation, g.pages, g.token, g.prompt_len, self.now
+                    g.request_id,
+                    g.room,
+                    g.generation,
+                    g.pages,
+                    g.token,
+                    g.prompt_len,
+                    self.now,
+                    g.attempt,
                 )
             )
             if reply.status is Status.OK:
@@ -537,7 +654,13 @@ class InProcTarget(Target):
             sc: pc.SendCompletion = p.payload
             reply = self._to_decode(
                 dc.CompletionReceived(
-                    sc.request_id, sc.room, sc.generation, sc.token, sc.page_count, sc.digest
+                    sc.request_id,
+                    sc.room,
+                    sc.generation,
+                    sc.token,
+                    sc.page_count,
+                    sc.digest,
+                    sc.attempt,
                 )
             )
             self._to_prefill(
@@ -545,18 +668,24 @@ class InProcTarget(Target):
             )
         elif k == "rejection":
             sr: pc.SendRejection = p.payload
-            self._to_decode(dc.RejectionReceived(sr.request_id, sr.room, sr.status, sr.reason))
+            self._to_decode(
+                dc.RejectionReceived(sr.request_id, sr.room, sr.status, sr.reason, sr.attempt)
+            )
         elif k == "cancel_decode":
-            self._to_decode(dc.CancelRequest(p.rid, p.payload, self.now))
+            self._to_decode(dc.CancelRequest(p.rid, p.payload, self.now, p.attempt))
         elif k == "cancel_prefill":
-            self._to_prefill(pc.CancelRequest(p.rid, p.payload))
+            self._to_prefill(pc.CancelRequest(p.rid, p.payload, p.attempt))
         elif k == "abort":
             sa: dc.SendAbort = p.payload
-            self._to_prefill(pc.AbortReceived(sa.request_id, sa.room, sa.generation, sa.token))
+            self._to_prefill(
+                pc.AbortReceived(sa.request_id, sa.room, sa.generation, sa.token, sa.attempt)
+            )
         elif k == "abort_ack":
             ack: pc.SendAbortAck = p.payload
             self._to_decode(
-                dc.AbortAckReceived(ack.request_id, ack.room, ack.generation, ack.token)
+                dc.AbortAckReceived(
+                    ack.request_id, ack.room, ack.generation, ack.token, ack.attempt
+                )
             )
         elif k == "generate":
             gen: dc.Generate = p.payload
@@ -577,7 +706,14 @@ class InProcTarget(Target):
             w.in_flight += 1
             digest = hashlib.sha256(f"{rid}/{key[1]}/{index}".encode()).digest()[:8]
             self._to_prefill(pc.PageSent(rid, w.start.generation, page, index, digest, index))
-            self._push("write", rid, key[1], (w.start, index, digest), page=int(page))
+            self._push(
+                "write",
+                rid,
+                key[1],
+                (w.start, index, digest),
+                page=int(page),
+                attempt=w.start.attempt,
+            )
             return True
         return False
 
@@ -601,6 +737,7 @@ class InProcTarget(Target):
                 index,
                 digest,
                 digest,
+                attempt=start.attempt,
             )
         )
         reply = Reply(Status.OK)
@@ -624,7 +761,7 @@ class InProcTarget(Target):
             self._to_prefill(pc.WritesFinished(rid, start.generation, reply.status, reply.message))
             return
         if w.next_index >= len(w.start.pages) and w.in_flight == 0:
-            self._push("stream_close", rid, p.generation, None)
+            self._push("stream_close", rid, p.generation, None, attempt=w.start.attempt)
 
     def _to_router(self, event: rc.RouterEvent) -> Reply:
         cmds = self.router.handle(event)
@@ -634,13 +771,13 @@ class InProcTarget(Target):
                 case Log():
                     self._record("router", cmd.kind, dict(cmd.args))
                 case rc.ForwardToPrefill():
-                    self._push("prefill_submit", cmd.request_id, 0, cmd)
+                    self._push("prefill_submit", cmd.request_id, 0, cmd, attempt=cmd.attempt)
                 case rc.ForwardToDecode():
-                    self._push("decode_submit", cmd.request_id, 0, cmd)
+                    self._push("decode_submit", cmd.request_id, 0, cmd, attempt=cmd.attempt)
                 case rc.CancelAtPrefill():
-                    self._push("cancel_prefill", cmd.request_id, 0, cmd.reason)
+                    self._push("cancel_prefill", cmd.request_id, 0, cmd.reason, attempt=cmd.attempt)
                 case rc.AbortAtDecode():
-                    self._push("cancel_decode", cmd.request_id, 0, cmd.reason)
+                    self._push("cancel_decode", cmd.request_id, 0, cmd.reason, attempt=cmd.attempt)
                 case rc.AnswerClient():
                     r = self._r(cmd.request_id)
                     read = [c[1] if c else None for c in self.reads.get(cmd.request_id, [])]
@@ -667,7 +804,13 @@ class InProcTarget(Target):
                 case pc.StartWrites():
                     self.writers[(cmd.request_id, int(cmd.generation))] = _Writer(cmd)
                     if not cmd.pages:
-                        self._push("stream_close", cmd.request_id, int(cmd.generation), None)
+                        self._push(
+                            "stream_close",
+                            cmd.request_id,
+                            int(cmd.generation),
+                            None,
+                            attempt=cmd.attempt,
+                        )
                 case pc.CancelWrites():
                     key = (cmd.request_id, int(cmd.generation))
                     if self.writers.pop(key, None) is not None:
@@ -679,11 +822,15 @@ class InProcTarget(Target):
                             )
                         )
                 case pc.SendCompletion():
-                    self._push("completion", cmd.request_id, int(cmd.generation), cmd)
+                    self._push(
+                        "completion", cmd.request_id, int(cmd.generation), cmd, attempt=cmd.attempt
+                    )
                 case pc.SendRejection():
-                    self._push("rejection", cmd.request_id, 0, cmd)
+                    self._push("rejection", cmd.request_id, 0, cmd, attempt=cmd.attempt)
                 case pc.SendAbortAck():
-                    self._push("abort_ack", cmd.request_id, int(cmd.generation), cmd)
+                    self._push(
+                        "abort_ack", cmd.request_id, int(cmd.generation), cmd, attempt=cmd.attempt
+                    )
                 case pc.AnswerRequest():
                     self.prefill_done.add(cmd.request_id)
                     self._to_router(rc.PrefillFinished(cmd.request_id, cmd.status, cmd.message))
@@ -700,15 +847,25 @@ class InProcTarget(Target):
                     self._record("decode", cmd.kind, dict(cmd.args))
                 case dc.SendGrant():
                     self.grants_sent.setdefault(cmd.request_id, []).append(cmd)
-                    self._push("grant", cmd.request_id, int(cmd.generation), cmd)
+                    self._push(
+                        "grant", cmd.request_id, int(cmd.generation), cmd, attempt=cmd.attempt
+                    )
                 case dc.SendAbort():
-                    self._push("abort", cmd.request_id, int(cmd.generation), cmd)
+                    self._push(
+                        "abort", cmd.request_id, int(cmd.generation), cmd, attempt=cmd.attempt
+                    )
                 case dc.ReleasePages():
                     if cmd.scrub:
                         for pg in cmd.pages:
                             self.content[int(pg)] = None
                 case dc.Generate():
-                    self._push("generate", cmd.request_id, int(cmd.generation), cmd)
+                    self._push(
+                        "generate",
+                        cmd.request_id,
+                        int(cmd.generation),
+                        cmd,
+                        attempt=self.decode.attempt_of(cmd.request_id) or 0,
+                    )
                 case dc.AnswerRequest():
                     self._to_router(rc.DecodeFinished(cmd.request_id, cmd.status, cmd.message))
                 case Reply():

@@ -76,7 +76,7 @@ class Session:
     """`attack:reaction` -> how many probes got it (for coverage)."""
 
     def __post_init__(self) -> None:
-        require_one_prefill_rank(self.config)
+        require_one_prefill_rank(self.config, retries=self.target.retries)
         self.target.start(self.config, self.mode)
         ids = Ids(self.config.page_size)
         for r in range(len(self.config.requests)):

@@ -37,6 +37,16 @@ MAPPING: tuple[Row, ...] = (
         "request_id->request, prompt_tokens/page_size->pages, tenant, room",
     ),
     Row(
+        "router_retry_request",
+        "router",
+        "router_retry_request",
+        "request_id->request (the same id, tenant and room as the failed attempt), attempt->the "
+        "spec request's attempt",
+        "a client's retry after an error answer (`GenerateRequest.retry`); every later line "
+        "about the request names its attempt (logged only when nonzero), and a message of the "
+        "first attempt that a worker drops is logged with outcome stale_attempt",
+    ),
+    Row(
         "router_reject_request",
         "router",
         "router_submit_request (prompt over the window: answered with an error)",

@@ -51,13 +51,23 @@ class Counterpart:
     when `events` is empty); the validator then takes the spec step silently or as a stutter."""
 
 
+def _attempt(action: Any) -> int | None:
+    """The attempt of the message an action names (None: it names none)."""
+    message = getattr(action, "message", None)
+    return None if message is None else int(message.attempt)
+
+
 def _deliver(
     kind: str, request: Callable[[Any], int], page: Callable[[Any], int] | None = None
 ) -> tuple[str, Perform]:
     def perform(target: Target, action: Any) -> bool:
+        p = None if page is None else page(action)
+        if getattr(target, "retries", False) is True:
+            # A target that plays retries picks the message of the spec message's attempt.
+            return target.deliver(kind, request(action), p, attempt=_attempt(action))  # type: ignore[call-arg]
         if page is None:
             return target.deliver(kind, request(action))
-        return target.deliver(kind, request(action), page(action))
+        return target.deliver(kind, request(action), p)
 
     return f"deliver:{kind}", perform
 
@@ -70,6 +80,19 @@ def _call(
     def perform(target: Target, action: Any) -> bool:
         result = getattr(target, method)(*(get(action) for get in args))
         return bool(result) if returns is None else returns
+
+    return method, perform
+
+
+def _message_call(method: str) -> tuple[str, Perform]:
+    """A `Target` method on one message (`drop`, `duplicate`, `retransmit`): its kind and
+    request, and, for a target with `retries`, its attempt."""
+
+    def perform(target: Target, action: Any) -> bool:
+        kind, r = _message_kind(action), _message_request(action)
+        if getattr(target, "retries", False) is True:
+            return bool(getattr(target, method)(kind, r, attempt=_attempt(action)))
+        return bool(getattr(target, method)(kind, r))
 
     return method, perform
 
@@ -210,21 +233,21 @@ REGISTRY: tuple[Counterpart, ...] = (
     ),
     _row(
         "retransmit_message",
-        _call("retransmit", _message_kind, _message_request),
+        _message_call("retransmit"),
         ("retransmit_message", "decode_abort_request"),
         "decode_abort_request: the router relaying prefill's failure notice again",
         silent="in live logs a retried RPC is not logged (the harness logs its own)",
     ),
     _row(
         "router_retry_request",
-        _none(),
-        (),
-        note="conformance refuses scenarios with max_retries > 0 (`require_one_prefill_rank`)",
-        silent="not implemented: the implementation's prefill refuses a request id it has seen "
-        "(its tombstones, `PrefillCore._finished`, answer ALREADY_EXISTS, so a retry under the "
-        "same id gets an error, which is safe), and its grants and aborts carry no attempt "
-        "number: the reference's `attempt_fence` has no counterpart yet, so a lockstep replay of "
-        "a trace with a retry would diverge at the retry, not test anything",
+        _call("retry", _request),
+        ("router_retry_request",),
+        note="the client resubmits the request under the same id with `retry` set (the API's "
+        "`GenerateRequest.retry`); the router hands it to both workers as the next attempt, "
+        "which every message about it carries, and prefill and decode drop a message of another "
+        "attempt (the reference's `attempt_fence`). Played by targets with `Target.retries` "
+        "(the in-process one); the others refuse scenarios with max_retries > 0 "
+        "(`require_one_prefill_rank`)",
     ),
     _row(
         "client_cancel_request",
@@ -271,12 +294,12 @@ REGISTRY: tuple[Counterpart, ...] = (
     ),
     _row(
         "network_drop_message",
-        _call("drop", _message_kind, _message_request),
+        _message_call("drop"),
         ("network_drop_message",),
     ),
     _row(
         "network_duplicate_message",
-        _call("duplicate", _message_kind, _message_request),
+        _message_call("duplicate"),
         ("network_duplicate_message",),
     ),
 )

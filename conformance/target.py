@@ -59,7 +59,7 @@ class UnsupportedScenario(ValueError):
     """The scenario needs something the implementation does not have (the message says what)."""
 
 
-def require_one_prefill_rank(config: Config) -> None:
+def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
     """Refuse a scenario with several prefill ranks: our implementation has one prefill server,
     which writes whole pages and sends one completion, so it cannot play one (and a lockstep run
     against the several-rank spec would diverge at the first write, not find a bug)."""
@@ -69,14 +69,16 @@ def require_one_prefill_rank(config: Config) -> None:
             "(one rank), so conformance runs only scenarios with prefill_ranks=1; check "
             "several-rank designs with `kvhandoff check --set prefill_ranks=N`"
         )
-    # Checked here too, so that every caller refuses it: a client's retry under the same request
-    # id is not implemented (see the registry's row for `router_retry_request`).
-    if config.max_retries:
+    # Checked here too, so that every caller refuses it unless its target plays a client's
+    # retry under the same request id (`Target.retries`; the registry's row for
+    # `router_retry_request`).
+    if config.max_retries and not retries:
         raise UnsupportedScenario(
-            f"max_retries={config.max_retries}: the implementation refuses a request id it has "
-            "seen (prefill's tombstones answer ALREADY_EXISTS) and its messages carry no attempt "
-            "number, so it cannot play a retry; check retries with `kvhandoff check --set "
-            "max_retries=N`"
+            f"max_retries={config.max_retries}: this target cannot play a client's retry under "
+            "the same request id (`Target.retries` is off: only the in-process target plays "
+            "one so far; the gRPC target's client would need the router's retry call ordered "
+            "after both workers' results, which its coarse run cannot promise); replay it with "
+            "--target inproc, or check retries with `kvhandoff check --set max_retries=N`"
         )
 
 
@@ -90,6 +92,11 @@ class Target(abc.ABC):
     speaks of, is unchanged). The campaign sets it per program to play prompts that end inside
     a page; a target that builds prompts should honour it (`prompt_tokens`)."""
     fine_grained: bool = True
+    retries: bool = False
+    """True when the target plays the spec's `router_retry_request` (`retry`): the client
+    resubmits a failed request under the same id, and the implementation numbers the attempt.
+    `deliver` then takes the spec message's `attempt` too, to pick the message of that attempt
+    where a first attempt's late message and the retry's are both pending."""
     """True when `deliver`/`drop`/`duplicate` control single messages (lockstep possible); a
     coarse target supports only submit, cancel, crashes and `settle`, and is judged on its log."""
 
@@ -106,7 +113,14 @@ class Target(abc.ABC):
         """The client cancels request r."""
 
     def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
-        """Deliver one pending step of `kind` (see `STEP_KINDS`) for request r."""
+        """Deliver one pending step of `kind` (see `STEP_KINDS`) for request r. A target with
+        `retries` also takes `attempt=` (the spec message's attempt, None when the step names
+        no message)."""
+        return False
+
+    def retry(self, r: int) -> bool:
+        """The client retries request r under the same id after it got an error (the spec's
+        `router_retry_request`); only a target with `retries` plays it."""
         return False
 
     def drop(self, kind: str, r: int) -> bool:

@@ -50,6 +50,7 @@ from kvhandoff.spec.actions import (
     PrefillSendCompletion,
     PrefillWritePage,
     RetransmitMessage,
+    RouterRetryRequest,
     RouterSubmitRequest,
     action_to_json,
 )
@@ -118,6 +119,18 @@ def _msgs(s: State, kind: str, r: int, gen: int | None) -> list[Message]:
     return sorted(out)
 
 
+def _attempt(ev: Event) -> int:
+    """The attempt an implementation line names (logged only for a retry: absent is 0)."""
+    return int(ev["args"].get("attempt", 0))
+
+
+def _of_attempt(msgs: list[Message], ev: Event) -> list[Message]:
+    """The messages of the attempt the line names: a retried request's first attempt's late
+    message and the retry's are told apart by it, as the spec's receivers tell them apart."""
+    a = _attempt(ev)
+    return [m for m in msgs if m.attempt == a]
+
+
 def _lost(s: State, kind: str, r: int) -> list[Message]:
     return sorted({m for m in s.lost if m.kind == kind and m.request == r})
 
@@ -155,6 +168,17 @@ class Matchers:
         if r is None:
             return []
         return [Match((RouterSubmitRequest(r),), lambda a, b: b.requests[r].answer is None)]
+
+    def m_router_retry_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is None:
+            return []
+        a = _attempt(ev)
+        return [
+            Match(
+                (RouterRetryRequest(r),),
+                lambda _, b: b.requests[r].answer is None and b.requests[r].attempt == a,
+            )
+        ]
 
     def m_router_reject_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
@@ -239,11 +263,16 @@ class Matchers:
         out = []
         if outcome == "matched" and req.p_gen == g and req.p == "granted":
             out.append(Match(()))  # paired with a grant parked earlier
-        for m in _msgs(s, "grant", r, g):
+        for m in _of_attempt(_msgs(s, "grant", r, g), ev):
             if list(m.pages) != list(args.get("pages", [])):
                 continue
             if outcome == "matched":
                 out.append(Match((PrefillReceiveGrant(m),), _granted(r, g)))
+            elif outcome == "parked" and _attempt(ev) < req.attempt:
+                # A retried request's first-attempt grant, parked by a prefill that has not
+                # seen the retry yet (a restarted one has no tombstone): the retry's submission
+                # drops it, never adopts it.
+                out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
             elif outcome == "parked" and req.p in PREFILL_TERMINAL:
                 # Parked for a request prefill will never see: dropped later (a stutter then).
                 out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
@@ -251,6 +280,9 @@ class Matchers:
                 out.append(Match((PrefillReceiveGrant(m),), _parked(r, g)))
             else:
                 out.append(Match((PrefillReceiveGrant(m),), _grant_dropped(r)))
+        if outcome == "stale_attempt" and not out:
+            # A second copy of a first attempt's grant: dropped again, a stutter.
+            out.append(Match((), _grant_dropped(r)))
         if outcome in ("refused", "dropped") and not out and req.p in PREFILL_TERMINAL:
             # A second copy of a grant prefill already refused (the network duplicated it):
             # refused again, prefill's state unchanged, so a stutter explains it.
@@ -283,7 +315,21 @@ class Matchers:
     def m_prefill_receive_abort(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
-        out = [Match((PrefillReceiveAbort(m),)) for m in _msgs(s, "abort", r, None)]
+        msgs = _msgs(s, "abort", r, None)
+        if ev["event"] == "prefill_receive_abort":
+            # The abort's own attempt (the router's withdrawal, explained here too, names none).
+            msgs = _of_attempt(msgs, ev)
+        out = [Match((PrefillReceiveAbort(m),)) for m in msgs]
+        stale = ev["event"] == "prefill_receive_abort" and _attempt(ev) < s.requests[r].attempt
+        if ev["args"].get("outcome") == "stale_attempt" or stale:
+            # A retried request's first-attempt abort: dropped as stale, or received by a
+            # prefill that has not seen the retry yet (it acks it from that attempt's tombstone,
+            # or keeps it for that attempt's submission, which never comes). Nothing of the
+            # retry changes (a prefill that stops the retry then says so in its finish line,
+            # `m_prefill_finish_request`, which no such abort explains).
+            return [Match(a.actions, _grant_dropped(r)) for a in out] + [
+                Match((), _grant_dropped(r))
+            ]
         if s.requests[r].p in PREFILL_TERMINAL:
             out.append(Match(()))
         return out
@@ -303,6 +349,8 @@ class Matchers:
         return out
 
     def m_prefill_drop_orphan_grant(self, ev: Event, s: State, r: int | None) -> list[Match]:
+        if r is not None and _attempt(ev) < s.requests[r].attempt:
+            return [Match(())]  # a first attempt's grant, parked after the retry (see above)
         if r is None or s.requests[r].p not in PREFILL_TERMINAL:
             return []
         return [Match(())]
@@ -313,9 +361,12 @@ class Matchers:
         # A stutter: the end of a request prefill's log already ended (a received abort, a
         # rejection), or a write stream that broke because decode refused a write of a request
         # it had failed (stricter than the spec). A request still waiting for its grant has
-        # neither: its error finish is prefill's own abort.
+        # neither: its error finish is prefill's own abort, unless prefill says decode aborted
+        # it (then it is the end of that abort's receipt, never a failure of prefill's own: a
+        # retry ended by its first attempt's abort is a broken attempt fence, not a fault).
         out = [Match(())] if s.requests[r].p != "admitted" else []
-        if ev["args"].get("status") != "ok":
+        by_decode = str(ev["args"].get("reason", "")).startswith("decode aborted")
+        if ev["args"].get("status") != "ok" and not by_decode:
             out.append(Match((PrefillAbortRequest(r),)))
         return out
 
@@ -374,7 +425,7 @@ class Matchers:
         verdict = args.get("verdict")
         ignored = bool(args.get("ignored"))
         out = []
-        for m in _msgs(s, "completion", r, g):
+        for m in _of_attempt(_msgs(s, "completion", r, g), ev):
             if ignored:
                 check = _unchanged_decode(r)
             elif verdict == "validated":
@@ -395,8 +446,14 @@ class Matchers:
             return []
         out = [
             Match((DecodeReceiveFailure(m),), _decode_failed_or_unchanged(r))
-            for m in _msgs(s, "failure", r, None)
+            for m in _of_attempt(_msgs(s, "failure", r, None), ev)
         ]
+        if ev["args"].get("outcome") == "stale_attempt" or _attempt(ev) != s.requests[r].attempt:
+            # A notice of a retried request's first attempt: dropped (decode holds the retry), or
+            # kept for that attempt's submission, which never comes: the retry is untouched.
+            return [Match(a.actions, _unchanged_decode(r)) for a in out] + [
+                Match((), _unchanged_decode(r))
+            ]
         if not _decode_waiting(s, r):
             out.append(Match(()))
         return out
@@ -404,15 +461,28 @@ class Matchers:
     def m_decode_abort_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
+        if _attempt(ev) != s.requests[r].attempt:
+            # An early withdrawal of a retried request's first attempt, which reached decode
+            # after the retry was handed over: it refuses only that attempt's submission.
+            return [Match(())]
         if s.requests[r].d_cancel:
             # The client cancelled (the router then answers nothing else, relays no failure):
             # this is its word reaching decode.
             return [Match((DecodeReceiveCancel(r),))]
         if not _decode_waiting(s, r):
             return [Match(())]
-        out = [Match((DecodeReceiveFailure(m),)) for m in _msgs(s, "failure", r, None)]
+        # Decode withdraws the attempt it holds: a notice of that attempt (a first attempt's
+        # late notice is dropped, `decode_receive_rejection` with outcome stale_attempt).
+        a = s.requests[r].attempt
+        out = [
+            Match((DecodeReceiveFailure(m),))
+            for m in _msgs(s, "failure", r, None)
+            if m.attempt == a
+        ]
         out += [
-            Match((RetransmitMessage(m), DecodeReceiveFailure(m))) for m in _lost(s, "failure", r)
+            Match((RetransmitMessage(m), DecodeReceiveFailure(m)))
+            for m in _lost(s, "failure", r)
+            if m.attempt == a
         ]
         return out
 
@@ -422,7 +492,10 @@ class Matchers:
     def m_decode_receive_abort_ack(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
-        out = [Match((DecodeReceiveAbortAck(m),)) for m in _msgs(s, "abort_ack", r, None)]
+        out = [
+            Match((DecodeReceiveAbortAck(m),))
+            for m in _of_attempt(_msgs(s, "abort_ack", r, None), ev)
+        ]
         if not out:
             out.append(Match(()))
         return out
@@ -560,11 +633,15 @@ class Matchers:
         kind = str(ev["args"].get("kind"))
         g = self.ids.gen(ev) if ev["args"].get("generation") else None
         pool = s.lost if lost else s.network
+        a = _attempt(ev)
         return sorted(
             {
                 m
                 for m in pool
-                if m.kind == kind and m.request == r and (g is None or m.generation == g)
+                if m.kind == kind
+                and m.request == r
+                and (g is None or m.generation == g)
+                and m.attempt == a
             }
         )
 

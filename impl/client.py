@@ -59,8 +59,15 @@ class Client:
         max_tokens: int = 16,
         request_id: str = "",
         timeout: float = 60.0,
+        retry: bool = False,
     ) -> GenerateResult:
-        """Generate; a clear error from the cluster comes back as ``status="error"``."""
+        """Generate; a clear error from the cluster comes back as ``status="error"``.
+
+        ``retry=True`` resubmits ``request_id`` after its earlier call got an error: the router
+        serves it as the next attempt of the same request (same id, tenant and room), and a late
+        message of the failed attempt cannot act on it. The router refuses a retry of an id it
+        does not hold as failed (FAILED_PRECONDITION), of one still in progress (ALREADY_EXISTS:
+        retry once both workers have finished with it), and past its retry limit."""
         try:
             resp = self._stub.Generate(
                 pb.GenerateRequest(
@@ -68,6 +75,7 @@ class Client:
                     prompt_tokens=list(prompt_tokens),
                     max_tokens=max_tokens,
                     request_id=request_id,
+                    retry=retry,
                 ),
                 timeout=timeout,
             )

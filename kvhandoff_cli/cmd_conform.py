@@ -45,6 +45,14 @@ def register(sub: Any) -> None:
         "run too), and the report says how many ran",
     )
     p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="client retries under the same request id per program (the spec's "
+        "router_retry_request; default 0). Only the in-process target plays them",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument(
@@ -217,6 +225,7 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         seed=args.seed,
         out_dir=Path(args.out),
         target=target,
+        max_retries=args.max_retries,
     )
     if args.junit:
         output.write_junit(Path(args.junit), [output.conform_suite(report, args.seed)])

@@ -121,6 +121,12 @@ def register(subparsers: Any) -> None:
     src.add_argument("--prompt-tokens", type=Path, help="file of whitespace-separated token ids")
     gen.add_argument("--max-tokens", type=int, default=16)
     gen.add_argument("--request-id", default="")
+    gen.add_argument(
+        "--retry",
+        action="store_true",
+        help="retry --request-id after its earlier call got an error: the router serves it as "
+        "the next attempt of the same request (same id, tenant and room)",
+    )
     gen.add_argument("--timeout", type=float, default=60.0)
     gen.add_argument(
         "--pki-dir",
@@ -480,8 +486,10 @@ def run_generate(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise UsageError(str(exc)) from exc
     with Client(args.router, tls=tls) as client:
+        if args.retry and not args.request_id:
+            raise UsageError("--retry needs the --request-id of the request that failed")
         result = client.generate(
-            args.tenant, tokens, args.max_tokens, args.request_id, args.timeout
+            args.tenant, tokens, args.max_tokens, args.request_id, args.timeout, retry=args.retry
         )
     if args.json:
         from kvhandoff.cli import output

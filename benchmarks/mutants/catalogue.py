@@ -11,6 +11,10 @@ the current tree.
 in-process and the gRPC target) or `edge` (the gRPC servers, the torch pool: only the gRPC target
 runs that code, so the in-process target cannot kill such a mutant by construction).
 
+`conform_args` are what the campaign needs to reach the mutant's code at all, passed to
+`kvhandoff conform` before any arguments of the run (`--max-retries 1` for a bug in the handling
+of a client's retry, which the default campaign, without retries, never plays).
+
 `equivalent` argues, for a mutant that no conformance run can kill because it does not change any
 behaviour the spec constrains, why that is so. Such mutants stay in the table (the score counts
 them as surviving); they are argued here rather than dropped.
@@ -41,6 +45,7 @@ class Mutant:
     where: str = "core"
     equivalent: str = ""
     tags: tuple[str, ...] = field(default=())
+    conform_args: tuple[str, ...] = field(default=())
 
     def apply_to(self, root: Path) -> None:
         """Rewrite the files under `root` (a copy of the repository)."""
@@ -65,8 +70,9 @@ def _m(
     *,
     where: str = "core",
     equivalent: str = "",
+    conform_args: tuple[str, ...] = (),
 ) -> Mutant:
-    return Mutant(name, bug, (Edit(path, old, new),), where, equivalent)
+    return Mutant(name, bug, (Edit(path, old, new),), where, equivalent, conform_args=conform_args)
 
 
 DECODE = "impl/core/decode.py"
@@ -183,12 +189,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "though they may belong to another request by now",
         DECODE,
         "        req = self._requests.get(ev.request_id)\n"
-        "        if req is None or req.generation != ev.generation or req.room != ev.room:",
+        "        if (\n"
+        "            req is None\n"
+        "            or req.generation != ev.generation\n"
+        "            or req.room != ev.room\n",
         "        req = self._requests.get(ev.request_id)\n"
         "        tomb = self._released.get((ev.request_id, ev.generation))\n"
         "        if req is None and tomb is not None:\n"
         "            self._free.update(tomb.pages)\n"
-        "        if req is None or req.generation != ev.generation or req.room != ev.room:",
+        "        if (\n"
+        "            req is None\n"
+        "            or req.generation != ev.generation\n"
+        "            or req.room != ev.room\n",
     ),
     _m(
         "release_before_drain",
@@ -330,6 +342,20 @@ MUTANTS: tuple[Mutant, ...] = (
             "router's relay as decode_receive_failure"
         ),
     ),
+    _m(
+        "abort_matched_by_request_id_only",
+        "prefill takes an abort by request id alone, whatever attempt it names: a retried "
+        "request's first-attempt abort, still in flight when the client retried, stops the retry "
+        "while it waits for its grant (the spec's retry_reuses_request_id, attempt_fence off)",
+        PREFILL,
+        "        newer = self._stale(ev.request_id, ev.attempt)\n"
+        "        if newer is not None:\n"
+        "            # An abort of another attempt",
+        "        newer = None  # the abort's attempt is not compared\n"
+        "        if newer is not None:\n"
+        "            # An abort of another attempt",
+        conform_args=("--max-retries", "1"),
+    ),
     # ------------------------------------------------------------------ router
     _m(
         "router_window_off_by_one",
@@ -342,7 +368,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "router_cancel_not_forwarded_to_decode",
         "a client cancel is answered but never forwarded to decode",
         ROUTER,
-        "        if req.decode is None:\n            cmds.append(AbortAtDecode(req.request_id, ev.reason))",
+        "        if req.decode is None:\n"
+        "            cmds.append(AbortAtDecode(req.request_id, ev.reason, req.attempt))",
         "        if req.decode is None:\n            pass",
     ),
     # ------------------------------------------------------------------ edge (gRPC servers only)
@@ -417,6 +444,8 @@ def _with_helper(mutants: tuple[Mutant, ...]) -> tuple[Mutant, ...]:
                 ),
                 m.where,
                 m.equivalent,
+                m.tags,
+                m.conform_args,
             )
         out.append(m)
     return tuple(out)

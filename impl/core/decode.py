@@ -26,6 +26,11 @@ Rules:
   that its writes for that generation drained, or prefill is seen dead or restarted. Released
   pages are scrubbed.
 * Pages are allocated lowest id first, so reuse is deterministic (and a stale page is easy to see).
+* Attempts: a client may retry a failed request under the same id (the router numbers the
+  attempts 0, 1, ...). Decode holds one attempt of a request id at a time; every message about
+  it carries its attempt, and one of another attempt is dropped (logged with ``stale_attempt``):
+  a first attempt's late failure notice, cancel, write, completion or ack cannot act on the
+  retry. Early notices and cancels are kept per (request, attempt).
 
 Each `Behaviour` switch flips one of these rules; a mode combines the switches its spec variant
 needs (see `impl.modes`).
@@ -85,6 +90,7 @@ class SubmitRequest:
     max_tokens: int
     token: bytes  # capability for this grant, chosen by the caller (secrets.token_bytes)
     now: float
+    attempt: int = 0  # the router's attempt number for the request id
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class WriteReceived:
     data_digest: bytes
     claimed_digest: bytes
     problem: str = ""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,7 @@ class CompletionReceived:
     token: bytes
     page_count: int
     digest: bytes
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,7 @@ class RejectionReceived:
     room: Room
     status: Status
     reason: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,7 @@ class CancelRequest:
     request_id: RequestId
     reason: str
     now: float
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,7 @@ class AbortAckReceived:
     room: Room
     generation: Generation
     token: bytes = b""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,7 @@ class SendGrant:
     pages: tuple[PageId, ...]
     token: bytes
     prompt_len: int
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -220,6 +232,7 @@ class SendAbort:
     room: Room
     generation: Generation
     token: bytes
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,6 +266,7 @@ class AnswerRequest:
     request_id: RequestId
     status: Status
     message: str = ""
+    attempt: int = 0
 
 
 DecodeCommand = (
@@ -283,6 +297,7 @@ class _Request:
     state: RequestState = RequestState.WAITING
     written: dict[PageId, bytes] = field(default_factory=dict)
     answered: bool = False
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -321,10 +336,13 @@ class DecodeCore:
         # Rejections that arrived before the router's submit (the two race on purpose).
         # Keyed by request, and kept with the room they named: a submit for another room is not
         # refused by them (a guessed request id cannot poison a future request).
-        self._early_rejections: OrderedDict[RequestId, tuple[Room, Status, str]] = OrderedDict()
+        # Per (request, attempt): a notice of a first attempt does not refuse the retry.
+        self._early_rejections: OrderedDict[tuple[RequestId, int], tuple[Room, Status, str]] = (
+            OrderedDict()
+        )
         # Cancels that overtook the router's submit (two separate calls): refuse the submit later.
-        self._early_cancels: OrderedDict[RequestId, str] = OrderedDict()
-        self._seen_ids: OrderedDict[RequestId, None] = OrderedDict()
+        self._early_cancels: OrderedDict[tuple[RequestId, int], str] = OrderedDict()
+        self._seen_ids: OrderedDict[tuple[RequestId, int], None] = OrderedDict()
         self._prefill_epoch: int | None = None
         self._prefill_dead = False
         self._heartbeat_misses = 0
@@ -346,6 +364,11 @@ class DecodeCore:
 
     def active_requests(self) -> dict[RequestId, str]:
         return {rid: r.state.value for rid, r in self._requests.items()}
+
+    def attempt_of(self, request_id: RequestId) -> int | None:
+        """The attempt decode holds of an active request, else None."""
+        r = self._requests.get(request_id)
+        return None if r is None else r.attempt
 
     def owner_of(self, page: PageId) -> RequestId | None:
         return self._owner.get(page)
@@ -388,15 +411,26 @@ class DecodeCore:
     # ------------------------------------------------------------------ admission and grant
 
     def _on_submit(self, ev: SubmitRequest) -> list[DecodeCommand]:
-        base: dict[str, LogValue] = {
-            "request_id": ev.request_id,
-            "tenant": ev.tenant,
-            "room": ev.room,
-            "prompt_tokens": ev.prompt_len,
-        }
+        base: dict[str, LogValue] = _with_attempt(
+            {
+                "request_id": ev.request_id,
+                "tenant": ev.tenant,
+                "room": ev.room,
+                "prompt_tokens": ev.prompt_len,
+            },
+            ev.attempt,
+        )
         if ev.request_id in self._requests:
             return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} is already active")]
-        self._seen_ids[ev.request_id] = None
+        key = (ev.request_id, ev.attempt)
+        if key in self._seen_ids:
+            return [
+                Reply(
+                    Status.ALREADY_EXISTS,
+                    f"request {ev.request_id!r} attempt {ev.attempt} was already seen",
+                )
+            ]
+        self._seen_ids[key] = None
         while len(self._seen_ids) > self.config.max_tombstones:
             self._seen_ids.popitem(last=False)
         problem: tuple[Status, str] | None = None
@@ -414,14 +448,11 @@ class DecodeCore:
                 Status.INVALID_ARGUMENT,
                 f"max_tokens {ev.max_tokens} must be in 1..{self.config.max_new_tokens}",
             )
-        elif ev.request_id in self._early_cancels:
-            reason = self._early_cancels.pop(ev.request_id)
+        elif key in self._early_cancels:
+            reason = self._early_cancels.pop(key)
             problem = (Status.CANCELLED, f"request {ev.request_id!r} was cancelled: {reason}")
-        elif (
-            ev.request_id in self._early_rejections
-            and self._early_rejections[ev.request_id][0] == ev.room
-        ):
-            _, code, reason = self._early_rejections.pop(ev.request_id)
+        elif key in self._early_rejections and self._early_rejections[key][0] == ev.room:
+            _, code, reason = self._early_rejections.pop(key)
             problem = (code, f"prefill rejected request {ev.request_id!r}: {reason}")
         elif need > len(self._free):
             problem = (
@@ -436,7 +467,10 @@ class DecodeCore:
                 ),
                 Log(
                     "decode_answer",
-                    {"request_id": ev.request_id, "status": "error", "code": problem[0].value},
+                    _with_attempt(
+                        {"request_id": ev.request_id, "status": "error", "code": problem[0].value},
+                        ev.attempt,
+                    ),
                 ),
                 Reply(problem[0], problem[1]),
             ]
@@ -457,6 +491,7 @@ class DecodeCore:
             pages=pages,
             prefill_epoch=None,
             deadline=ev.now + self.config.waiting_timeout_s,
+            attempt=ev.attempt,
         )
         return [
             Log("decode_admit_request", {**base, "max_tokens": ev.max_tokens}),
@@ -469,9 +504,12 @@ class DecodeCore:
                     "generation": generation,
                     "pages": list(pages),
                     "page_count": len(pages),
+                    **({"attempt": ev.attempt} if ev.attempt else {}),
                 },
             ),
-            SendGrant(ev.request_id, ev.room, generation, pages, ev.token, ev.prompt_len),
+            SendGrant(
+                ev.request_id, ev.room, generation, pages, ev.token, ev.prompt_len, ev.attempt
+            ),
         ]
 
     # ------------------------------------------------------------------ writes
@@ -485,6 +523,7 @@ class DecodeCore:
             "message_id": ev.message_id,
             "digest": ev.claimed_digest.hex(),
         }
+        args = _with_attempt(args, ev.attempt)
 
         def refuse(status: Status, reason: str, message: str) -> list[DecodeCommand]:
             return self._refuse_write(args, status, reason, message)
@@ -508,6 +547,13 @@ class DecodeCore:
                 Status.FAILED_PRECONDITION,
                 "stale_generation",
                 f"generation {ev.generation} is not the current generation {req.generation} "
+                f"of request {ev.request_id!r}",
+            )
+        if ev.attempt != req.attempt:
+            return refuse(
+                Status.FAILED_PRECONDITION,
+                "stale_attempt",
+                f"write of attempt {ev.attempt}, decode holds attempt {req.attempt} "
                 f"of request {ev.request_id!r}",
             )
         if ev.room != req.room:
@@ -616,6 +662,7 @@ class DecodeCore:
             "page_count": ev.page_count,
             "digest": ev.digest.hex(),
         }
+        args = _with_attempt(args, ev.attempt)
 
         def ignore(status: Status, reason: str, message: str) -> list[DecodeCommand]:
             # Not for the current incarnation: refused, and the current one is left alone.
@@ -653,6 +700,13 @@ class DecodeCore:
         identity_checked = not (
             self._b.match_completion_by_room or self._b.decode_trusts_completion
         )
+        if identity_checked and ev.attempt != req.attempt:
+            return ignore(
+                Status.FAILED_PRECONDITION,
+                "stale_attempt",
+                f"completion of attempt {ev.attempt}, decode holds attempt {req.attempt} "
+                f"of request {req.request_id!r}",
+            )
         if identity_checked and ev.generation != req.generation:
             return ignore(
                 Status.FAILED_PRECONDITION,
@@ -772,9 +826,18 @@ class DecodeCore:
             "code": ev.status.value,
             "reason": ev.reason,
         }
+        args = _with_attempt(args, ev.attempt)
         req = self._requests.get(ev.request_id)
+        if req is not None and req.attempt != ev.attempt:
+            # A notice of another attempt of this request id (a retried request's first
+            # attempt): stale, dropped; the attempt decode holds carries on.
+            why = f"notice of attempt {ev.attempt}, decode holds attempt {req.attempt}"
+            return [
+                Log("decode_receive_rejection", {**args, "outcome": "stale_attempt", "why": why}),
+                Reply(Status.OK),
+            ]
         if req is None:
-            self._early_rejections[ev.request_id] = (ev.room, ev.status, ev.reason)
+            self._early_rejections[(ev.request_id, ev.attempt)] = (ev.room, ev.status, ev.reason)
             while len(self._early_rejections) > self.config.max_tombstones:
                 self._early_rejections.popitem(last=False)
             return [Log("decode_receive_rejection", {**args, "early": True}), Reply(Status.OK)]
@@ -799,16 +862,27 @@ class DecodeCore:
 
     def _on_cancel(self, ev: CancelRequest) -> list[DecodeCommand]:
         req = self._requests.get(ev.request_id)
+        if req is not None and req.attempt != ev.attempt:
+            return [
+                Reply(
+                    Status.NOT_FOUND,
+                    f"request {ev.request_id!r}: cancel of attempt {ev.attempt}, decode holds "
+                    f"attempt {req.attempt} (stale, ignored)",
+                )
+            ]
         if req is None:
-            if ev.request_id not in self._seen_ids:
-                self._early_cancels[ev.request_id] = ev.reason
+            if (ev.request_id, ev.attempt) not in self._seen_ids:
+                self._early_cancels[(ev.request_id, ev.attempt)] = ev.reason
                 while len(self._early_cancels) > self.config.max_tombstones:
                     self._early_cancels.popitem(last=False)
                 # Logged: the request's fate at decode is decided here, not at its refusal.
                 return [
                     Log(
                         "decode_abort_request",
-                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                        _with_attempt(
+                            {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                            ev.attempt,
+                        ),
                     ),
                     Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
                 ]
@@ -816,7 +890,14 @@ class DecodeCore:
         cmds: list[DecodeCommand] = [
             Log(
                 "decode_abort_request",
-                {"request_id": req.request_id, "generation": req.generation, "reason": ev.reason},
+                _with_attempt(
+                    {
+                        "request_id": req.request_id,
+                        "generation": req.generation,
+                        "reason": ev.reason,
+                    },
+                    req.attempt,
+                ),
             )
         ]
         if req.state is RequestState.WAITING:
@@ -843,7 +924,7 @@ class DecodeCore:
         return cmds + self._begin_release(req, ev.now)
 
     def _begin_release(self, req: _Request, now: float) -> list[DecodeCommand]:
-        abort = SendAbort(req.request_id, req.room, req.generation, req.token)
+        abort = SendAbort(req.request_id, req.room, req.generation, req.token, req.attempt)
         if self._b.release_before_drain:
             return [abort, *self._release(req, "aborted_before_drain")]
         if self._prefill_dead:
@@ -862,8 +943,14 @@ class DecodeCore:
             "room": ev.room,
             "generation": ev.generation,
         }
+        args = _with_attempt(args, ev.attempt)
         req = self._requests.get(ev.request_id)
-        if req is None or req.generation != ev.generation or req.room != ev.room:
+        if (
+            req is None
+            or req.generation != ev.generation
+            or req.room != ev.room
+            or req.attempt != ev.attempt
+        ):
             return [Log("decode_receive_abort_ack", {**args, "matched": False}), Reply(Status.OK)]
         if not hmac.compare_digest(ev.token, req.token):
             # A forged ack would release pages prefill may still be writing: refused, unlogged
@@ -962,7 +1049,9 @@ class DecodeCore:
                     cmds += self._release(req, "ack_timeout")
                 else:
                     req.deadline = ev.now + self.config.abort_retry_s
-                    cmds.append(SendAbort(req.request_id, req.room, req.generation, req.token))
+                    cmds.append(
+                        SendAbort(req.request_id, req.room, req.generation, req.token, req.attempt)
+                    )
         return cmds
 
     def _answer(
@@ -981,7 +1070,11 @@ class DecodeCore:
             args["code"] = status.value
         if cause:
             args["cause"] = cause
-        return [Log("decode_answer", args), AnswerRequest(req.request_id, status, message)]
+        args = _with_attempt(args, req.attempt)
+        return [
+            Log("decode_answer", args),
+            AnswerRequest(req.request_id, status, message, req.attempt),
+        ]
 
     def _release(self, req: _Request, reason: str) -> list[DecodeCommand]:
         scrub = self._b.scrub_on_release
@@ -1009,3 +1102,8 @@ class DecodeCore:
             ),
             ReleasePages(req.pages, scrub),
         ]
+
+
+def _with_attempt(args: dict[str, LogValue], attempt: int) -> dict[str, LogValue]:
+    """Log args with the attempt number, named only for a retry (attempt 0 logs as before)."""
+    return {**args, "attempt": attempt} if attempt else args

@@ -100,13 +100,24 @@ class InProcessCluster:
     # ------------------------------------------------------------------ test controls
 
     def submit(
-        self, rid: str, tenant: str, prompt_len: int, max_tokens: int = 4, room: int | None = None
+        self,
+        rid: str,
+        tenant: str,
+        prompt_len: int,
+        max_tokens: int = 4,
+        room: int | None = None,
+        retry: bool = False,
     ) -> None:
+        """The client submits a request; ``retry=True`` retries an id that got an error."""
         r = RequestId(rid)
+        if retry:
+            self.answers.pop(r, None)
         self.tenants[r] = Tenant(tenant)
         room_id = Room(room if room is not None else len(self.tenants) * 1000 + 7)
         self.to_router(
-            rc.ClientSubmit(r, Tenant(tenant), room_id, prompt_len, max_tokens, self.now)
+            rc.ClientSubmit(
+                r, Tenant(tenant), room_id, prompt_len, max_tokens, self.now, retry=retry
+            )
         )
 
     def cancel(self, rid: str) -> None:
@@ -192,13 +203,17 @@ class InProcessCluster:
                 case rc.CancelAtPrefill():
                     self._send(
                         "to_prefill_cancel",
-                        partial(self.to_prefill, pc.CancelRequest(cmd.request_id, cmd.reason)),
+                        partial(
+                            self.to_prefill,
+                            pc.CancelRequest(cmd.request_id, cmd.reason, cmd.attempt),
+                        ),
                     )
                 case rc.AbortAtDecode():
                     self._send(
                         "to_decode_cancel",
                         partial(
-                            self.to_decode, dc.CancelRequest(cmd.request_id, cmd.reason, self.now)
+                            self.to_decode,
+                            dc.CancelRequest(cmd.request_id, cmd.reason, self.now, cmd.attempt),
                         ),
                     )
                 case rc.AnswerClient():
@@ -211,7 +226,7 @@ class InProcessCluster:
 
     def _prefill_submit(self, c: rc.ForwardToPrefill) -> None:
         reply = self.to_prefill(
-            pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now)
+            pc.SubmitRequest(c.request_id, c.tenant, c.room, c.prompt_len, self.now, c.attempt)
         )
         if reply.status is not Status.OK:
             self.to_router(rc.PrefillFinished(c.request_id, reply.status, reply.message))
@@ -221,7 +236,14 @@ class InProcessCluster:
         token = self._tokens.to_bytes(16, "big")
         reply = self.to_decode(
             dc.SubmitRequest(
-                c.request_id, c.tenant, c.room, c.prompt_len, c.max_tokens, token, self.now
+                c.request_id,
+                c.tenant,
+                c.room,
+                c.prompt_len,
+                c.max_tokens,
+                token,
+                self.now,
+                c.attempt,
             )
         )
         if reply.status is not Status.OK:
@@ -253,7 +275,9 @@ class InProcessCluster:
                         "rejection",
                         partial(
                             self.to_decode,
-                            dc.RejectionReceived(cmd.request_id, cmd.room, cmd.status, cmd.reason),
+                            dc.RejectionReceived(
+                                cmd.request_id, cmd.room, cmd.status, cmd.reason, cmd.attempt
+                            ),
                         ),
                     )
                 case pc.SendAbortAck():
@@ -262,7 +286,7 @@ class InProcessCluster:
                         partial(
                             self.to_decode,
                             dc.AbortAckReceived(
-                                cmd.request_id, cmd.room, cmd.generation, cmd.token
+                                cmd.request_id, cmd.room, cmd.generation, cmd.token, cmd.attempt
                             ),
                         ),
                     )
@@ -289,7 +313,9 @@ class InProcessCluster:
                         "abort",
                         partial(
                             self.to_prefill,
-                            pc.AbortReceived(cmd.request_id, cmd.room, cmd.generation, cmd.token),
+                            pc.AbortReceived(
+                                cmd.request_id, cmd.room, cmd.generation, cmd.token, cmd.attempt
+                            ),
                         ),
                     )
                 case dc.ReleasePages():
@@ -318,7 +344,14 @@ class InProcessCluster:
     def _grant(self, c: dc.SendGrant) -> None:
         reply = self.to_prefill(
             pc.GrantReceived(
-                c.request_id, c.room, c.generation, c.pages, c.token, c.prompt_len, self.now
+                c.request_id,
+                c.room,
+                c.generation,
+                c.pages,
+                c.token,
+                c.prompt_len,
+                self.now,
+                c.attempt,
             )
         )
         if reply.status is Status.OK:
@@ -358,7 +391,15 @@ class InProcessCluster:
     def _land(self, cmd: pc.StartWrites, page: PageId, index: int, digest: bytes) -> None:
         cmds = self.decode.handle(
             dc.WriteReceived(
-                cmd.request_id, cmd.room, cmd.generation, cmd.token, page, index, digest, digest
+                cmd.request_id,
+                cmd.room,
+                cmd.generation,
+                cmd.token,
+                page,
+                index,
+                digest,
+                digest,
+                attempt=cmd.attempt,
             )
         )
         for c in cmds:
@@ -380,7 +421,7 @@ class InProcessCluster:
     def _completion(self, c: pc.SendCompletion) -> None:
         reply = self.to_decode(
             dc.CompletionReceived(
-                c.request_id, c.room, c.generation, c.token, c.page_count, c.digest
+                c.request_id, c.room, c.generation, c.token, c.page_count, c.digest, c.attempt
             )
         )
         self.to_prefill(

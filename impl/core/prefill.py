@@ -20,6 +20,12 @@ Rules:
 * A grant for a request prefill has not (yet) admitted is parked, keyed by (request, room), until
   a deadline; then it is dropped and decode told.
 * A prefill-side abort (router cancel, failed write stream, `FailRequest`) is told to decode.
+* Attempts: a client may retry a failed request under the same id (the router numbers the
+  attempts 0, 1, ...). Every message about a request carries its attempt; prefill holds one
+  attempt of a request id at a time and drops a grant, an abort or a cancel of another attempt
+  (logged with ``outcome: "stale_attempt"``), so a first attempt's late message cannot act on the
+  retry. Tombstones are kept per (request, attempt): a retry with a higher attempt is admitted, a
+  replay of an attempt already seen (or older than one seen) is still refused.
 
 Modes change these rules; see `impl.modes`. A prompt that prefill itself swapped for a placeholder
 (M1) or truncated (M6) bootstraps normally: prefill writes the pages it has data for and never
@@ -75,6 +81,7 @@ class SubmitRequest:
     room: Room
     prompt_len: int
     now: float
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,7 @@ class GrantReceived:
     token: bytes
     prompt_len: int  # decode's view of the prompt length
     now: float
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,14 +135,16 @@ class AbortReceived:
     room: Room
     generation: Generation
     token: bytes = b""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
 class CancelRequest:
-    """The router withdraws the request."""
+    """The router withdraws the request (its attempt ``attempt``)."""
 
     request_id: RequestId
     reason: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,7 @@ class StartWrites:
     pages: tuple[PageId, ...]
     prompt_len: int
     placeholder: bool
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,6 +207,7 @@ class SendCompletion:
     token: bytes
     page_count: int
     digest: bytes
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,7 @@ class SendRejection:
     room: Room
     status: Status
     reason: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -214,6 +227,7 @@ class SendAbortAck:
     room: Room
     generation: Generation
     token: bytes = b""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -223,6 +237,7 @@ class AnswerRequest:
     request_id: RequestId
     status: Status
     message: str = ""
+    attempt: int = 0
 
 
 PrefillCommand = (
@@ -252,6 +267,7 @@ class _Grant:
     token: bytes
     prompt_len: int
     deadline: float | None
+    attempt: int = 0
 
 
 @dataclass
@@ -267,6 +283,7 @@ class _Request:
     sent: list[tuple[PageId, bytes]] = field(default_factory=list)
     stop_reason: str = ""  # set when writes are being cancelled: "abort" or "cancel"
     grant_deadline: float | None = None
+    attempt: int = 0
 
 
 class PrefillCore:
@@ -282,10 +299,15 @@ class PrefillCore:
         # fan-outs), and a stale grant parked for a request prefill forgot in a restart must not
         # block the next request that reuses its room.
         self._parked: dict[tuple[RequestId, Room], _Grant] = {}
-        self._finished: OrderedDict[RequestId, str] = OrderedDict()
+        # Tombstones, per (request, attempt): a retry (a higher attempt) is admitted, a replay
+        # of an attempt already seen is refused.
+        self._finished: OrderedDict[tuple[RequestId, int], str] = OrderedDict()
         # Aborts that overtook the router's submit, with the room they named: only a submit for
         # that room is refused later, so a guessed request id cannot poison a future request.
-        self._early_aborts: OrderedDict[RequestId, Room] = OrderedDict()
+        self._early_aborts: OrderedDict[tuple[RequestId, int], Room] = OrderedDict()
+        # The highest attempt seen of each request id: a message or submit of an older one is
+        # stale. Bounded like the tombstones.
+        self._latest: OrderedDict[RequestId, int] = OrderedDict()
 
     @property
     def parked_grants(self) -> int:
@@ -293,6 +315,29 @@ class PrefillCore:
 
     def active_requests(self) -> dict[RequestId, str]:
         return {rid: r.state.value for rid, r in self._requests.items()}
+
+    def attempt_of(self, request_id: RequestId) -> int | None:
+        """The attempt prefill holds of an active request, else None."""
+        req = self._requests.get(request_id)
+        return None if req is None else req.attempt
+
+    def _stale(self, rid: RequestId, attempt: int) -> int | None:
+        """The attempt that makes `attempt` of `rid` stale (a newer one prefill has seen or
+        holds), else None."""
+        req = self._requests.get(rid)
+        if req is not None and req.attempt != attempt:
+            return req.attempt
+        latest = self._latest.get(rid)
+        if latest is not None and attempt < latest:
+            return latest
+        return None
+
+    def _note_attempt(self, rid: RequestId, attempt: int) -> None:
+        if self._latest.get(rid, -1) < attempt:
+            self._latest[rid] = attempt
+            self._latest.move_to_end(rid)
+            while len(self._latest) > self.config.max_tombstones:
+                self._latest.popitem(last=False)
 
     def handle(self, event: PrefillEvent) -> list[PrefillCommand]:
         match event:
@@ -319,17 +364,46 @@ class PrefillCore:
     # ------------------------------------------------------------------ admission
 
     def _on_submit(self, ev: SubmitRequest) -> list[PrefillCommand]:
-        early_room = self._early_aborts.pop(ev.request_id, None)
+        tomb = (ev.request_id, ev.attempt)
+        early_room = self._early_aborts.pop(tomb, None)
         if early_room is not None and early_room == ev.room:
-            self._remember_finished(ev.request_id, "aborted")
-        if ev.request_id in self._requests or ev.request_id in self._finished:
-            return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} already seen")]
-        base: dict[str, LogValue] = {
-            "request_id": ev.request_id,
-            "tenant": ev.tenant,
-            "room": ev.room,
-            "prompt_tokens": ev.prompt_len,
-        }
+            self._remember_finished(ev.request_id, "aborted", ev.attempt)
+        live = self._requests.get(ev.request_id)
+        if live is not None and live.attempt != ev.attempt:
+            return [
+                Reply(
+                    Status.ALREADY_EXISTS,
+                    f"request {ev.request_id!r}: attempt {live.attempt} is still in progress "
+                    f"(attempt {ev.attempt} refused)",
+                )
+            ]
+        if live is not None or tomb in self._finished:
+            return [
+                Reply(
+                    Status.ALREADY_EXISTS,
+                    f"request {ev.request_id!r} already seen"
+                    + (f" (attempt {ev.attempt})" if ev.attempt else ""),
+                )
+            ]
+        newer = self._stale(ev.request_id, ev.attempt)
+        if newer is not None:
+            return [
+                Reply(
+                    Status.ALREADY_EXISTS,
+                    f"request {ev.request_id!r}: attempt {ev.attempt} is stale, attempt {newer} "
+                    "was already seen",
+                )
+            ]
+        self._note_attempt(ev.request_id, ev.attempt)
+        base: dict[str, LogValue] = _with_attempt(
+            {
+                "request_id": ev.request_id,
+                "tenant": ev.tenant,
+                "room": ev.room,
+                "prompt_tokens": ev.prompt_len,
+            },
+            ev.attempt,
+        )
         if ev.prompt_len < 1:
             return [Reply(Status.INVALID_ARGUMENT, f"prompt length {ev.prompt_len} must be >= 1")]
         if len(self._requests) >= self.config.max_active_requests:
@@ -355,16 +429,17 @@ class PrefillCore:
                 own_len, truncated = limit, True  # M6: silently keep only what fits
                 cmds.append(Log("prefill_admit_request", {**base, "truncated_to": limit}))
             else:
-                self._remember_finished(ev.request_id, "rejected")
+                self._remember_finished(ev.request_id, "rejected", ev.attempt)
                 self._parked.pop((ev.request_id, ev.room), None)
                 return [
                     Log("prefill_reject_request", {**base, "reason": reason, "placeholder": False}),
-                    SendRejection(ev.request_id, ev.room, Status.OUT_OF_RANGE, reason),
-                    AnswerRequest(ev.request_id, Status.OUT_OF_RANGE, reason),
+                    SendRejection(ev.request_id, ev.room, Status.OUT_OF_RANGE, reason, ev.attempt),
+                    AnswerRequest(ev.request_id, Status.OUT_OF_RANGE, reason, ev.attempt),
                 ]
         else:
             cmds.append(Log("prefill_admit_request", base))
         req = _Request(ev.request_id, ev.tenant, ev.room, own_len, placeholder, truncated)
+        req.attempt = ev.attempt
         if self.config.grant_timeout_s is not None:
             req.grant_deadline = ev.now + self.config.grant_timeout_s
         self._requests[ev.request_id] = req
@@ -373,6 +448,8 @@ class PrefillCore:
             # M18: any grant parked for the room is adopted, whoever it was issued for.
             key = next((k for k in self._parked if k[1] == ev.room), key)
         parked = self._parked.pop(key, None)
+        if parked is not None and parked.attempt < ev.attempt and not self._b.accept_orphan_grants:
+            parked = None  # a grant of an earlier attempt of this id: stale, dropped
         if parked is not None:
             cmds += self._attach(req, parked)
         return cmds
@@ -380,7 +457,7 @@ class PrefillCore:
     # ------------------------------------------------------------------ grants
 
     def _grant_args(self, ev: GrantReceived) -> dict[str, LogValue]:
-        return {
+        args: dict[str, LogValue] = {
             "request_id": ev.request_id,
             "room": ev.room,
             "generation": ev.generation,
@@ -388,6 +465,7 @@ class PrefillCore:
             "page_count": len(ev.pages),
             "prompt_tokens": ev.prompt_len,
         }
+        return _with_attempt(args, ev.attempt)
 
     def _on_grant(self, ev: GrantReceived) -> list[PrefillCommand]:
         args = self._grant_args(ev)
@@ -399,11 +477,24 @@ class PrefillCore:
             ev.token,
             ev.prompt_len,
             None if self._b.accept_orphan_grants else ev.now + self.config.orphan_grant_timeout_s,
+            ev.attempt,
         )
+        newer = self._stale(ev.request_id, ev.attempt)
+        if newer is not None:
+            # A grant of another attempt of this request id than the one prefill holds (a
+            # retried request's first attempt): stale, dropped, never taken for the retry's.
+            reason = f"grant of attempt {ev.attempt}, prefill holds attempt {newer}"
+            return [
+                Log(
+                    "prefill_receive_grant",
+                    {**args, "outcome": "stale_attempt", "reason": reason},
+                ),
+                Reply(Status.FAILED_PRECONDITION, f"request {ev.request_id!r}: {reason}"),
+            ]
         req = self._requests.get(ev.request_id)
         if req is None:
-            finished = self._finished.get(ev.request_id)
-            if finished is None and self._early_aborts.get(ev.request_id) == ev.room:
+            finished = self._finished.get((ev.request_id, ev.attempt))
+            if finished is None and self._early_aborts.get((ev.request_id, ev.attempt)) == ev.room:
                 finished = "aborted"
             if finished == "failed" and self._b.silent_prefill_abort:
                 # M15: prefill's own failure stays local; the grant is acked and goes nowhere
@@ -423,6 +514,8 @@ class PrefillCore:
                 ]
             key = (ev.request_id, ev.room)
             parked = self._parked.get(key)
+            if parked is not None and parked.attempt < ev.attempt:
+                parked = None  # a grant of an earlier attempt: replaced by this one
             if parked is not None and parked.generation == ev.generation:
                 return [Reply(Status.OK)]  # duplicate delivery of the parked grant
             if parked is not None and parked.generation > ev.generation:
@@ -478,6 +571,7 @@ class PrefillCore:
                     "page_count": len(grant.pages),
                     "prompt_tokens": grant.prompt_len,
                     "outcome": "matched",
+                    **({"attempt": req.attempt} if req.attempt else {}),
                 },
             )
         ]
@@ -516,6 +610,7 @@ class PrefillCore:
                 targets,
                 req.prompt_len,
                 req.placeholder,
+                req.attempt,
             )
         )
         return cmds
@@ -552,7 +647,7 @@ class PrefillCore:
         assert grant is not None
         if req.stop_reason == "abort":
             cmds: list[PrefillCommand] = [
-                SendAbortAck(req.request_id, req.room, grant.generation, grant.token)
+                SendAbortAck(req.request_id, req.room, grant.generation, grant.token, req.attempt)
             ]
             return cmds + self._fail(
                 req, Status.ABORTED, "decode aborted the handoff", tell_decode=False
@@ -583,7 +678,9 @@ class PrefillCore:
                     "digest": digest.hex(),
                 },
             ),
-            SendCompletion(req.request_id, req.room, grant.generation, grant.token, count, digest),
+            SendCompletion(
+                req.request_id, req.room, grant.generation, grant.token, count, digest, req.attempt
+            ),
         ]
 
     def _on_completion_answered(self, ev: CompletionAnswered) -> list[PrefillCommand]:
@@ -593,8 +690,11 @@ class PrefillCore:
         if ev.status is Status.OK:
             self._forget(req, "finished")
             return [
-                Log("prefill_finish_request", {"request_id": req.request_id, "status": "ok"}),
-                AnswerRequest(req.request_id, Status.OK),
+                Log(
+                    "prefill_finish_request",
+                    _with_attempt({"request_id": req.request_id, "status": "ok"}, req.attempt),
+                ),
+                AnswerRequest(req.request_id, Status.OK, attempt=req.attempt),
             ]
         # Decode refused the completion and has already failed the request: no notice needed.
         return self._fail(
@@ -604,11 +704,32 @@ class PrefillCore:
     # ------------------------------------------------------------------ aborts
 
     def _on_abort(self, ev: AbortReceived) -> list[PrefillCommand]:
-        args: dict[str, LogValue] = {
-            "request_id": ev.request_id,
-            "room": ev.room,
-            "generation": ev.generation,
-        }
+        args: dict[str, LogValue] = _with_attempt(
+            {
+                "request_id": ev.request_id,
+                "room": ev.room,
+                "generation": ev.generation,
+            },
+            ev.attempt,
+        )
+        newer = self._stale(ev.request_id, ev.attempt)
+        if newer is not None:
+            # An abort of another attempt of this request id (a retried request's first
+            # attempt): stale, never taken for the attempt prefill holds, which carries on. An
+            # earlier attempt is over at prefill (nothing of it can be in flight), so its abort
+            # is acked: a decode still releasing that attempt's pages waits for the ack.
+            reason = f"abort of attempt {ev.attempt}, prefill holds attempt {newer}"
+            cmds: list[PrefillCommand] = [
+                Log(
+                    "prefill_receive_abort",
+                    {**args, "in_flight": False, "outcome": "stale_attempt", "reason": reason},
+                )
+            ]
+            if ev.attempt < newer:
+                cmds.append(
+                    SendAbortAck(ev.request_id, ev.room, ev.generation, ev.token, ev.attempt)
+                )
+            return [*cmds, Reply(Status.OK)]
         req = self._requests.get(ev.request_id)
         # An abort kills a request, so it is checked like a write: the room must be the
         # request's, and where prefill knows the grant (held or parked), generation and token
@@ -622,6 +743,8 @@ class PrefillCore:
                 )
             ]
         known = req.grant if req is not None else self._parked.get((ev.request_id, ev.room))
+        if known is not None and known.attempt != ev.attempt:
+            known = None
         if (
             known is not None
             and known.generation == ev.generation
@@ -637,25 +760,24 @@ class PrefillCore:
         parked = self._parked.get((ev.request_id, ev.room))
         if (
             parked is not None
+            and parked.attempt == ev.attempt
             and parked.generation == ev.generation
             and not self._b.accept_orphan_grants
         ):
             del self._parked[
                 (ev.request_id, ev.room)
             ]  # M18 keeps the orphan's transfer state regardless
-        ack = SendAbortAck(ev.request_id, ev.room, ev.generation, ev.token)
+        ack = SendAbortAck(ev.request_id, ev.room, ev.generation, ev.token, ev.attempt)
         if req is None or req.grant is None or req.grant.generation != ev.generation:
-            cmds: list[PrefillCommand] = [
-                Log("prefill_receive_abort", {**args, "in_flight": False})
-            ]
+            cmds = [Log("prefill_receive_abort", {**args, "in_flight": False})]
             if req is not None and req.grant is None:
                 cmds += self._fail(
                     req, Status.ABORTED, "decode aborted the request", tell_decode=False
                 )
-            elif req is None and ev.request_id not in self._finished:
+            elif req is None and (ev.request_id, ev.attempt) not in self._finished:
                 # The abort overtook the router's submit: refuse the request when it arrives
-                # (for this room only).
-                self._early_aborts[ev.request_id] = ev.room
+                # (for this room and attempt only).
+                self._early_aborts[(ev.request_id, ev.attempt)] = ev.room
                 while len(self._early_aborts) > self.config.max_tombstones:
                     self._early_aborts.popitem(last=False)
             return [*cmds, ack, Reply(Status.OK)]
@@ -674,21 +796,36 @@ class PrefillCore:
         return [*cmds, ack, Reply(Status.OK)]
 
     def _on_cancel(self, ev: CancelRequest) -> list[PrefillCommand]:
+        newer = self._stale(ev.request_id, ev.attempt)
+        if newer is not None:
+            return [
+                Reply(
+                    Status.NOT_FOUND,
+                    f"request {ev.request_id!r}: cancel of attempt {ev.attempt}, prefill holds "
+                    f"attempt {newer} (stale, ignored)",
+                )
+            ]
         req = self._requests.get(ev.request_id)
         if req is None:
-            if ev.request_id not in self._finished:
+            if (ev.request_id, ev.attempt) not in self._finished:
                 # The cancel overtook the router's submit: refuse the request when it arrives.
-                self._remember_finished(ev.request_id, "cancelled")
+                self._remember_finished(ev.request_id, "cancelled", ev.attempt)
                 return [
                     Log(
                         "prefill_cancel_request",
-                        {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                        _with_attempt(
+                            {"request_id": ev.request_id, "reason": ev.reason, "early": True},
+                            ev.attempt,
+                        ),
                     ),
                     Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}"),
                 ]
             return [Reply(Status.NOT_FOUND, f"unknown request {ev.request_id!r}")]
         cmds: list[PrefillCommand] = [
-            Log("prefill_cancel_request", {"request_id": req.request_id, "reason": ev.reason})
+            Log(
+                "prefill_cancel_request",
+                _with_attempt({"request_id": req.request_id, "reason": ev.reason}, req.attempt),
+            )
         ]
         if req.state is PrefillState.WRITING:
             if not req.stop_reason:
@@ -736,9 +873,18 @@ class PrefillCore:
             cmds += [
                 Log(
                     "prefill_drop_orphan_grant",
-                    {"request_id": grant.request_id, "room": room, "generation": grant.generation},
+                    _with_attempt(
+                        {
+                            "request_id": grant.request_id,
+                            "room": room,
+                            "generation": grant.generation,
+                        },
+                        grant.attempt,
+                    ),
                 ),
-                SendRejection(grant.request_id, room, Status.FAILED_PRECONDITION, reason),
+                SendRejection(
+                    grant.request_id, room, Status.FAILED_PRECONDITION, reason, grant.attempt
+                ),
             ]
         return cmds
 
@@ -751,24 +897,33 @@ class PrefillCore:
         cmds: list[PrefillCommand] = [
             Log(
                 "prefill_finish_request",
-                {
-                    "request_id": req.request_id,
-                    "status": "error",
-                    "code": status.value,
-                    "reason": reason,
-                },
+                _with_attempt(
+                    {
+                        "request_id": req.request_id,
+                        "status": "error",
+                        "code": status.value,
+                        "reason": reason,
+                    },
+                    req.attempt,
+                ),
             )
         ]
         if tell_decode and not self._b.silent_prefill_abort:
-            cmds.append(SendRejection(req.request_id, req.room, status, reason))
-        cmds.append(AnswerRequest(req.request_id, status, reason))
+            cmds.append(SendRejection(req.request_id, req.room, status, reason, req.attempt))
+        cmds.append(AnswerRequest(req.request_id, status, reason, req.attempt))
         return cmds
 
     def _forget(self, req: _Request, how: str) -> None:
         self._requests.pop(req.request_id, None)
-        self._remember_finished(req.request_id, how)
+        self._remember_finished(req.request_id, how, req.attempt)
 
-    def _remember_finished(self, rid: RequestId, how: str) -> None:
-        self._finished[rid] = how
+    def _remember_finished(self, rid: RequestId, how: str, attempt: int = 0) -> None:
+        self._finished[(rid, attempt)] = how
+        self._note_attempt(rid, attempt)
         while len(self._finished) > self.config.max_tombstones:
             self._finished.popitem(last=False)
+
+
+def _with_attempt(args: dict[str, LogValue], attempt: int) -> dict[str, LogValue]:
+    """Log args with the attempt number, named only for a retry (attempt 0 logs as before)."""
+    return {**args, "attempt": attempt} if attempt else args

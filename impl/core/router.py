@@ -6,10 +6,19 @@ a prefill error cancels decode and is what the client sees; a decode error cance
 A client cancel withdraws the request from both. `m16_router_ignores_prefill_error` answers with
 decode's result alone; `m15_silent_prefill_abort` answers prefill's error but does not relay it
 to decode.
+
+Retries: a client that got an error for a request may submit it again under the same request id
+(`ClientSubmit(retry=True)`, the API's `GenerateRequest.retry`). The router keeps the ids it
+answered with an error (bounded), and hands a retry to both workers with the same tenant and room
+and the next attempt number (0 for a first submission, then 1, 2, ...), which every message about
+the request carries: prefill and decode drop a message of another attempt than the one they hold,
+so the first attempt's late messages cannot act on the retry. A retry is refused while the id is
+still in progress, when its last answer was OK, for another tenant, and past `max_retries`.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kvhandoff.impl.core.common import Log, LogValue, Reply, RequestId, Room, Status, Tenant
@@ -22,6 +31,8 @@ class RouterConfig:
     context_window: int
     max_new_tokens: int = 1024
     behaviour: Behaviour = field(default_factory=Behaviour)
+    max_retries: int = 1  # retries a client may make of one request id (0: none)
+    max_failed_ids: int = 4096  # ids answered with an error kept for a retry (oldest dropped)
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,9 @@ class ClientSubmit:
     prompt_len: int
     max_tokens: int
     now: float
+    retry: bool = False
+    """Retry a request id the router answered with an error: same tenant and room (``room`` is
+    ignored), the next attempt."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,7 @@ class ForwardToPrefill:
     tenant: Tenant
     room: Room
     prompt_len: int
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,18 +89,21 @@ class ForwardToDecode:
     room: Room
     prompt_len: int
     max_tokens: int
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
 class CancelAtPrefill:
     request_id: RequestId
     reason: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
 class AbortAtDecode:
     request_id: RequestId
     reason: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,17 @@ class _Request:
     prefill_broken: bool = False
     decode: tuple[Status, str] | None = None
     answered: bool = False
+    attempt: int = 0
+    ok: bool = False  # the client's answer was OK
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A request id answered with an error, kept so that the client may retry it."""
+
+    tenant: Tenant
+    room: Room
+    attempt: int
 
 
 class RouterCore:
@@ -124,9 +153,15 @@ class RouterCore:
         self.config = config
         self._b = config.behaviour
         self._requests: dict[RequestId, _Request] = {}
+        self._failed: OrderedDict[RequestId, _Failed] = OrderedDict()
 
     def active_requests(self) -> list[RequestId]:
         return list(self._requests)
+
+    def attempt_of(self, request_id: RequestId) -> int | None:
+        """The attempt of an active request, else None."""
+        req = self._requests.get(request_id)
+        return None if req is None else req.attempt
 
     def tenant_of(self, request_id: RequestId) -> Tenant | None:
         """The tenant of an active request (for the edge's authorization), else None."""
@@ -151,13 +186,36 @@ class RouterCore:
     def _on_submit(self, ev: ClientSubmit) -> list[RouterCommand]:
         if ev.request_id in self._requests:
             return [Reply(Status.ALREADY_EXISTS, f"request {ev.request_id!r} is already active")]
+        attempt, room = 0, ev.room
+        if ev.retry:
+            failed = self._failed.get(ev.request_id)
+            if failed is None or failed.tenant != ev.tenant:
+                # Another tenant's id is refused like an unknown one (no id enumeration).
+                return [
+                    Reply(
+                        Status.FAILED_PRECONDITION,
+                        f"no failed request {ev.request_id!r} to retry (a retry follows an error "
+                        "answer, once both workers have finished with the request)",
+                    )
+                ]
+            if failed.attempt >= self.config.max_retries:
+                return [
+                    Reply(
+                        Status.RESOURCE_EXHAUSTED,
+                        f"request {ev.request_id!r} was already tried {failed.attempt + 1} times "
+                        f"(max_retries={self.config.max_retries})",
+                    )
+                ]
+            attempt, room = failed.attempt + 1, failed.room
         args: dict[str, LogValue] = {
             "request_id": ev.request_id,
             "tenant": ev.tenant,
-            "room": ev.room,
+            "room": room,
             "prompt_tokens": ev.prompt_len,
             "max_tokens": ev.max_tokens,
         }
+        if attempt:
+            args["attempt"] = attempt
         problem: tuple[Status, str] | None = None
         if ev.prompt_len < 1:
             problem = (Status.INVALID_ARGUMENT, f"prompt length {ev.prompt_len} must be >= 1")
@@ -180,11 +238,15 @@ class RouterCore:
                 ),
                 Reply(problem[0], problem[1]),
             ]
-        self._requests[ev.request_id] = _Request(ev.request_id, ev.tenant, ev.room)
+        if attempt:
+            # Taken: the id is in progress again (and failed again, kept again, on an error).
+            del self._failed[ev.request_id]
+        req = _Request(ev.request_id, ev.tenant, room, attempt=attempt)
+        self._requests[ev.request_id] = req
         return [
-            Log("router_submit_request", args),
-            ForwardToPrefill(ev.request_id, ev.tenant, ev.room, ev.prompt_len),
-            ForwardToDecode(ev.request_id, ev.tenant, ev.room, ev.prompt_len, ev.max_tokens),
+            Log("router_retry_request" if attempt else "router_submit_request", args),
+            ForwardToPrefill(ev.request_id, ev.tenant, room, ev.prompt_len, attempt),
+            ForwardToDecode(ev.request_id, ev.tenant, room, ev.prompt_len, ev.max_tokens, attempt),
         ]
 
     def _on_side(
@@ -211,8 +273,18 @@ class RouterCore:
         if not req.answered:
             cmds += self._decide(req)
         if req.answered and req.prefill is not None and req.decode is not None:
-            del self._requests[rid]
+            self._finish(req)
         return cmds
+
+    def _finish(self, req: _Request) -> None:
+        """Both workers have reported: the id leaves the router; an error answer is kept so
+        that the client may retry it."""
+        del self._requests[req.request_id]
+        if not req.ok:
+            self._failed[req.request_id] = _Failed(req.tenant, req.room, req.attempt)
+            self._failed.move_to_end(req.request_id)
+            while len(self._failed) > self.config.max_failed_ids:
+                self._failed.popitem(last=False)
 
     def _decide(self, req: _Request) -> list[RouterCommand]:
         p, d = req.prefill, req.decode
@@ -227,12 +299,12 @@ class RouterCore:
             # would also detect itself.
             silent = self._b.silent_prefill_abort and not req.prefill_broken
             if d is None and not silent:
-                cmds.append(AbortAtDecode(req.request_id, f"prefill failed: {p[1]}"))
+                cmds.append(AbortAtDecode(req.request_id, f"prefill failed: {p[1]}", req.attempt))
             return cmds + self._answer(req, p[0], f"prefill: {p[1]}")
         if d is not None and d[0] is not Status.OK:
             cmds = []
             if p is None:
-                cmds.append(CancelAtPrefill(req.request_id, f"decode failed: {d[1]}"))
+                cmds.append(CancelAtPrefill(req.request_id, f"decode failed: {d[1]}", req.attempt))
             return cmds + self._answer(req, d[0], f"decode: {d[1]}")
         if p is not None and d is not None:
             return self._answer(req, Status.OK)
@@ -246,16 +318,17 @@ class RouterCore:
             Log("client_cancel_request", {"request_id": req.request_id, "tenant": req.tenant})
         ]
         if req.decode is None:
-            cmds.append(AbortAtDecode(req.request_id, ev.reason))
+            cmds.append(AbortAtDecode(req.request_id, ev.reason, req.attempt))
         if req.prefill is None:
-            cmds.append(CancelAtPrefill(req.request_id, ev.reason))
+            cmds.append(CancelAtPrefill(req.request_id, ev.reason, req.attempt))
         cmds += self._answer(req, Status.CANCELLED, f"request {req.request_id!r} cancelled")
         if req.prefill is not None and req.decode is not None:
-            del self._requests[req.request_id]
+            self._finish(req)
         return [*cmds, Reply(Status.OK)]
 
     def _answer(self, req: _Request, status: Status, message: str = "") -> list[RouterCommand]:
         req.answered = True
+        req.ok = status is Status.OK
         args: dict[str, LogValue] = {
             "request_id": req.request_id,
             "tenant": req.tenant,

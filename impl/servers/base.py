@@ -227,8 +227,11 @@ class BaseServer:
 
     # -------------------------------------------------------------- RPCs every role serves
 
-    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
-        """Feed the core this role's cancel event; subclasses override."""
+    def cancel(
+        self, request_id: RequestId, reason: str, caller: Identity | None = None, attempt: int = 0
+    ) -> Reply:
+        """Feed the core this role's cancel event (of the request's `attempt`, which the router
+        names to a worker); subclasses override."""
         raise NotImplementedError
 
     def info_fields(self) -> dict[str, int]:
@@ -239,7 +242,12 @@ class BaseServer:
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelResponse:
         await check_bounds(context, request)
-        reply = self.cancel(RequestId(request.request_id), request.reason, self.caller(context))
+        reply = self.cancel(
+            RequestId(request.request_id),
+            request.reason,
+            self.caller(context),
+            int(request.attempt),
+        )
         if reply.status is not Status.OK:
             await abort_with(context, reply)
         return pb.CancelResponse()

@@ -255,6 +255,7 @@ class DecodeServer(BaseServer):
             w.event.max_tokens,
             w.event.token,
             time.monotonic(),
+            w.event.attempt,
         )
         reply = self.reply_of(self.feed(ev))
         if reply.status is not Status.OK and why_late:
@@ -344,6 +345,7 @@ class DecodeServer(BaseServer):
             page_ids=list(cmd.pages),
             token=cmd.token,
             prompt_tokens=cmd.prompt_len,
+            attempt=cmd.attempt,
         )
         if isinstance(self.transport, OneSidedTransport) and self.landing is not None:
             grant.transfer_endpoint = self.transport.endpoint
@@ -369,7 +371,11 @@ class DecodeServer(BaseServer):
     async def _send_abort(self, cmd: dc.SendAbort) -> None:
         # A lost abort is retried by the core (Tick), so failures need no handling here.
         abort = pb.Abort(
-            request_id=cmd.request_id, room=cmd.room, generation=cmd.generation, token=cmd.token
+            request_id=cmd.request_id,
+            room=cmd.room,
+            generation=cmd.generation,
+            token=cmd.token,
+            attempt=cmd.attempt,
         )
         await self.send_control(
             "abort",
@@ -426,6 +432,7 @@ class DecodeServer(BaseServer):
                     int(request.max_tokens),
                     secrets.token_bytes(16),
                     time.monotonic(),
+                    int(request.attempt),
                 )
             )
             if isinstance(first, Reply):
@@ -445,7 +452,12 @@ class DecodeServer(BaseServer):
             except asyncio.CancelledError:
                 if not self._stopping:
                     self.feed(
-                        dc.CancelRequest(rid, "the router's call went away", time.monotonic())
+                        dc.CancelRequest(
+                            rid,
+                            "the router's call went away",
+                            time.monotonic(),
+                            int(request.attempt),
+                        )
                     )
                 raise
         finally:
@@ -519,6 +531,7 @@ class DecodeServer(BaseServer):
                         digests[i],
                         msg.digests[i] if i < len(msg.digests) else b"",
                         problem,
+                        int(msg.attempt),
                     )
                 )
                 reply = self.reply_of(cmds)
@@ -569,6 +582,7 @@ class DecodeServer(BaseServer):
                 request.token,
                 int(request.page_count),
                 request.digest,
+                int(request.attempt),
             )
         )
         done = time.perf_counter()
@@ -599,7 +613,11 @@ class DecodeServer(BaseServer):
         reply = self.reply_of(
             self.feed(
                 dc.RejectionReceived(
-                    RequestId(request.request_id), Room(request.room), status, request.reason
+                    RequestId(request.request_id),
+                    Room(request.room),
+                    status,
+                    request.reason,
+                    int(request.attempt),
                 )
             )
         )
@@ -619,6 +637,7 @@ class DecodeServer(BaseServer):
                     Room(request.room),
                     Generation(request.generation),
                     request.token,
+                    int(request.attempt),
                 )
             )
         )
@@ -626,9 +645,13 @@ class DecodeServer(BaseServer):
             await abort_with(context, reply)
         return pb.AbortAckResponse()
 
-    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
+    def cancel(
+        self, request_id: RequestId, reason: str, caller: Identity | None = None, attempt: int = 0
+    ) -> Reply:
         reply = self.reply_of(
-            self.feed(dc.CancelRequest(request_id, reason or "cancelled", time.monotonic()))
+            self.feed(
+                dc.CancelRequest(request_id, reason or "cancelled", time.monotonic(), attempt)
+            )
         )
         self._admit_now(request_id)
         return reply

@@ -329,6 +329,7 @@ class PrefillServer(BaseServer):
                 room=cmd.room,
                 generation=cmd.generation,
                 token=cmd.token,
+                attempt=cmd.attempt,
                 message_id=message_id,
                 page_ids=list(pages),
                 digests=digests,
@@ -380,6 +381,7 @@ class PrefillServer(BaseServer):
             token=cmd.token,
             page_count=cmd.page_count,
             digest=cmd.digest,
+            attempt=cmd.attempt,
         )
         status, message, _ = await self.send_control(
             "completion",
@@ -392,7 +394,11 @@ class PrefillServer(BaseServer):
 
     async def _send_rejection(self, cmd: pc.SendRejection) -> None:
         rejection = pb.Rejection(
-            request_id=cmd.request_id, room=cmd.room, code=cmd.status.value, reason=cmd.reason
+            request_id=cmd.request_id,
+            room=cmd.room,
+            code=cmd.status.value,
+            reason=cmd.reason,
+            attempt=cmd.attempt,
         )
         status, message, _ = await self.send_control(
             "rejection",
@@ -407,7 +413,11 @@ class PrefillServer(BaseServer):
 
     async def _send_abort_ack(self, cmd: pc.SendAbortAck) -> None:
         ack = pb.AbortAck(
-            request_id=cmd.request_id, room=cmd.room, generation=cmd.generation, token=cmd.token
+            request_id=cmd.request_id,
+            room=cmd.room,
+            generation=cmd.generation,
+            token=cmd.token,
+            attempt=cmd.attempt,
         )
         await self.send_control(
             "abort_ack",
@@ -456,6 +466,7 @@ class PrefillServer(BaseServer):
                     Room(request.room),
                     len(request.prompt_tokens),
                     time.monotonic(),
+                    int(request.attempt),
                 )
             )
             if reply.status is not Status.OK:
@@ -465,7 +476,9 @@ class PrefillServer(BaseServer):
                 status, message = await fut
             except asyncio.CancelledError:
                 if not self._stopping:
-                    self.feed(pc.CancelRequest(rid, "the router's call went away"))
+                    self.feed(
+                        pc.CancelRequest(rid, "the router's call went away", int(request.attempt))
+                    )
                 raise
         finally:
             self._waiters.pop(rid, None)
@@ -511,6 +524,7 @@ class PrefillServer(BaseServer):
                 request.token,
                 int(request.prompt_tokens),
                 time.monotonic(),
+                int(request.attempt),
             )
         )
         if reply.status is not Status.OK:
@@ -528,14 +542,17 @@ class PrefillServer(BaseServer):
                 Room(request.room),
                 Generation(request.generation),
                 request.token,
+                int(request.attempt),
             )
         )
         if reply.status is not Status.OK:
             await abort_with(context, reply)
         return pb.AbortResponse()
 
-    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
-        return self.feed(pc.CancelRequest(request_id, reason or "cancelled"))
+    def cancel(
+        self, request_id: RequestId, reason: str, caller: Identity | None = None, attempt: int = 0
+    ) -> Reply:
+        return self.feed(pc.CancelRequest(request_id, reason or "cancelled", attempt))
 
     def info_fields(self) -> dict[str, int]:
         return {

@@ -162,7 +162,11 @@ class RouterServer(BaseServer):
                     self.spawn(
                         call_quietly(
                             self._prefill().Cancel(
-                                pb.CancelRequest(request_id=cmd.request_id, reason=cmd.reason),
+                                pb.CancelRequest(
+                                    request_id=cmd.request_id,
+                                    reason=cmd.reason,
+                                    attempt=cmd.attempt,
+                                ),
                                 timeout=self.common.rpc_timeout_s,
                                 wait_for_ready=True,
                             )
@@ -172,7 +176,11 @@ class RouterServer(BaseServer):
                     self.spawn(
                         call_quietly(
                             self._decode().Cancel(
-                                pb.CancelRequest(request_id=cmd.request_id, reason=cmd.reason),
+                                pb.CancelRequest(
+                                    request_id=cmd.request_id,
+                                    reason=cmd.reason,
+                                    attempt=cmd.attempt,
+                                ),
                                 timeout=self.common.rpc_timeout_s,
                                 wait_for_ready=True,
                             )
@@ -259,6 +267,7 @@ class RouterServer(BaseServer):
                     room=cmd.room,
                     prompt_tokens=prompt,
                     peer_epoch=peer,
+                    attempt=cmd.attempt,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -286,6 +295,7 @@ class RouterServer(BaseServer):
                     prompt_tokens=cmd.prompt_len,
                     max_tokens=cmd.max_tokens,
                     peer_epoch=peer,
+                    attempt=cmd.attempt,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -374,6 +384,7 @@ class RouterServer(BaseServer):
                     len(request.prompt_tokens),
                     max_tokens,
                     time.monotonic(),
+                    retry=request.retry,
                 )
             )
             if reply.status is not Status.OK:
@@ -392,7 +403,9 @@ class RouterServer(BaseServer):
             await abort_with(context, Reply(status, message))
         return pb.GenerateResponse(request_id=rid, tokens=tokens)
 
-    def cancel(self, request_id: RequestId, reason: str, caller: Identity | None = None) -> Reply:
+    def cancel(
+        self, request_id: RequestId, reason: str, caller: Identity | None = None, attempt: int = 0
+    ) -> Reply:
         if caller is not None and self.core.tenant_of(request_id) != caller.tenant:
             # Another tenant's request answers exactly as an unknown one: a tenant can neither
             # cancel it nor learn that it exists.

@@ -29,16 +29,18 @@ class ServerInfo(_message.Message):
     def __init__(self, role: _Optional[str] = ..., mode: _Optional[str] = ..., boot_epoch: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., context_window: _Optional[int] = ..., page_size: _Optional[int] = ..., num_pages: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("tenant", "prompt_tokens", "max_tokens", "request_id")
+    __slots__ = ("tenant", "prompt_tokens", "max_tokens", "request_id", "retry")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     request_id: str
-    def __init__(self, tenant: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    retry: bool
+    def __init__(self, tenant: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., retry: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "tokens")
@@ -49,30 +51,34 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("request_id", "reason")
+    __slots__ = ("request_id", "reason", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     reason: str
-    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class CancelResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PrefillSubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "peer_epoch")
+    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "peer_epoch", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PEER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     room: int
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     peer_epoch: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., peer_epoch: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., peer_epoch: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class PrefillSubmitResponse(_message.Message):
     __slots__ = ("request_id",)
@@ -81,7 +87,7 @@ class PrefillSubmitResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "page_ids", "token", "prompt_tokens", "transfer_endpoint", "transfer_base", "transfer_slot_bytes")
+    __slots__ = ("request_id", "room", "generation", "page_ids", "token", "prompt_tokens", "transfer_endpoint", "transfer_base", "transfer_slot_bytes", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +97,7 @@ class Grant(_message.Message):
     TRANSFER_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_BASE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
@@ -100,7 +107,8 @@ class Grant(_message.Message):
     transfer_endpoint: str
     transfer_base: int
     transfer_slot_bytes: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., transfer_endpoint: _Optional[str] = ..., transfer_base: _Optional[int] = ..., transfer_slot_bytes: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., transfer_endpoint: _Optional[str] = ..., transfer_base: _Optional[int] = ..., transfer_slot_bytes: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class GrantAck(_message.Message):
     __slots__ = ("boot_epoch",)
@@ -109,36 +117,40 @@ class GrantAck(_message.Message):
     def __init__(self, boot_epoch: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "token")
+    __slots__ = ("request_id", "room", "generation", "token", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
     token: bytes
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class DecodeSubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "max_tokens", "peer_epoch")
+    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "max_tokens", "peer_epoch", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PEER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     room: int
     prompt_tokens: int
     max_tokens: int
     peer_epoch: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., peer_epoch: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., peer_epoch: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class DecodeSubmitResponse(_message.Message):
     __slots__ = ("request_id", "tokens")
@@ -149,7 +161,7 @@ class DecodeSubmitResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PageWrite(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "token", "message_id", "page_ids", "digests", "page_shape", "dtype", "data", "landed")
+    __slots__ = ("request_id", "room", "generation", "token", "message_id", "page_ids", "digests", "page_shape", "dtype", "data", "landed", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +173,7 @@ class PageWrite(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     LANDED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
@@ -172,7 +185,8 @@ class PageWrite(_message.Message):
     dtype: str
     data: bytes
     landed: bool
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., message_id: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., digests: _Optional[_Iterable[bytes]] = ..., page_shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ..., landed: _Optional[bool] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., message_id: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., digests: _Optional[_Iterable[bytes]] = ..., page_shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ..., landed: _Optional[bool] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class WriteSummary(_message.Message):
     __slots__ = ("pages_accepted",)
@@ -181,20 +195,22 @@ class WriteSummary(_message.Message):
     def __init__(self, pages_accepted: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "token", "page_count", "digest")
+    __slots__ = ("request_id", "room", "generation", "token", "page_count", "digest", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
     token: bytes
     page_count: int
     digest: bytes
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., page_count: _Optional[int] = ..., digest: _Optional[bytes] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., page_count: _Optional[int] = ..., digest: _Optional[bytes] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class CompletionVerdict(_message.Message):
     __slots__ = ("validated",)
@@ -203,32 +219,36 @@ class CompletionVerdict(_message.Message):
     def __init__(self, validated: _Optional[bool] = ...) -> None: ...
 
 class Rejection(_message.Message):
-    __slots__ = ("request_id", "room", "code", "reason")
+    __slots__ = ("request_id", "room", "code", "reason", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     code: str
     reason: str
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class RejectionAck(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class AbortAck(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "token")
+    __slots__ = ("request_id", "room", "generation", "token", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
     token: bytes
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+    attempt: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AbortAckResponse(_message.Message):
     __slots__ = ()

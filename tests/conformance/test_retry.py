@@ -1,0 +1,76 @@
+"""The spec's `router_retry_request` on the in-process target: a client's retry under the same
+request id, whose attempt number every message carries (`Design.attempt_fence`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.registry import BY_ACTION
+from kvhandoff.conformance.replay import replay_trace
+from kvhandoff.conformance.target import UnsupportedScenario, require_one_prefill_rank
+from kvhandoff.impl.core import prefill as pc
+
+DATA = Path(__file__).parent / "data"
+TRACE = DATA / "retry_stale_abort.jsonl"
+
+
+def test_a_trace_whose_retry_meets_its_first_attempt_s_abort_conforms() -> None:
+    report = replay_trace(TRACE, InProcTarget())
+    assert report.conforms, report.first_divergence
+    retry = next(s for s in report.steps if s.action["action"] == "router_retry_request")
+    assert retry.performed and "router:router_retry_request" in retry.events
+    stale = [
+        e
+        for e in report.events
+        if e["event"] == "prefill_receive_abort" and e["args"].get("outcome") == "stale_attempt"
+    ]
+    assert stale, "the first attempt's abort reaches prefill after the retry and is dropped"
+    assert report.answers["r0"]["ok"] and report.answers["r0"]["read"] == ["a", "a"]
+
+
+def test_a_prefill_that_ignores_attempts_diverges_on_that_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The mutant abort_matched_by_request_id_only (benchmarks/mutants/catalogue.py), by
+    # another route: prefill's abort handler never finds an abort stale.
+    original = pc.PrefillCore._on_abort
+
+    def on_abort(self: pc.PrefillCore, ev: pc.AbortReceived) -> list[pc.PrefillCommand]:
+        self._stale = lambda rid, attempt: None  # type: ignore[method-assign]
+        try:
+            return original(self, ev)
+        finally:
+            del self._stale
+
+    monkeypatch.setattr(pc.PrefillCore, "_on_abort", on_abort)
+    report = replay_trace(TRACE, InProcTarget())
+    assert not report.conforms
+    assert report.first_divergence is not None
+    event = report.first_divergence["event"]
+    assert event["event"] == "prefill_finish_request"
+    assert event["args"]["reason"] == "decode aborted the request"
+    assert event["args"]["attempt"] == 1
+
+
+def test_a_short_campaign_with_retries_conforms_and_plays_them() -> None:
+    report = campaign.run("inproc", "reference", traces=60, steps=20, seed=3, max_retries=1)
+    assert report.conforms, report.failures
+    assert report.coverage is not None
+    assert report.coverage.fired.get("router_retry_request", 0) > 0
+
+
+def test_the_registry_maps_the_retry_to_the_target_s_retry() -> None:
+    row = BY_ACTION["router_retry_request"]
+    assert row.operation == "retry" and row.events == ("router_retry_request",)
+
+
+def test_a_target_that_plays_no_retry_refuses_a_scenario_with_retries() -> None:
+    config = campaign.campaign_config(max_retries=1)
+    with pytest.raises(UnsupportedScenario, match="max_retries=1"):
+        require_one_prefill_rank(config)
+    require_one_prefill_rank(config, retries=True)
+    assert InProcTarget.retries is True
