@@ -18,6 +18,10 @@ def _kvhandoff(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvhandoff", *args]
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_prints_what_was_covered_and_exits_130() -> None:
     # max_faults=2 explores for minutes; KVHANDOFF_PROGRESS=always makes the (non-terminal)
     # stderr carry progress lines, so the test knows the search has started before it interrupts.
@@ -29,6 +33,10 @@ def test_sigint_prints_what_was_covered_and_exits_130() -> None:
         text=True,
         env=env,
         cwd=ROOT,
+        # A shell without job control starts a background job with SIGINT ignored, and a child
+        # inherits that (CI launched with `&` failed this test so: no exit 60 s after the
+        # signal). Python keeps an inherited SIG_IGN, so give the child the default disposition.
+        preexec_fn=_sigint_default,
     )
     try:
         assert proc.stderr is not None
