@@ -109,7 +109,17 @@ class CheckResult:
     def scope_text(self) -> str:
         """The scope in words, with the configuration: what exit 0 would mean."""
         if self.scope == "any-size":
-            return "any size (every pool size and number of requests, tenants and faults)"
+            # The any-size model leaves `max_retries` free only where the scenario has retries:
+            # without them the retry's action is left out, and the scope says so.
+            if self.config.max_retries > 0:
+                return (
+                    "any size (every pool size and number of requests, tenants, faults and "
+                    "client retries)"
+                )
+            return (
+                "any size (every pool size and number of requests, tenants and faults; "
+                "no client retries: --set max_retries=1 covers any number)"
+            )
         where = f"this configuration ({config_summary(self.config)})"
         if self.scope == "bounded":
             depth = min(r.depth or 0 for r in self.results if r.verdict == "bounded")

@@ -81,6 +81,24 @@ def well_formed(enc: Encoding) -> InvariantFormula:
                         w = s[write_var(r, j, k, a)]
                         w = z3.And(w, now) if enc.retries else w
                         out.append(z3.Implies(w, s[f"r{r}.p_pages{j}"]))
+                        if enc.retries:
+                            # The current attempt's writes were issued under the grant prefill
+                            # holds now (`wgen` records it at issue). The spec cannot say this
+                            # (a write names no attempt: it tells an earlier attempt's write by
+                            # its retired generation), the encoding, which keeps a write in its
+                            # attempt's slot, can; the proof checks it like any invariant.
+                            out.append(
+                                z3.Implies(
+                                    z3.And(now, s[write_var(r, j, k, a)]),
+                                    s[f"{att(r, a)}wgen"] == s[f"r{r}.p_gen"],
+                                )
+                            )
+                        if a:
+                            # A later attempt than the request's has written nothing yet (its
+                            # slots are only meaningful once the retry happened).
+                            out.append(
+                                z3.Implies(s[f"r{r}.attempt"] < a, z3.Not(s[write_var(r, j, k, a)]))
+                            )
                 if a:
                     out.append(s[f"{att(r, a)}g_epoch"] <= s["decode_epoch"])
             if enc.retries:

@@ -56,6 +56,7 @@ from kvhandoff.spec.logic import (
     RANK,
     REQ,
     And,
+    Bound,
     Implies,
     Not,
     Or,
@@ -71,6 +72,7 @@ from kvhandoff.spec.vocabulary import (
     accepted_set,
     answered,
     answered_ok,
+    attempt,
     compile_claim,
     d,
     d_ack,
@@ -80,7 +82,6 @@ from kvhandoff.spec.vocabulary import (
     d_rank,
     decode_epoch,
     drain_fence,
-    issued,
     next_gen,
     not_as_is,
     over_decode_limit,
@@ -113,6 +114,53 @@ HOLDING = ("reserved", "validated", "generated", "answered", "failed")  # may ho
 RESERVED = ("reserved", "validated", "generated", "answered")  # hold a live grant
 LATER = ("validated", "generated", "answered")  # after decode accepted the completion
 P_IDLE = ("none", "received", "admitted", "rejected")  # prefill has no grant to write
+
+
+# --- What a client's retry leaves behind ----------------------------------------------------------
+#
+# A retry (`router_retry_request`) starts the request afresh under the same id, but whatever its
+# first attempt put on the wire stays there: a duplicated grant, a completion, an abort, a page
+# write. Those items are *stale*: they describe a grant the request no longer holds, so the
+# claims below that tie an item to its request's current grant ("a completion names the grant
+# prefill holds") are false of them. What is true of them instead, and what keeps them harmless,
+# is that they name a *retired* generation: one decode issued (it is below the counter) and no
+# request holds any more, on decode's side or prefill's. Decode matches completions, writes and
+# drain acks by generation, so a retired one finds nothing; prefill fences grants and aborts by
+# the attempt a message carries (`Design.attempt_fence`).
+#
+# A message says which attempt sent it (`m.attempt`); a write does not (the real one carries the
+# generation it was granted under), so a write is stale when its generation is not the one
+# prefill now holds for its request, which can only happen after a retry. Without retries every
+# attempt is 0, nothing is stale, and each claim is the one it was before retries existed.
+
+
+def _retired(gen: Term) -> Term:
+    """`gen` was issued by decode and no request holds it any more, on either side."""
+    return And(
+        gen != 0,
+        gen < next_gen(),
+        forall(REQ, lambda t: And(d_gen(t) != gen, p_gen(t) != gen)),
+    )
+
+
+def _stale_message(m: Bound) -> Term:
+    """A message sent by an earlier attempt of its request than the current one."""
+    stale: Term = m.attempt != attempt(m.req)
+    return stale
+
+
+def _stale_message_claim(m: Bound, retired: bool) -> Term:
+    """What is true of a stale message: its attempt is an earlier one, and, for the kinds decode
+    matches by generation (`retired`: completions, drain acks), it names a retired generation.
+    Prefill fences grants and aborts, and decode failure notices, by the attempt itself; saying
+    no more of them keeps the claims light for the any-size model's solver."""
+    earlier = m.attempt < attempt(m.req)
+    return And(earlier, _retired(m.gen)) if retired else earlier
+
+
+def _stale_write(w: Bound) -> Term:
+    """A write issued by an earlier attempt of its request (see above: told by its generation)."""
+    return And(attempt(w.req) > 0, w.gen != p_gen(w.req))
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,7 +265,7 @@ def prefill_holds_a_generation_of_its_room() -> Term:
 def _prefill_writes_only_its_grant(decode_issued: Callable[[Term], Term]) -> Term:
     """Prefill's side of the grant, with `decode_issued(r)`: whose grant prefill's grant for r is
     (the matching's: r's own, or one of r's room)."""
-    return forall(
+    requests = forall(
         REQ,
         lambda r: And(
             Implies(p_gen(r) != 0, decode_issued(r)),
@@ -237,13 +285,25 @@ def _prefill_writes_only_its_grant(decode_issued: Callable[[Term], Term]) -> Ter
             ),
             forall(
                 PAGE,
-                lambda q: And(
-                    Implies(issued(r, q), And(p_gen(r) != 0, p_granted(r, q))),
-                    Implies(p(r).is_in(*P_IDLE), Not(issued(r, q))),
-                ),
+                lambda q: Implies(p_written(r, q), And(p_gen(r) != 0, p_granted(r, q))),
             ),
         ),
     )
+    writes = each_write(
+        # A write in flight was issued under the grant prefill holds, into one of its pages, and
+        # prefill holds a grant; unless it is a retry's earlier attempt's (see above). Said of
+        # each write rather than of `issued(r, q)` (written or some write in flight), so that
+        # the exception is a disjunct here and not an existential under every (r, q).
+        lambda w: Or(
+            _stale_write(w),
+            And(
+                p_gen(w.req) != 0,
+                p_granted(w.req, w.page),
+                Not(p(w.req).is_in(*P_IDLE)),
+            ),
+        )
+    )
+    return And(requests, writes)
 
 
 def messages_carry_their_generation() -> Term:
@@ -252,15 +312,45 @@ def messages_carry_their_generation() -> Term:
     that holds it; a drain ack prefill still owes names decode's grant. Without a drain fence,
     nobody asks for or owes a drain ack."""
     return And(
-        each_message(["grant"], lambda m: And(m.gen != 0, m.gen == d_gen(m.req))),
-        each_message(["completion"], lambda m: And(m.gen != 0, m.gen == p_gen(m.req))),
-        each_message(["abort", "failure"], lambda m: Or(m.gen == 0, m.gen == d_gen(m.req))),
+        each_message(["grant"], _current(lambda m: And(m.gen != 0, m.gen == d_gen(m.req)))),
         each_message(
-            ["abort_ack"], lambda m: And(drain_fence(), m.gen != 0, m.gen == d_gen(m.req))
+            ["completion"],
+            _current(lambda m: And(m.gen != 0, m.gen == p_gen(m.req)), retired=True),
         ),
-        each_pending_ack(lambda a: And(drain_fence(), a.gen != 0, a.gen == d_gen(a.req))),
+        each_message(
+            ["abort", "failure"], _current(lambda m: Or(m.gen == 0, m.gen == d_gen(m.req)))
+        ),
+        each_message(
+            ["abort_ack"],
+            lambda m: And(
+                drain_fence(),
+                _current(lambda n: And(n.gen != 0, n.gen == d_gen(n.req)), retired=True)(m),
+            ),
+        ),
+        # An owed drain ack names no attempt: one of an earlier attempt's is told by its
+        # generation, which decode no longer holds for the request.
+        each_pending_ack(
+            lambda a: And(
+                drain_fence(),
+                Or(
+                    And(a.gen != 0, a.gen == d_gen(a.req)),
+                    And(attempt(a.req) > 0, a.gen != d_gen(a.req), _retired(a.gen)),
+                ),
+            )
+        ),
         forall(REQ, lambda r: Implies(d_awaiting_ack(r), drain_fence())),
     )
+
+
+def _current(claim: Callable[[Bound], Term], retired: bool = False) -> Callable[[Bound], Term]:
+    """`claim` for a message of its request's current attempt; `_stale_message_claim` for one
+    of an earlier attempt."""
+
+    def body(m: Bound) -> Term:
+        stale = _stale_message(m)
+        return And(Implies(stale, _stale_message_claim(m, retired)), Implies(Not(stale), claim(m)))
+
+    return body
 
 
 def messages_carry_a_generation_of_their_room() -> Term:
@@ -290,15 +380,25 @@ def writes_carry_their_grant() -> Term:
     already counted as written, and its prefill has not completed, nor has the rank writing it
     reported (a rank reports, and prefill completes, only once the rank's writes returned)."""
     return each_write(
-        lambda w: And(
-            p_gen(w.req) != 0,
-            w.gen == p_gen(w.req),
-            w.data_gen == p_gen(w.req),
-            p_written(w.req, w.page),
-            p(w.req) != "completed",
-            Not(p_rank_done(w.req, w.rank)),
-            w.right_room,
-            w.right_tenant,
+        lambda w: Or(
+            And(
+                p_gen(w.req) != 0,
+                w.gen == p_gen(w.req),
+                w.data_gen == p_gen(w.req),
+                p_written(w.req, w.page),
+                p(w.req) != "completed",
+                Not(p_rank_done(w.req, w.rank)),
+                w.right_room,
+                w.right_tenant,
+            ),
+            # A retry's first attempt's write: under a retired generation, its own data.
+            And(
+                _stale_write(w),
+                _retired(w.gen),
+                w.data_gen == w.gen,
+                w.right_room,
+                w.right_tenant,
+            ),
         )
     )
 
@@ -356,14 +456,18 @@ def validated_pages_hold_own_data() -> Term:
 
 def unsubmitted_requests_are_untouched() -> Term:
     """Nothing happens to a request before the router submits it: no phase, answer, grant or
-    write, and nothing in flight for it."""
+    write, and nothing in flight for it; its attempt number starts at 0 (and a retry only adds
+    to it, so it is never negative: what tells an earlier attempt's message from the current
+    one's)."""
     everything = ["grant", "completion", "failure", "abort", "abort_ack"]
     return And(
+        forall(REQ, lambda r: attempt(r) >= 0),
         forall(
             REQ,
             lambda r: Implies(
                 Not(submitted(r)),
                 And(
+                    attempt(r) == 0,
                     p(r) == "none",
                     d(r) == "none",
                     Not(answered(r)),
@@ -403,9 +507,11 @@ def decode_validates_only_completed_prefill() -> Term:
                 ),
             ),
         ),
+        # (A completion of a retry's earlier attempt says nothing of the current one.)
         each_message(
             ["completion"],
             lambda m: Or(
+                _stale_message(m),
                 p(m.req) == "completed",
                 And(prefill_ranks() > 1, Or(m.rank_done, p(m.req).is_in(*stopped_or_done))),
             ),
@@ -418,6 +524,7 @@ def decode_validates_only_completed_prefill() -> Term:
             lambda m: Implies(
                 And(
                     prefill_ranks() > 1,
+                    Not(_stale_message(m)),
                     forall(RANK, lambda o: Or(o == m.rank, reported(m.req, o))),
                 ),
                 p(m.req) == "completed",
@@ -430,6 +537,8 @@ def decode_validates_only_completed_prefill() -> Term:
                 lambda n: Implies(
                     And(
                         prefill_ranks() > 1,
+                        Not(_stale_message(m)),
+                        Not(_stale_message(n)),
                         n.req == m.req,
                         forall(RANK, lambda o: Or(o == m.rank, o == n.rank, reported(m.req, o))),
                     ),
@@ -469,7 +578,8 @@ def rejected_requests_are_never_completed() -> Term:
                 ),
             ),
         ),
-        each_message(["completion"], lambda m: Not(not_as_is(m.req))),
+        # (A retry's earlier attempt's completion names a retired generation: harmless.)
+        each_message(["completion"], lambda m: Or(_stale_message(m), Not(not_as_is(m.req)))),
     )
 
 

@@ -13,8 +13,9 @@ from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, edge_misma
 from kvhandoff.model_checker.z3_encoding import Encoding
 from kvhandoff.model_checker.z3_engines import bmc, kinduction
 from kvhandoff.spec import REFERENCE, Config, RequestSpec, get_variant
+from kvhandoff.spec.invariants import failing_invariants
 from kvhandoff.spec.properties import ALWAYS, TERMINATION
-from kvhandoff.spec.state import State
+from kvhandoff.spec.state import Message, State, evolve
 
 ONE = Config(requests=(RequestSpec("a", 1, 1),), decode_pages=1, max_retries=1)
 """One request, one page, one retry: small enough to explore in a second (1,409 states for the
@@ -78,12 +79,62 @@ def test_bmc_gives_the_explorers_safety_verdicts_with_a_retry(name: str) -> None
     assert all(r.property != TERMINATION.name for r in result.results)
 
 
-def test_kind_on_the_reference_with_a_retry_never_claims_more_than_the_explorer() -> None:
+def test_kind_proves_the_reference_with_a_retry() -> None:
+    # The invariants say what a first attempt's messages and writes are once the request was
+    # retried (an earlier attempt, a retired generation): with that, they are 1-inductive.
     result = kinduction(REFERENCE, ONE, timeout=60)
     for p in ALWAYS:
-        # The explorer shows every property holds; kind proves it or says unknown (the spec's
-        # invariants that strengthen it are not preserved by a retry: see docs/spec.md).
-        assert result.result_for(p.name).verdict in ("holds", "unknown")
+        assert result.result_for(p.name).verdict == "holds", result.result_for(p.name)
+    assert result.extra["k"] == 1
+    assert result.extra["movement"]["actions"]["router_retry_request"] is not None
+
+
+@pytest.mark.slow
+def test_kind_proves_the_reference_with_a_retry_on_the_default_scenario() -> None:
+    result = kinduction(REFERENCE, replace(Config(), max_retries=1), timeout=300)
+    assert [result.result_for(p.name).verdict for p in ALWAYS] == ["holds"] * len(ALWAYS)
+
+
+def test_prove_covers_any_number_of_retries_and_says_so() -> None:
+    from kvhandoff.model_checker.prove import prove
+
+    with_retries = prove(REFERENCE, replace(Config(), max_retries=1), timeout=120)
+    assert with_retries.verdict == "safe"
+    assert with_retries.scope == "any-size"
+    assert "client retries" in with_retries.scope_text()
+    assert "no client retries" not in with_retries.scope_text()
+    without = prove(REFERENCE, Config(), timeout=120)
+    assert without.verdict == "safe"
+    assert "no client retries" in without.scope_text()
+
+
+def test_every_invariant_holds_on_every_state_with_a_retry() -> None:
+    # Not only the proof: the explorer evaluates the same formulas on every reachable state,
+    # many of them with a first attempt's messages or writes still in flight.
+    config = replace(ONE, requests=(RequestSpec("a", 1, 1), RequestSpec("b", 1, 2)))
+    graph, _, _ = build_graph(REFERENCE, config)
+    stale = [s for s in graph.states if _stale(s)]
+    assert len(stale) > 1000
+    for state in graph.states:
+        assert failing_invariants(config, state, REFERENCE.design) == [], state
+
+
+def test_a_stale_completion_naming_a_live_generation_breaks_the_invariants() -> None:
+    # The claim about earlier attempts has teeth: a first attempt's completion may stay in
+    # flight only under a generation nobody holds. Give it the second attempt's generation and
+    # decode could accept it for the second attempt: the invariant must say no.
+    graph, _, _ = build_graph(REFERENCE, ONE)
+    held = next(
+        s
+        for s in graph.states
+        if s.requests[0].attempt == 1 and s.requests[0].d_gen != 0 and not s.network
+    )
+    req = held.requests[0]
+    forged = Message("completion", 1, req.d_gen, 0, count=1, digest=((0, 0, req.d_gen),))
+    broken = evolve(held, network=(forged,))
+    names = [inv.name for inv in failing_invariants(ONE, broken, REFERENCE.design)]
+    assert "messages_carry_their_generation" in names
+    assert failing_invariants(ONE, held, REFERENCE.design) == []
 
 
 VARIANTS_WITH_A_RETRY = [
