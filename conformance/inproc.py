@@ -156,27 +156,28 @@ class InProcTarget(Target):
 
     # ------------------------------------------------------------------ client operations
 
-    def submit(self, r: int) -> None:
+    def _client_submit(self, r: int, retry: bool = False) -> rc.ClientSubmit:
+        """The client's submission of request r (a retry of it, with `retry`): its id, tenant,
+        room and prompt from the scenario."""
         assert self.config is not None
         spec = self.config.requests[r]
-        rid = RequestId(self.request_id(r))
-        self.submitted.add(r)
-        reply = self._to_router(
-            rc.ClientSubmit(
-                rid,
-                Tenant(spec.tenant),
-                Room(spec.room),
-                self.prompt_tokens(self.config, r),
-                4,
-                self.now,
-            )
+        return rc.ClientSubmit(
+            RequestId(self.request_id(r)),
+            Tenant(spec.tenant),
+            Room(spec.room),
+            self.prompt_tokens(self.config, r),
+            4,
+            self.now,
+            retry=retry,
         )
+
+    def submit(self, r: int) -> None:
+        self.submitted.add(r)
+        reply = self._to_router(self._client_submit(r))
         if reply.status is not Status.OK:
             self.answered[r] = TargetAnswer(False, reply.status.value, reply.message)
 
     def retry(self, r: int) -> bool:
-        assert self.config is not None
-        spec = self.config.requests[r]
         rid = RequestId(self.request_id(r))
         # The client retries once the first attempt is over everywhere, as the spec's guard
         # asks (prefill done with it, decode holding none of its pages). Two steps the spec
@@ -205,17 +206,7 @@ class InProcTarget(Target):
                         self._deliver(p)
         if rid in self.decode.active_requests() or self.router.attempt_of(rid) is not None:
             return False
-        reply = self._to_router(
-            rc.ClientSubmit(
-                rid,
-                Tenant(spec.tenant),
-                Room(spec.room),
-                self.prompt_tokens(self.config, r),
-                4,
-                self.now,
-                retry=True,
-            )
-        )
+        reply = self._to_router(self._client_submit(r, retry=True))
         if reply.status is not Status.OK:
             return False  # the router still holds the id, or holds no error for it
         # The first attempt's answer is set aside; the retry's prefill call is open again.
