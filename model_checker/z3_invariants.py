@@ -101,6 +101,9 @@ def well_formed(enc: Encoding) -> InvariantFormula:
                             )
                 if a:
                     out.append(s[f"{att(r, a)}g_epoch"] <= s["decode_epoch"])
+                if enc.retries:
+                    # The epoch a write was issued under came from a grant: never ahead.
+                    out.append(s[f"{att(r, a)}wepoch"] <= s["decode_epoch"])
             if enc.retries:
                 out.append(s[f"r{r}.attempt"] <= s["f.retries"])
         if enc.retries:

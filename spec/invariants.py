@@ -733,6 +733,12 @@ def fenced_writes_land_in_held_pages() -> Term:
     def current(r: Term) -> Term:
         return p_epoch(r) == decode_epoch()
 
+    def current_write(w: Bound) -> Term:
+        # A write carries the epoch of the grant it was issued under (the key it writes with),
+        # which after a client's retry need not be its request's `p_epoch` any more.
+        stale: Term = w.epoch == decode_epoch()
+        return stale
+
     def held(r: Term) -> Term:
         return Or(d(r) == "reserved", And(d(r) == "failed", d_awaiting_ack(r)))
 
@@ -749,7 +755,7 @@ def fenced_writes_land_in_held_pages() -> Term:
     return And(
         each_write(
             lambda w: Implies(
-                current(w.req),
+                current_write(w),
                 And(
                     d_holds(w.req, w.page),
                     Not(done(w.req)),
@@ -772,6 +778,8 @@ def fenced_writes_land_in_held_pages() -> Term:
             lambda m: Implies(
                 And(
                     m.epoch == decode_epoch(),
+                    # (A retry's earlier attempt's grant is fenced by its attempt.)
+                    Not(_stale_message(m)),
                     p(m.req).is_in("received", "admitted"),
                     p_gen(m.req) == 0,
                 ),
@@ -780,19 +788,27 @@ def fenced_writes_land_in_held_pages() -> Term:
         ),
         # A failure notice, a completion or a drain ack in flight: the writes they speak for
         # are over (of the same rank, for completions and acks).
+        # (A retry's earlier attempt's messages speak for that attempt's writes only.)
         each_message(
             ["failure"],
-            lambda m: each_write(lambda w: Not(And(w.req == m.req, current(w.req)))),
+            lambda m: Or(
+                _stale_message(m),
+                each_write(lambda w: Not(And(w.req == m.req, current_write(w)))),
+            ),
         ),
         each_message(
             ["completion", "abort_ack"],
-            lambda m: each_write(
-                lambda w: Not(And(w.req == m.req, current(w.req), w.rank == m.rank))
+            lambda m: Or(
+                _stale_message(m),
+                each_write(lambda w: Not(And(w.req == m.req, current_write(w), w.rank == m.rank))),
             ),
         ),
         # Told to stop (an ack owed, a failure or a drain ack sent): prefill has stopped.
         each_pending_ack(lambda a: Not(p(a.req).is_in(*live))),
-        each_message(["failure", "abort_ack"], lambda m: Not(p(m.req).is_in(*live))),
+        each_message(
+            ["failure", "abort_ack"],
+            lambda m: Or(_stale_message(m), Not(p(m.req).is_in(*live))),
+        ),
     )
 
 
