@@ -22,7 +22,14 @@ from kvhandoff.model_checker.variant_loader import (
     load_variant,
     trace_variant_header,
 )
-from kvhandoff.spec.config import SCENARIOS, Config, ConfigError, parse_set, scenario_config
+from kvhandoff.spec.config import (
+    DEFAULT_SCENARIO,
+    SCENARIOS,
+    Config,
+    ConfigError,
+    parse_set,
+    scenario_config,
+)
 from kvhandoff.spec.trace import with_header
 from kvhandoff.spec.variants import VARIANTS, Variant
 
@@ -94,7 +101,9 @@ def register(sub: Any) -> None:
     v = sub.add_parser(
         "variants",
         help="list the protocol variants",
-        description="List the reference protocol, the incident and the catalogue of bug variants.",
+        description="List the reference protocol, the incident and the catalogue of bug variants, "
+        "each with the scenario `kvhandoff check --variant NAME` checks it on (its `--scenario` "
+        "and its own `--set`s).",
     )
     v.add_argument("--json", action="store_true", help="print a JSON list")
     v.set_defaults(func=run_variants)
@@ -105,11 +114,22 @@ def add_scenario_argument(p: argparse.ArgumentParser) -> None:
     names = "; ".join(f"{name}: {text}" for name, (text, _) in SCENARIOS.items())
     p.add_argument(
         "--scenario",
-        default="default",
+        default=None,
         choices=list(SCENARIOS),
         metavar="NAME",
-        help=f"the scenario --set starts from (default: default). {names}",
+        help=f"the scenario --set starts from (default: the variant's own, shown by `kvhandoff "
+        f"variants`, else {DEFAULT_SCENARIO}). {names}",
     )
+
+
+def scenario_name(named: str | None, variant: Variant | None) -> str:
+    """The scenario a run starts from: the one named on the command line, else the variant's own
+    (`Variant.scenario_name`), else the CLI's default."""
+    if named is not None:
+        return named
+    if variant is not None and variant.scenario_name is not None:
+        return variant.scenario_name
+    return DEFAULT_SCENARIO
 
 
 def variant_json(v: Variant) -> dict[str, Any]:
@@ -121,6 +141,7 @@ def variant_json(v: Variant) -> dict[str, Any]:
         "breaks": list(v.breaks),
         "expected": "violated" if v.breaks else "safe",
         "config": dict(v.config),
+        "scenario": scenario_name(None, v),
     }
 
 
@@ -135,18 +156,29 @@ def run_variants(args: argparse.Namespace) -> int:
         breaks = ", ".join(v.breaks) or "(expected safe)"
         print(f"{v.name:34s} {ms:18s} {v.summary}")
         print(f"{'':34s} {'':18s} breaks: {breaks}")
-        if v.config:
-            sets = " ".join(f"--set {k}={value}" for k, value in v.config.items())
-            print(f"{'':34s} {'':18s} checked with: {sets}")
+        sets = "".join(f" --set {k}={value}" for k, value in v.config.items())
+        print(f"{'':34s} {'':18s} checked on: --scenario {scenario_name(None, v)}{sets}")
     return EXIT_OK
 
 
+def scenario_line(named: str | None, variant: Variant, assignments: list[str]) -> str:
+    """What a run checks, in the words of the command line: the scenario and every `--set`."""
+    name = scenario_name(named, variant)
+    own = "".join(f" --set {k}={value}" for k, value in variant.config.items())
+    yours = "".join(f" --set {a}" for a in assignments)
+    whose = (
+        "named" if named is not None else "the variant's" if variant.scenario_name else "default"
+    )
+    return f"scenario: {name} ({whose}: {SCENARIOS[name][0]}){own}{yours}"
+
+
 def load_config(
-    assignments: list[str], variant: Variant | None = None, scenario: str = "default"
+    assignments: list[str], variant: Variant | None = None, scenario: str | None = None
 ) -> Config:
-    """The named scenario, with the variant's own config fields, then the `--set` overrides."""
+    """The scenario (`scenario_name`), with the variant's own config fields, then the `--set`
+    overrides."""
     try:
-        start = scenario_config(scenario)
+        start = scenario_config(scenario_name(scenario, variant))
         base = start if variant is None else variant.scenario(start)
         return parse_set(base, assignments)
     except (ConfigError, TypeError) as exc:
@@ -422,6 +454,8 @@ def run_check(args: argparse.Namespace) -> int:
     )
     names = list(ENGINES) if args.engine == "all" else [args.engine]
     runs = [run_engine(name, variant, config, options) for name in names]
+    if not args.json:  # after the runs: an interrupted check prints no half of a report
+        print(scenario_line(args.scenario, variant, args.set))
     results = [run.result for run in runs if run.result is not None]
     is_file = args.variant.endswith(".py")
     where = f"variant file {args.variant}" if is_file else f"variant {variant.name}"

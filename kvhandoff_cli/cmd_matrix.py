@@ -7,9 +7,10 @@ variant must be caught by at least one engine. Variants whose only expected brea
 `every_request_terminates` (a liveness property only the explorer checks) are caught by explore
 only; the Z3 engines report them safe on the safety properties, which is expected.
 
-Each variant runs on its own scenario: the default configuration with the variant's `config`
-fields (a bug only several prefill ranks can show is checked with `prefill_ranks=2`; the Z3
-engines cannot encode that and say so), then `--set`.
+Each variant runs on its own scenario: the one `--scenario` names, else the variant's own
+(`Variant.scenario_name`: `sequential` for a variant whose search on `wide` takes minutes), else
+`wide`; then the variant's `config` fields (a bug only several prefill ranks can show is checked
+with `prefill_ranks=2`), then `--set`.
 
 A BMC cell that finds nothing is `bounded` (no violation up to its depth: not a proof) unless its
 depth reaches the state space's depth. An expected-safe row needs a proof from at least one engine
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvhandoff.cli.cmd_check import add_scenario_argument
+from kvhandoff.cli.cmd_check import add_scenario_argument, scenario_name
 from kvhandoff.cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
 from kvhandoff.model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
 from kvhandoff.model_checker.variant_loader import VariantLoadError, load_variant
@@ -164,21 +165,27 @@ def expectation(variant: Variant, cells: list[Cell]) -> tuple[bool, str]:
     return any(c.verdict == "violated" for c in cells), "caught by at least one engine"
 
 
-def _scenario(variant: Variant) -> str:
-    """` (with prefill_ranks=2, max_faults=0)` for a variant checked on its own config fields."""
-    if not variant.config:
-        return ""
-    return " (with " + ", ".join(f"{k}={v}" for k, v in variant.config.items()) + ")"
+def _scenario(variant: Variant, named: str | None = None) -> str:
+    """` (with prefill_ranks=2, max_faults=0)` for a variant checked on its own config fields,
+    ` (on sequential, ...)` for one checked on a scenario of its own."""
+    parts = []
+    if named is None and variant.scenario_name is not None:
+        parts.append(f"on {variant.scenario_name}")
+    if variant.config:
+        parts.append("with " + ", ".join(f"{k}={v}" for k, v in variant.config.items()))
+    return f" ({', '.join(parts)})" if parts else ""
 
 
-def markdown(rows: list[tuple[Variant, list[Cell], bool, str]], engines: list[str]) -> str:
+def markdown(
+    rows: list[tuple[Variant, list[Cell], bool, str]], engines: list[str], named: str | None = None
+) -> str:
     head = "| variant | expected | " + " | ".join(engines) + " | ok |"
     sep = "|---" * (len(engines) + 3) + "|"
     lines = [head, sep]
     for variant, cells, ok, expected in rows:
         by = {c.engine: c.text() for c in cells}
         lines.append(
-            f"| {variant.name}{_scenario(variant)} | {expected} | "
+            f"| {variant.name}{_scenario(variant, named)} | {expected} | "
             + " | ".join(by[e] for e in engines)
             + f" | {'yes' if ok else '**NO**'} |"
         )
@@ -191,7 +198,7 @@ def run_matrix(args: argparse.Namespace) -> int:
     if unknown or not engines:
         raise UsageError(f"--engines: unknown {unknown}; known: {', '.join(ENGINES)}")
     try:
-        config = parse_set(scenario_config(args.scenario), args.set)
+        config = parse_set(scenario_config(scenario_name(args.scenario, None)), args.set)
     except (ConfigError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     variants = list(VARIANTS)
@@ -230,7 +237,7 @@ def run_matrix(args: argparse.Namespace) -> int:
     for variant in variants:
         try:
             configs[variant.name] = parse_set(
-                variant.scenario(scenario_config(args.scenario)), args.set
+                variant.scenario(scenario_config(scenario_name(args.scenario, variant))), args.set
             )
         except (ConfigError, TypeError) as exc:
             raise UsageError(f"variant {variant.name}: {exc}") from exc
@@ -248,22 +255,25 @@ def run_matrix(args: argparse.Namespace) -> int:
         rows.append((variant, cells, ok, expected))
         if not args.json:
             status = "ok" if ok else "NOT AS EXPECTED"
-            print(f"{variant.name:34s} {status}: {expected}{_scenario(variant)}", flush=True)
+            label = f"{expected}{_scenario(variant, args.scenario)}"
+            print(f"{variant.name:34s} {status}: {label}", flush=True)
             for c in cells:
                 print(f"    {c.engine:8s} {c.text()}", flush=True)
             for text in disagreements.get(variant.name, []):
                 print(f"    ENGINES DISAGREE (a bug in kvhandoff): {text}", flush=True)
     all_ok = all(ok for _, _, ok, _ in rows)
     if args.markdown:
-        Path(args.markdown).write_text(markdown(rows, engines))
+        Path(args.markdown).write_text(markdown(rows, engines, args.scenario))
     if args.json:
         out = {
+            "scenario": scenario_name(args.scenario, None),
             "config": config.to_json(),
             "engines": engines,
             "ok": all_ok,
             "rows": [
                 {
                     "variant": v.name,
+                    "scenario": scenario_name(args.scenario, v),
                     "config": dict(v.config),
                     "breaks": list(v.breaks),
                     "expected": expected,

@@ -6,9 +6,11 @@ counts tokens; `page_size` is what converts between the two, and deployment-leve
 
 A `Config` is finite on purpose: the explicit-state checker enumerates every reachable state, so
 every source of unbounded behaviour (faults, retransmissions, generations) is bounded by a field
-here. The default configuration is the smallest one that can tell the reference protocol from the
-incident: two tenants, three requests, one of them too long for the prefill pool but short enough
-for decode's, one crash, one lost message, one duplicated message.
+here. `Config()`'s defaults (the `sequential` scenario) are the smallest configuration that can
+tell the reference protocol from the incident: two tenants, three requests, one of them too long
+for the prefill pool but short enough for decode's, one in flight at a time, one fault per run.
+The CLI's default scenario, `wide`, has two requests in flight at once and two faults per run (see
+`SCENARIOS` below).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class RequestSpec:
 
     The room is the id both workers use to match messages to the request (SGLang's
     `bootstrap_room`). Rooms are normally unique, but clients can supply them and fan-outs reuse
-    them (sglang #40125, #26486), so two requests may share one; the default scenario has that.
+    them (sglang #40125, #26486), so two requests may share one; both named scenarios have that.
     """
 
     tenant: str
@@ -88,7 +90,7 @@ class Config:
     max_partitions: int = 0
     """Network partitions in which decode's health check takes a live prefill for dead
     (`decode_suspect_prefill_dead`). 0 by default: the fault multiplies the states of every
-    scenario, and the pinned counts (the default scenario's 71,075 for the reference) are
+    scenario, and the pinned counts (the sequential scenario's 71,075 for the reference) are
     without it; `--set max_partitions=1` turns it on."""
     response_bound: int = 0
     """Bounded response: once faults stop, steps within which every request must end; 0 = any
@@ -177,22 +179,25 @@ class Config:
 
 
 def default_config() -> Config:
+    """`Config()`: the `sequential` scenario, what the library's callers and the tests start from
+    (the CLI starts from `DEFAULT_SCENARIO`)."""
     return Config()
 
 
-# Named scenarios, what `--scenario NAME` starts from before `--set` overrides. `default` is the
-# module docstring's: one request in flight, one fault per run; it is what the tests, the docs'
-# counterexamples and the catalogue's `breaks=` are stated on. `wide` is the smallest scenario
-# with two requests in flight at once and two faults per run: the two share room 1 (a room
-# collision between live requests, what a client-chosen room or an n>1 fan-out gives), and tenant
-# b's prompt is too long for prefill but not for decode, the incident's shape. It keeps two
-# requests, not three, so that the explorer checks it in well under a minute.
+# Named scenarios, what `--scenario NAME` starts from before `--set` overrides.
+#
+# `wide`, the CLI's default (`DEFAULT_SCENARIO`), is the smallest scenario with two requests in
+# flight at once and two faults per run: the two share room 1 (a room collision between live
+# requests, what a client-chosen room or an n>1 fan-out gives), and tenant b's prompt is too long
+# for prefill but not for decode, the incident's shape. It keeps two requests, not three, so that
+# the explorer checks it in well under a minute.
+#
+# `sequential` is `Config()`'s own defaults, the module docstring's: three requests, one in flight
+# at a time, one fault per run. It was the CLI's default until two in flight became it; the tests,
+# the docs' counterexamples, the pinned state counts (71,075 for the reference) and the
+# catalogue's `breaks=` are stated on it, and a variant whose search is slow on `wide` names it as
+# its own (`Variant.scenario_name`).
 SCENARIOS: dict[str, tuple[str, Config]] = {
-    "default": (
-        "three requests of two tenants (one too long for prefill, two sharing room 1), "
-        "one in flight at a time, one fault per run",
-        Config(),
-    ),
     "wide": (
         "two requests of two tenants sharing room 1 (b's too long for prefill), both in flight "
         "at once, two faults per run (of two kinds)",
@@ -202,7 +207,16 @@ SCENARIOS: dict[str, tuple[str, Config]] = {
             max_faults=2,
         ),
     ),
+    "sequential": (
+        "three requests of two tenants (one too long for prefill, two sharing room 1), "
+        "one in flight at a time, one fault per run",
+        Config(),
+    ),
 }
+
+DEFAULT_SCENARIO = "wide"
+"""The scenario `kvhandoff check`, `review` and `matrix` check when no `--scenario` is named
+(and the variant names none of its own)."""
 
 
 def scenario_config(name: str) -> Config:
@@ -256,6 +270,7 @@ def parse_set(base: Config, assignments: list[str]) -> Config:
 
 
 __all__ = [
+    "DEFAULT_SCENARIO",
     "SCENARIOS",
     "Config",
     "ConfigError",

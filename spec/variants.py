@@ -26,7 +26,7 @@ from functools import cache
 from typing import Any, Literal, get_args, get_type_hints
 
 from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
-from kvhandoff.spec.config import Config, ConfigError
+from kvhandoff.spec.config import SCENARIOS, Config, ConfigError
 from kvhandoff.spec.effects import EffectFormula
 from kvhandoff.spec.logic import GuardFormula
 from kvhandoff.spec.properties import ALL_PROPERTY_NAMES
@@ -348,8 +348,12 @@ class Variant:
     step_overrides: Mapping[str, StepHook] = field(default_factory=dict)
     """Replaces the effect of the named actions (snake_case names)."""
     config: Mapping[str, Any] = field(default_factory=dict)
-    """Config fields the variant's catalogue entry is checked with, over the default scenario
-    (e.g. `{"prefill_ranks": 2}` for a bug only several ranks can show); see `scenario`."""
+    """Config fields the variant's catalogue entry is checked with, over the scenario it starts
+    from (e.g. `{"prefill_ranks": 2}` for a bug only several ranks can show); see `scenario`."""
+    scenario_name: str | None = None
+    """The named scenario (`spec.config.SCENARIOS`) the CLI checks this variant on when the user
+    names none; None: the CLI's default, `wide`. A variant names `sequential` when its search on
+    `wide` takes minutes (a retry multiplies the states of two requests in flight)."""
     guard_overrides: Mapping[str, EnabledHook] = field(default_factory=dict)
     """Replaces the guard of the named actions (snake_case names): the hook lists the actions of
     that kind enabled in a state, with their arguments, in place of the rulebook's own guard
@@ -469,6 +473,11 @@ class Variant:
         return evolve(state, variant_fields=tuple(sorted(fields.items())))
 
     def _check_config(self) -> None:
+        if self.scenario_name is not None and self.scenario_name not in SCENARIOS:
+            raise VariantError(
+                f"variant {self.name!r}: scenario_name {self.scenario_name!r} is not a named "
+                f"scenario; known: {', '.join(SCENARIOS)}"
+            )
         fields = [f.name for f in dataclasses.fields(Config)]
         for key in self.config:
             if key not in fields:
@@ -1037,6 +1046,8 @@ VARIANTS: tuple[Variant, ...] = (
         ),
         attempt_fence=False,
         config={"max_retries": 1},
+        # On `wide` the explorer needs about 500 s for it (docs/matrix.md); on `sequential`, 90 s.
+        scenario_name="sequential",
     ),
     _R.derive(
         "release_on_suspected_death",

@@ -14,7 +14,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_check_reference_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "check", "--variant", "reference")
+    code, out, _ = run(capsys, "check", "--scenario", "sequential", "--variant", "reference")
     assert code == 0
     assert "verdict: SAFE" in out
 
@@ -26,7 +26,15 @@ def test_check_incident_json_follows_the_contract(
 
     trace_file = Path(str(tmp_path)) / "incident.jsonl"
     code, out, _ = run(
-        capsys, "check", "--variant", "incident", "--json", "--trace-out", str(trace_file)
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        "incident",
+        "--json",
+        "--trace-out",
+        str(trace_file),
     )
     assert code == 1
     data = json.loads(out)
@@ -55,15 +63,15 @@ def test_check_incident_json_follows_the_contract(
 def test_unknown_variant_is_exit_2_listing_the_known_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, _, err = run(capsys, "check", "--variant", "nonesuch")
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", "nonesuch")
     assert code == 2
     assert "unknown variant 'nonesuch'" in err and "reference" in err
 
 
 def test_bad_set_is_exit_2_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "check", "--set", "decode_pages=-1")
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--set", "decode_pages=-1")
     assert code == 2 and "decode_pages" in err
-    code, _, err = run(capsys, "check", "--set", "nonsense")
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--set", "nonsense")
     assert code == 2 and "KEY=VALUE" in err
 
 
@@ -72,20 +80,20 @@ def test_unreadable_variant_file_is_exit_2(
 ) -> None:
     from pathlib import Path
 
-    code, _, err = run(capsys, "check", "--variant", "missing_file.py")
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", "missing_file.py")
     assert code == 2 and "does not exist" in err
     broken = Path(str(tmp_path)) / "broken.py"
     broken.write_text("VARIANT = 3\n")
-    code, _, err = run(capsys, "check", "--variant", str(broken))
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(broken))
     assert code == 2 and "must define VARIANT" in err
     raising = Path(str(tmp_path)) / "raising.py"
     raising.write_text("raise RuntimeError('boom')\n")
-    code, _, err = run(capsys, "check", "--variant", str(raising))
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(raising))
     assert code == 2 and "boom" in err
 
 
 def test_unknown_engine_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "check", "--engine", "telepathy")
+    code, _, err = run(capsys, "check", "--scenario", "sequential", "--engine", "telepathy")
     assert code == 2 and "unknown engine" in err
 
 
@@ -125,14 +133,25 @@ def test_the_first_rank_variant_is_caught_with_two_ranks_and_masked_with_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     variant = get_variant("first_rank_completion_accepted")
-    code, out, _ = run(capsys, "check", "--variant", variant.name, "--json")
+    code, out, _ = run(
+        capsys, "check", "--scenario", "sequential", "--variant", variant.name, "--json"
+    )
     assert code == 1
     data = json.loads(out)
     assert data["config"]["prefill_ranks"] == 2  # the variant's own scenario
     violated = {r["property"] for r in data["results"] if r["verdict"] == "violated"}
     assert violated == set(variant.breaks)
     # --set comes after the variant's scenario: with one rank the first rank is every rank.
-    code, out, _ = run(capsys, "check", "--variant", variant.name, "--set", "prefill_ranks=1")
+    code, out, _ = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        variant.name,
+        "--set",
+        "prefill_ranks=1",
+    )
     assert code == 0 and "verdict: SAFE" in out
 
 
@@ -140,7 +159,9 @@ def test_the_first_rank_variant_is_caught_with_two_ranks_and_masked_with_one(
 def test_the_reference_is_safe_with_two_prefill_ranks_with_every_witness_reached(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(capsys, "check", "--set", "prefill_ranks=2", "--json")
+    code, out, _ = run(
+        capsys, "check", "--scenario", "sequential", "--set", "prefill_ranks=2", "--json"
+    )
     assert code == 0
     data = json.loads(out)
     assert data["verdict"] == "safe" and all(data["witnesses"].values())
@@ -159,7 +180,7 @@ def test_python_dash_m_reports_a_usage_error_as_exit_2(module: str) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.run(
-        [sys.executable, "-m", module, "check", "--variant", "nope"],
+        [sys.executable, "-m", module, "check", "--scenario", "sequential", "--variant", "nope"],
         capture_output=True,
         text=True,
         env=env,

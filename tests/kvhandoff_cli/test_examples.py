@@ -35,5 +35,8 @@ def test_copied_examples_run_as_the_guides_show_and_are_not_overwritten(
     err = capsys.readouterr().err
     assert "not overwriting" in err and str(tmp_path / "examples" / EXAMPLES[0]) in err
     monkeypatch.chdir(tmp_path)
-    assert main(["check", "--variant", "examples/variant_skip_digest.py"]) == 1
+    assert (
+        main(["check", "--scenario", "sequential", "--variant", "examples/variant_skip_digest.py"])
+        == 1
+    )
     assert "decode_reads_only_validated_pages" in capsys.readouterr().out

@@ -23,7 +23,20 @@ def test_the_incident_chart_as_svg_has_every_element_of_the_mermaid_chart(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     trace = tmp_path / "incident.jsonl"
-    assert main(["check", "--variant", "incident", "--trace-out", str(trace)]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--scenario",
+                "sequential",
+                "--variant",
+                "incident",
+                "--trace-out",
+                str(trace),
+            ]
+        )
+        == 1
+    )
     capsys.readouterr()
     mermaid = _explain(capsys, trace, "mermaid").splitlines()
     root = ET.fromstring(_explain(capsys, trace, "svg").split("\n", 1)[1])

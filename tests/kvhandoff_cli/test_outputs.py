@@ -40,7 +40,17 @@ def test_every_kind_has_a_schema() -> None:
 
 def test_check_json_and_junit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     junit = tmp_path / "check.xml"
-    code, out = _run(capsys, "check", "--variant", "incident", "--json", "--junit", str(junit))
+    code, out = _run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        "incident",
+        "--json",
+        "--junit",
+        str(junit),
+    )
     assert code == 1
     _validate("check", out)
     suite = ET.parse(junit).getroot().find("testsuite")
@@ -100,7 +110,9 @@ def test_conform_unreachable_target_still_writes_junit(
 
 
 def test_errors_under_json_are_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = _run(capsys, "check", "--variant", "no_such_variant", "--json")
+    code, out = _run(
+        capsys, "check", "--scenario", "sequential", "--variant", "no_such_variant", "--json"
+    )
     assert code == 2
     _validate("error", out)
     assert out["command"] == "check" and "no_such_variant" in out["error"]
@@ -108,7 +120,20 @@ def test_errors_under_json_are_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_replay_and_validate_log_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     trace = tmp_path / "incident.jsonl"
-    assert main(["check", "--variant", "incident", "--trace-out", str(trace)]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--scenario",
+                "sequential",
+                "--variant",
+                "incident",
+                "--trace-out",
+                str(trace),
+            ]
+        )
+        == 1
+    )
     capsys.readouterr()
     _, out = _run(capsys, "replay", str(trace), "--mode", "incident", "--json")
     _validate("replay", out)
@@ -186,7 +211,17 @@ def test_demo_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
 @pytest.mark.slow  # every engine, ~1 minute on two shared cores
 def test_check_all_engines_json(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["check", "--variant", "incident", "--set", "max_faults=0", "--engine", "all"]
+    argv = [
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        "incident",
+        "--set",
+        "max_faults=0",
+        "--engine",
+        "all",
+    ]
     code, out = _run(capsys, *argv, "--json", "--depth", "4")
     assert code in (1, 3, 4)
     _validate("check-all", out)

@@ -27,7 +27,7 @@ def test_sigint_prints_what_was_covered_and_exits_130() -> None:
     # stderr carry progress lines, so the test knows the search has started before it interrupts.
     env = dict(os.environ, KVHANDOFF_PROGRESS="always")
     proc = subprocess.Popen(
-        _kvhandoff("check", "--set", "max_faults=2"),
+        _kvhandoff("check", "--scenario", "sequential", "--set", "max_faults=2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -66,7 +66,16 @@ def test_sigint_prints_what_was_covered_and_exits_130() -> None:
 def test_quiet_when_stderr_is_not_a_terminal() -> None:
     out = subprocess.run(
         # A small search still reports (at its first state and at its end).
-        _kvhandoff("check", "--variant", "incident", "--set", "max_faults=0", "--json"),
+        _kvhandoff(
+            "check",
+            "--scenario",
+            "sequential",
+            "--variant",
+            "incident",
+            "--set",
+            "max_faults=0",
+            "--json",
+        ),
         capture_output=True,
         text=True,
         env={k: v for k, v in os.environ.items() if k != "KVHANDOFF_PROGRESS"},

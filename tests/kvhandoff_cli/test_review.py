@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _review(*argv: str) -> tuple[int, str]:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = main(["review", *argv])
+        code = main(["review", "--scenario", "sequential", *argv])
     return code, buffer.getvalue()
 
 
@@ -63,4 +63,6 @@ def test_a_safe_change_exits_0(tmp_path: Path) -> None:
 
 
 def test_unknown_engine_is_bad_usage() -> None:
-    assert main(["review", "reference", "--engines", "explore,nope"]) == 2
+    assert (
+        main(["review", "--scenario", "sequential", "reference", "--engines", "explore,nope"]) == 2
+    )

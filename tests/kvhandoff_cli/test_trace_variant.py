@@ -37,7 +37,17 @@ def skip_digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def check_to(capsys: pytest.CaptureFixture[str], variant: str, trace: str, *more: str) -> None:
-    code, _, err = run(capsys, "check", "--variant", variant, "--trace-out", trace, *more)
+    code, _, err = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        variant,
+        "--trace-out",
+        trace,
+        *more,
+    )
     assert code == 1, err
 
 

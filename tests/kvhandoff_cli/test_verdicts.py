@@ -58,12 +58,31 @@ def test_prove_refuses_the_override_example_instead_of_proving_the_design_alone(
     """It used to print "349/349 proof obligations discharged (scope: any-size)", SAFE, exit 0,
     for a variant whose override breaks rejected_request_gets_error_not_output in 8 steps."""
     path = "tests/data/python_variants/override_reject.py"
-    code, out = run(capsys, "check", "--variant", str(ROOT / path), "--engine", "prove")
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        str(ROOT / path),
+        "--engine",
+        "prove",
+    )
     assert code == 3
     assert "engine prove: cannot encode: " in out
     assert "step_overrides['prefill_reject_request']" in out and path in out
     assert "SAFE" not in out and "obligations discharged" not in out
-    code, out = run(capsys, "check", "--variant", str(ROOT / path), "--engine", "prove", "--json")
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        str(ROOT / path),
+        "--engine",
+        "prove",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 3 and data["verdict"] == "cannot_encode" and data["exit_code"] == 3
     assert "prefill_reject_request" in data["cannot_encode"][0]["reason"]
@@ -81,7 +100,9 @@ def test_every_z3_engine_refuses_an_added_action(
         "    return [DecodeGenerate(r) for r, q in enumerate(state.requests) if q.d == 'reserved']\n"
         "VARIANT = REFERENCE.derive('added', 'generate early', extra_actions=generate_early)\n"
     )
-    code, out = run(capsys, "check", "--variant", str(path), "--engine", engine)
+    code, out = run(
+        capsys, "check", "--scenario", "sequential", "--variant", str(path), "--engine", engine
+    )
     assert code == 3
     assert f"engine {engine}: cannot encode: " in out and "extra_actions hook generate_early" in out
 
@@ -92,10 +113,23 @@ def test_bmc_refuses_an_override_variant_after_checking_its_design(
     """BMC remembers results per design: an override variant with the reference's design got the
     reference's result when it came second in one process (as in the differential test)."""
     path = str(ROOT / "tests/data/python_variants/override_reject.py")
-    assert main(["check", "--engine", "bmc", "--depth", "2", *ONE_REQUEST]) == 3
+    assert (
+        main(["check", "--scenario", "sequential", "--engine", "bmc", "--depth", "2", *ONE_REQUEST])
+        == 3
+    )
     capsys.readouterr()
     code, out = run(
-        capsys, "check", "--variant", path, "--engine", "bmc", "--depth", "2", *ONE_REQUEST
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        path,
+        "--engine",
+        "bmc",
+        "--depth",
+        "2",
+        *ONE_REQUEST,
     )
     assert code == 3 and "engine bmc: cannot encode: " in out
 
@@ -106,14 +140,27 @@ def test_bmc_refuses_an_override_variant_after_checking_its_design(
 def test_bmc_on_the_reference_is_bounded_with_the_depth_that_would_be_complete(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(capsys, "check", "--engine", "bmc", "--depth", "4", *SETS)
+    code, out = run(
+        capsys, "check", "--scenario", "sequential", "--engine", "bmc", "--depth", "4", *SETS
+    )
     assert code == 3
     assert "verdict: BOUNDED: no violation up to depth 4 (not a proof)" in out
     assert "scope: this configuration (2 decode pages, 2 requests, 2 tenants" in out
     assert "paths of at most 4 steps" in out
     assert "the state space is 22 steps deep (explicit search: 5,040 states); --depth 22" in out
     assert "verdict: SAFE" not in out
-    code, out = run(capsys, "check", "--engine", "bmc", "--depth", "4", "--json", *SETS)
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--engine",
+        "bmc",
+        "--depth",
+        "4",
+        "--json",
+        *SETS,
+    )
     data = json.loads(out)
     assert data["verdict"] == "bounded" and data["exit_code"] == 3 and data["scope"] == "bounded"
     assert {r["verdict"] for r in data["results"]} == {"bounded"}
@@ -123,9 +170,29 @@ def test_bmc_on_the_reference_is_bounded_with_the_depth_that_would_be_complete(
 def test_bmc_says_safe_once_its_depth_reaches_the_state_space_and_says_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(capsys, "check", "--engine", "bmc", "--depth", "11", *ONE_REQUEST)
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--engine",
+        "bmc",
+        "--depth",
+        "11",
+        *ONE_REQUEST,
+    )
     assert code == 3 and "--depth 12 would make this bound complete" in out
-    code, out = run(capsys, "check", "--engine", "bmc", "--depth", "12", *ONE_REQUEST)
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--engine",
+        "bmc",
+        "--depth",
+        "12",
+        *ONE_REQUEST,
+    )
     assert code == 0
     assert "complete: depth 12 >= 12, the depth of the state space" in out
     assert "verdict: SAFE\nscope: this configuration (1 decode page, 1 request" in out
@@ -136,7 +203,9 @@ def test_bmc_at_its_default_depth_on_the_default_scenario_is_bounded(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The case the issue names: depth 20 of a state space 38 steps deep."""
-    code, out = run(capsys, "check", "--variant", "reference", "--engine", "bmc")
+    code, out = run(
+        capsys, "check", "--scenario", "sequential", "--variant", "reference", "--engine", "bmc"
+    )
     assert code == 3
     assert "verdict: BOUNDED: no violation up to depth 20 (not a proof)" in out
     assert "the state space is 38 steps deep" in out
@@ -154,7 +223,9 @@ def test_all_with_spacer_unknown_is_safe_by_the_engines_that_proved_it(
         return engines._z3(lambda: spacer(variant, config, timeout=0.3))
 
     monkeypatch.setitem(ENGINES, "spacer", quick_spacer)
-    code, out = run(capsys, "check", "--engine", "all", "--depth", "2", *SETS)
+    code, out = run(
+        capsys, "check", "--scenario", "sequential", "--engine", "all", "--depth", "2", *SETS
+    )
     assert code == 0, out
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[-9:] if "  " in line}
     assert rows["explore"] == "SAFE" and rows["prove"] == "SAFE" and rows["kind"] == "SAFE"
@@ -182,7 +253,17 @@ def broken_engines(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_engines_that_disagree_exit_4_showing_both_sides(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(capsys, "check", "--variant", "incident", "--engine", "all", *SETS)
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        "incident",
+        "--engine",
+        "all",
+        *SETS,
+    )
     assert code == 4
     assert "variant incident, engine explore" in out and "variant incident, engine broken" in out
     assert "ENGINES DISAGREE (a bug in kvhandoff, not a verdict on the protocol):" in out
@@ -191,7 +272,18 @@ def test_engines_that_disagree_exit_4_showing_both_sides(
         in out
     )
     assert out.rstrip().endswith("verdict: ENGINES DISAGREE (exit 4)")
-    code, out = run(capsys, "check", "--variant", "incident", "--engine", "all", "--json", *SETS)
+    code, out = run(
+        capsys,
+        "check",
+        "--scenario",
+        "sequential",
+        "--variant",
+        "incident",
+        "--engine",
+        "all",
+        "--json",
+        *SETS,
+    )
     data = json.loads(out)
     assert code == 4 and data["verdict"] == "disagree" and data["exit_code"] == 4
     props = {d["property"] for d in data["disagreements"]}
@@ -201,7 +293,16 @@ def test_engines_that_disagree_exit_4_showing_both_sides(
 
 @pytest.mark.usefixtures("broken_engines")
 def test_the_matrix_exits_4_when_engines_disagree(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["matrix", "--engines", "explore,broken", "--variants", "incident,reference", *SETS]
+    argv = [
+        "matrix",
+        "--scenario",
+        "sequential",
+        "--engines",
+        "explore,broken",
+        "--variants",
+        "incident,reference",
+        *SETS,
+    ]
     code, out = run(capsys, *argv)
     assert code == 4
     assert "ENGINES DISAGREE (a bug in kvhandoff): decode_reads_only_validated_pages" in out

@@ -83,7 +83,9 @@ def test_a_counterexample_that_needs_its_fault_keeps_it() -> None:
 def test_incident_lists_each_distinct_counterexample_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["check", "--variant", "incident", "--set", "max_faults=0"])
+    code = main(
+        ["check", "--scenario", "sequential", "--variant", "incident", "--set", "max_faults=0"]
+    )
     out = capsys.readouterr().out
     assert code == 1
     listings: dict[str, list[str]] = {}

@@ -64,7 +64,7 @@ def _explain_html(trace: Path) -> str:
 def incident_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("html") / "incident.jsonl"
     with contextlib.redirect_stdout(io.StringIO()):
-        code = main(["check", "--variant", "incident", "--set", "max_faults=0",
+        code = main(["check", "--scenario", "sequential", "--variant", "incident", "--set", "max_faults=0",
                      "--trace-out", str(path)])  # fmt: skip
     assert code == 1
     return path

@@ -13,7 +13,7 @@ from kvhandoff.spec.variants import REFERENCE, get_variant
 
 
 def test_check_prove_json_reports_scope_and_obligations(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--engine", "prove", "--json"]) == 0
+    assert main(["check", "--scenario", "sequential", "--engine", "prove", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["engine"] == "prove" and out["verdict"] == "safe"
     assert out["scope"] == "any-size"
@@ -28,6 +28,8 @@ def test_check_bmc_on_the_incident_exits_1_with_a_replayable_trace(
     code = main(
         [
             "check",
+            "--scenario",
+            "sequential",
             "--engine",
             "bmc",
             "--variant",
@@ -54,7 +56,9 @@ def test_a_variant_the_encoder_cannot_translate_is_inconclusive_naming_the_actio
         "VARIANT = REFERENCE.derive('skip_scrub', 'override', "
         "step_overrides={'decode_release_pages': lambda c, s, a: s})\n"
     )
-    assert main(["check", "--engine", "bmc", "--variant", str(path)]) == 3
+    assert (
+        main(["check", "--scenario", "sequential", "--engine", "bmc", "--variant", str(path)]) == 3
+    )
     assert "decode_release_pages" in capsys.readouterr().out
 
 
@@ -65,6 +69,8 @@ def test_matrix_on_a_subset_meets_expectations(
     code = main(
         [
             "matrix",
+            "--scenario",
+            "sequential",
             "--engines",
             "explore,prove",
             "--variants",
@@ -91,10 +97,10 @@ def test_kind_proves_the_reference_with_two_prefill_ranks_and_prove_says_why_not
 ) -> None:
     sets = ["--set", "prefill_ranks=2", "--set", "max_faults=0"]
     sets += ["--set", "decode_pages=2", "--set", "requests=a:1:1,b:2:2"]
-    assert main(["check", "--engine", "kind", *sets, "--json"]) == 0
+    assert main(["check", "--scenario", "sequential", "--engine", "kind", *sets, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["scope"] == "fixed-config"
     # The any-size model has one rank: prove must not carry its proof over to two.
-    code = main(["check", "--engine", "prove", *sets, "--json"])
+    code = main(["check", "--scenario", "sequential", "--engine", "prove", *sets, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["scope"] == "fixed-config"
     assert "one prefill rank" in out["any_size_unavailable"]
@@ -104,7 +110,18 @@ def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     variant = "first_rank_completion_accepted"
-    code = main(["matrix", "--engines", "explore,bmc,kind", "--variants", variant, "--json"])
+    code = main(
+        [
+            "matrix",
+            "--scenario",
+            "sequential",
+            "--engines",
+            "explore,bmc,kind",
+            "--variants",
+            variant,
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"]
     (row,) = out["rows"]
@@ -120,12 +137,36 @@ def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
 
 
 def test_check_runs_the_pull_path_under_bmc_and_kind(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["check", "--engine", "bmc", "--variant", "m14_silent_receive_failure_pull"])
+    code = main(
+        [
+            "check",
+            "--scenario",
+            "sequential",
+            "--engine",
+            "bmc",
+            "--variant",
+            "m14_silent_receive_failure_pull",
+        ]
+    )
     assert code == 1
     assert "counterexample for decode_reads_only_validated_pages (12 steps)" in (
         capsys.readouterr().out
     )
-    assert main(["check", "--engine", "kind", "--variant", "reference_pull", "--json"]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "--scenario",
+                "sequential",
+                "--engine",
+                "kind",
+                "--variant",
+                "reference_pull",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "safe" and out["scope"] == "fixed-config"
 
@@ -154,7 +195,9 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every engine but Spacer (which cannot finish the default config: unknown, see below)."""
-    code = main(["matrix", "--engines", "explore,bmc,kind,prove", "--json"])
+    code = main(
+        ["matrix", "--scenario", "sequential", "--engines", "explore,bmc,kind,prove", "--json"]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 0, [r for r in out["rows"] if not r["ok"]]
     caught = {
@@ -190,7 +233,22 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
     from tests.explored import explored
 
     shortest = min(r.depth for r in explored("incident").results if r.verdict == "violated")
-    assert main(["check", "--variant", "incident", "--engine", "bmc", "--first", "--json"]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--scenario",
+                "sequential",
+                "--variant",
+                "incident",
+                "--engine",
+                "bmc",
+                "--first",
+                "--json",
+            ]
+        )
+        == 1
+    )
     out = json.loads(capsys.readouterr().out)
     violated = [r for r in out["results"] if r["verdict"] == "violated"]
     assert len(violated) >= 1 and {r["depth"] for r in violated} == {shortest}
@@ -199,7 +257,7 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
     held = [r for r in out["results"] if r["verdict"] == "bounded"]
     assert held and all(r["depth"] == shortest - 1 for r in held)
     assert len(held) + len(violated) == len(out["results"])
-    assert main(["check", "--engine", "explore", "--first"]) == 2
+    assert main(["check", "--scenario", "sequential", "--engine", "explore", "--first"]) == 2
     assert "--first applies to --engine bmc only" in capsys.readouterr().err
 
 
@@ -210,7 +268,16 @@ def test_the_matrix_with_examples_checks_each_kind_of_change_by_bmc_too(
     """A design option, a replaced guard, a replaced effect, an added action and state field, a
     fault's replaced effect, a per-rank step's replaced guard:
     each example is caught by BMC as by the explorer (formulas, not Python: no cell refuses)."""
-    args = ["matrix", "--engines", "explore,bmc", "--variants", "reference", "--examples"]
+    args = [
+        "matrix",
+        "--scenario",
+        "sequential",
+        "--engines",
+        "explore,bmc",
+        "--variants",
+        "reference",
+        "--examples",
+    ]
     code = main([*args, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"]

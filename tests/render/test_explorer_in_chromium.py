@@ -60,7 +60,19 @@ def test_the_explorer_steps_and_shows_the_break(tmp_path: Path) -> None:
         pytest.skip(str(exc))
     trace = tmp_path / "incident.jsonl"
     with contextlib.redirect_stdout(io.StringIO()):
-        main(["check", "--variant", "incident", "--set", "max_faults=0", "--trace-out", str(trace)])
+        main(
+            [
+                "check",
+                "--scenario",
+                "sequential",
+                "--variant",
+                "incident",
+                "--set",
+                "max_faults=0",
+                "--trace-out",
+                str(trace),
+            ]
+        )
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         assert main(["explain", str(trace), "--format", "html"]) == 0

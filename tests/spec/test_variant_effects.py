@@ -123,7 +123,18 @@ def test_the_cli_checks_the_formula_examples_with_the_z3_engines(
 ) -> None:
     path = str(ROOT / "examples" / f"{example}.py")
     out = subprocess.run(
-        [sys.executable, "-m", "kvhandoff.cli", "check", "--variant", path, "--engine", engine],
+        [
+            sys.executable,
+            "-m",
+            "kvhandoff.cli",
+            "check",
+            "--scenario",
+            "sequential",
+            "--variant",
+            path,
+            "--engine",
+            engine,
+        ],
         capture_output=True,
         text=True,
         timeout=600,
