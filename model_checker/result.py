@@ -40,11 +40,14 @@ def config_summary(config: Config) -> str:
     # Said only when it is more than one, so the one-in-flight scopes read as they always have.
     active = min(config.max_active, n)
     in_flight = f"{active} in flight at once, " if active > 1 else ""
+    # A retry is not a fault (its own budget), so a scope with retries says so on its own.
+    n_retries = config.max_retries
+    retries = f" and {n_retries} client retr{'ies' if n_retries != 1 else 'y'}" if n_retries else ""
     return (
         f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, "
         f"{n} request{'s' * (n != 1)}, {in_flight}"
         f"{tenants} tenant{'s' * (tenants != 1)}, {ranks} prefill rank{'s' * (ranks != 1)}, "
-        f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}"
+        f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}{retries}"
     )
 
 

@@ -320,11 +320,19 @@ def messages_carry_their_generation() -> Term:
         each_message(
             ["abort", "failure"], _current(lambda m: Or(m.gen == 0, m.gen == d_gen(m.req)))
         ),
+        # A drain ack is sent under the attempt current when prefill sends it, so one a first
+        # attempt owed may go out during the second: it names a retired generation then.
         each_message(
             ["abort_ack"],
             lambda m: And(
                 drain_fence(),
-                _current(lambda n: And(n.gen != 0, n.gen == d_gen(n.req)), retired=True)(m),
+                _current(
+                    lambda n: Or(
+                        And(n.gen != 0, n.gen == d_gen(n.req)),
+                        And(attempt(n.req) > 0, _retired(n.gen)),
+                    ),
+                    retired=True,
+                )(m),
             ),
         ),
         # An owed drain ack names no attempt: one of an earlier attempt's is told by its
@@ -757,6 +765,9 @@ def fenced_writes_land_in_held_pages() -> Term:
             lambda w: Implies(
                 current_write(w),
                 And(
+                    # Of the grant decode holds now: after a client's retry, a first attempt's
+                    # write aimed at a page the second attempt was granted would land in it.
+                    w.gen == d_gen(w.req),
                     d_holds(w.req, w.page),
                     Not(done(w.req)),
                     Not(w.rank_acked),
@@ -796,18 +807,33 @@ def fenced_writes_land_in_held_pages() -> Term:
                 each_write(lambda w: Not(And(w.req == m.req, current_write(w)))),
             ),
         ),
+        # Decode takes a completion or a drain ack for the grant of its generation, so what
+        # one claims is about that grant's writes: a drain ack owed by a retried request's
+        # first attempt may be sent while the second attempt's writes are on the wire.
         each_message(
             ["completion", "abort_ack"],
             lambda m: Or(
                 _stale_message(m),
-                each_write(lambda w: Not(And(w.req == m.req, current_write(w), w.rank == m.rank))),
+                each_write(
+                    lambda w: Not(
+                        And(w.req == m.req, current_write(w), w.rank == m.rank, w.gen == m.gen)
+                    )
+                ),
             ),
         ),
-        # Told to stop (an ack owed, a failure or a drain ack sent): prefill has stopped.
-        each_pending_ack(lambda a: Not(p(a.req).is_in(*live))),
+        # Told to stop (an ack owed, a failure or a drain ack sent): prefill has stopped, unless
+        # the ack is a retried request's first attempt's, for a generation no one holds.
+        each_pending_ack(
+            lambda a: Or(Not(p(a.req).is_in(*live)), And(attempt(a.req) > 0, _retired(a.gen)))
+        ),
+        each_message(["failure"], lambda m: Or(_stale_message(m), Not(p(m.req).is_in(*live)))),
         each_message(
-            ["failure", "abort_ack"],
-            lambda m: Or(_stale_message(m), Not(p(m.req).is_in(*live))),
+            ["abort_ack"],
+            lambda m: Or(
+                _stale_message(m),
+                Not(p(m.req).is_in(*live)),
+                And(attempt(m.req) > 0, _retired(m.gen)),
+            ),
         ),
     )
 
