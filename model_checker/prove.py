@@ -51,31 +51,54 @@ from kvhandoff.spec.variants import Variant
 
 
 def prove_fixed(
-    variant: Variant, config: Config, timeout: float | None = None, only: set[str] | None = None
+    variant: Variant,
+    config: Config,
+    timeout: float | None = None,
+    only: set[str] | None = None,
+    earlier: list[Obligation] | None = None,
+    enc: Encoding | None = None,
 ) -> list[Obligation]:
     """Initiation, consecution per (spec action, claim) and safety on the fixed-config encoding.
-    `only`: the claims (invariants and properties) to assume and prove, the others dropped."""
-    enc = Encoding(variant, config, width=None)
+    `only`: the claims (invariants and properties) to assume and prove, the others dropped.
+    `earlier`: the obligations of an earlier round of the same proof (a larger `only`); one it
+    proved from claims all still kept is carried over rather than asked again."""
+    enc = enc or Encoding(variant, config, width=None)
     s, s2, act = enc.state_at(0, "p_"), enc.state_at(1, "p_"), enc.action_at(0, "p_")
     invs = fixed_invariants(enc)
     claims = {**{n: f(s) for n, f in invs.items()}, **enc.properties(s)}
     if only is not None:
         claims = {n: f for n, f in claims.items() if n in only}
     after = {**{n: f(s2) for n, f in invs.items()}, **enc.properties(s2)}
-    inv_all = z3.And(list(claims.values()))
+    # Each claim is assumed through a literal of its own, so that an unsat core names the claims
+    # a proof used: Houdini's next round drops claims, and an obligation proved without any of
+    # them stays proved (fewer assumptions than its core cannot be needed, more are not asked).
+    literal = {n: z3.Bool(f"assume.{n}") for n in claims}
+    assuming = [z3.Implies(literal[n], f) for n, f in claims.items()]
+    by_literal = {str(lit): n for n, lit in literal.items()}
     trans = enc.trans(s, act, s2)
     out: list[Obligation] = []
+    kept = set(claims)
+    carried = {
+        (o.kind, o.invariant, o.action): o
+        for o in earlier or ()
+        if o.verdict == "proved" and o.assumed is not None and o.assumed <= kept
+    }
 
     def check(kind: str, name: str, action: str | None, *assertions: Any, cti: bool) -> None:
+        known = carried.get((kind, name, action))
+        if known is not None:
+            out.append(replace(known, reused=True))
+            return
         started = time.perf_counter()
         solver = z3.Solver()
         if timeout is not None:
             solver.set("timeout", max(1, int(timeout * 1000)))
-        solver.add(*assertions)
-        answer = solver.check()
+        solver.add(*assuming, *assertions)
+        answer = solver.check(*literal.values())
         seconds = time.perf_counter() - started
         if answer == z3.unsat:
-            out.append(Obligation(kind, name, action, "proved", seconds))
+            used = frozenset(by_literal[str(c)] for c in solver.unsat_core())
+            out.append(Obligation(kind, name, action, "proved", seconds, assumed=used))
         elif answer == z3.sat:
             m = solver.model()
             cex: dict[str, Any] = {"before": _safe_concretize(enc, enc.values(m, s))}
@@ -86,16 +109,17 @@ def prove_fixed(
             out.append(Obligation(kind, name, action, "unknown", seconds))
 
     for name, claim in claims.items():
+        # Initiation assumes no claim: the literals are free, and no core names one.
         check("initiation", name, None, enc.init(s), z3.Not(claim), cti=False)
     names = sorted({i.name for i in enc.instances})
     for action in names:
         ids = [i for i, inst in enumerate(enc.instances) if inst.name == action]
         which = z3.Or([act == i for i in ids])
         for name in claims:
-            check("consecution", name, action, inv_all, trans, which, z3.Not(after[name]), cti=True)
+            check("consecution", name, action, trans, which, z3.Not(after[name]), cti=True)
     for name in enc.properties(s):
         if name in claims:
-            check("safety", name, None, inv_all, z3.Not(claims[name]), cti=False)
+            check("safety", name, None, z3.Not(claims[name]), cti=False)
     return out
 
 
@@ -133,7 +157,7 @@ def prove(
     if why_not is None:
         scope = "any-size"
     else:
-        run = partial(_run_fixed, variant, config, timeout)
+        run = _FixedRounds(variant, config, timeout)
         scope = "fixed-config"
     if obligations is None:
         obligations = run(None)
@@ -237,10 +261,24 @@ def _run_derived(
     )
 
 
-def _run_fixed(
-    variant: Variant, config: Config, timeout: float | None, only: set[str] | None
-) -> list[Obligation]:
-    return prove_fixed(variant, config, timeout=timeout, only=only)
+class _FixedRounds:
+    """The fixed-config proof's rounds (`Run`): one encoding for all of them, and each round
+    given the obligations of the one before, so that Houdini re-asks only what leaned on a claim
+    it dropped (measured: m7_release_before_drain on the sequential scenario, three rounds of
+    558, 411 and 351 obligations, 70 s, each asked afresh before)."""
+
+    def __init__(self, variant: Variant, config: Config, timeout: float | None) -> None:
+        self.variant, self.config, self.timeout = variant, config, timeout
+        self.enc: Encoding | None = None
+        self.last: list[Obligation] | None = None
+
+    def __call__(self, only: set[str] | None) -> list[Obligation]:
+        if self.enc is None:
+            self.enc = Encoding(self.variant, self.config, width=None)
+        self.last = prove_fixed(
+            self.variant, self.config, self.timeout, only, earlier=self.last, enc=self.enc
+        )
+        return self.last
 
 
 def _derived_why_not(variant: Variant, config: Config) -> str | None:

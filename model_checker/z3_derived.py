@@ -371,6 +371,12 @@ class Obligation:
     verdict: str  # proved, failed, unknown
     seconds: float
     counterexample: dict[str, Any] | None = None
+    assumed: frozenset[str] | None = None
+    """For a proved obligation of the fixed-config prove: the claims its proof used (an unsat
+    core over one assumption per claim), so a later Houdini round that still keeps them all
+    need not ask again. None: not known (never reused)."""
+    reused: bool = False
+    """Carried over from an earlier round of the same proof, not asked again (see `assumed`)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -382,6 +388,8 @@ class Obligation:
         }
         if self.counterexample is not None:
             out["counterexample"] = self.counterexample
+        if self.reused:
+            out["reused"] = True
         return out
 
 
