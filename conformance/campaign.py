@@ -87,7 +87,7 @@ class _TargetFailed(BaseException):
 
 
 def campaign_config(max_retries: int = 0) -> Config:
-    """The default scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
+    """The sequential scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
     reused) with a budget of up to 4 faults per program, and `max_retries` client retries under
     the same request id (`router_retry_request`; only a target with `Target.retries` plays them)."""
     return replace(default_config(), max_faults=4, max_retries=max_retries)
@@ -303,7 +303,7 @@ def run(
     max_retries: int = 0,
 ) -> CampaignReport:
     """Run a campaign; never raises for a divergence (it is reported). `max_retries` is the
-    default scenario's retry budget (ignored when `config` is given)."""
+    sequential scenario's retry budget (ignored when `config` is given)."""
     cfg = config or campaign_config(max_retries)
     # (Before a target is made: a scenario no target plays is refused at once; whether this
     # one plays retries is asked once it exists.)

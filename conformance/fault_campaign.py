@@ -1,6 +1,6 @@
 """Fault campaign over the real gRPC servers on loopback (issue 15).
 
-Each trace is a random (seeded) program over the default scenario (3 requests, two tenants,
+Each trace is a random (seeded) program over the sequential scenario (3 requests, two tenants,
 request 1 longer than prefill's limit: the *oversize* fault is in every trace), with the faults
 asked for:
 

@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
         default=",".join(e for e in ENGINES if e != "spacer"),
         help=(
             f"comma-separated engines from {','.join(ENGINES)} (default: all but spacer, which "
-            "times out on the default configuration: --spacer-timeout per variant for unknown)"
+            "times out on the sequential scenario: --spacer-timeout per variant for unknown)"
         ),
     )
     p.add_argument(

@@ -4,8 +4,8 @@ Stages (each a small function; the demo calls them in this order):
 
 1. `prove_reference`: the reference protocol is safe. Through the Z3 `prove` engine when
    `model_checker.engines.ENGINES` has one (any pool size), otherwise the explorer's exhaustive
-   check of the embedded default configuration; the output says which.
-2. `find_incident_counterexample`: the incident variant on the default configuration, and the
+   check of the embedded sequential scenario; the output says which.
+2. `find_incident_counterexample`: the incident variant on the sequential scenario, and the
    shortest run that breaks `no_cross_tenant_read` with no fault at all (the incident needed none).
 3. `replay_on_real_servers`: the requests of that counterexample sent to the real gRPC servers on
    loopback, with each tenant's canary tokens as its prompt: in `incident` mode tenant b's answer
@@ -83,7 +83,7 @@ def prove_reference(config: Config) -> Proof:
             method = f"Z3 prove: {result.verdict} for {result.scope_text()}"
         return Proof(result, method, any_size)
     result = explore(REFERENCE, config)
-    method = f"exhaustive search of the default configuration, {result.states:,} states"
+    method = f"exhaustive search of the sequential scenario, {result.states:,} states"
     return Proof(result, method, False, note=f"the Z3 prove engine is {NOT_AVAILABLE}")
 
 
@@ -92,7 +92,7 @@ def prove_reference(config: Config) -> Proof:
 
 @dataclass
 class Counterexample:
-    default_result: CheckResult  # the incident variant, default config, with faults
+    default_result: CheckResult  # the incident variant, sequential scenario, with faults
     trace_text: str  # the fault-free counterexample for no_cross_tenant_read
     story: Story
     fault_free_result: CheckResult
@@ -452,7 +452,7 @@ def run_demo(out_dir: Path, stages: Sequence[str], stream: TextIO) -> DemoRun:
         if "counterexample" in run.stages:
             broken = [r.property for r in cx.default_result.violated()]
             progress.detail(
-                f"incident on the default config: VIOLATED {len(broken)} properties "
+                f"incident on the sequential scenario: VIOLATED {len(broken)} properties "
                 f"({cx.default_result.states:,} states, {cx.default_result.seconds:.1f} s)"
             )
             bad = cx.story.violation_step
@@ -694,7 +694,7 @@ def _matrix_lines(run: DemoRun) -> list[str]:
             [f"`{r.variant}`", ",".join(r.m_numbers) or "-", *cells, "yes" if r.caught else "NO"]
         )
     return [
-        "Explicit-state search of every catalogue variant on the default configuration. "
+        "Explicit-state search of every catalogue variant on the sequential scenario. "
         "✗ = violated (bold: a break the variant is expected to cause), · = holds. "
         "M = the variant's bug numbers in the catalogue (see the glossary).",
         "",
@@ -786,7 +786,7 @@ def write_report(run: DemoRun) -> Path:
         )
         md += ["## The incident as a counterexample", ""]
         md += [
-            "The shortest run of the `incident` variant, on the default configuration with no "
+            "The shortest run of the `incident` variant, on the sequential scenario with no "
             "fault at all, in which a request's answer is generated from another tenant's data. "
             "Replayed through the spec; each step shows only what changed.",
             "",
@@ -814,7 +814,7 @@ def write_report(run: DemoRun) -> Path:
                 variant="reference",
             )
         )
-        md += ["### The incident variant on the default configuration (faults allowed)", ""]
+        md += ["### The incident variant on the sequential scenario (faults allowed)", ""]
         rows: list[list[Any]] = [
             [
                 f"`{r.property}`",

@@ -28,7 +28,7 @@ Two refinements make the bounds tight enough to matter:
   and that guards of other instances read (`_flags`: the router's `submitted` and `ans_set`), so
   the bounds relate the requests: in a part where a request is not submitted its fields keep their
   initial values, and a part where it is appears only after the steps its predecessors need to be
-  answered (with one request active at a time, the third request of the default scenario cannot
+  answered (with one request active at a time, the third request of the sequential scenario cannot
   be submitted within 10 steps, where bounds of all states together let it in at step 6). Past
   `_MAX_PARTS` parts, the split by flags is dropped (the parts joined) for the remaining steps.
 

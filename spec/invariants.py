@@ -606,7 +606,7 @@ def rejected_requests_are_never_validated() -> Term:
     prefill (`decode_max_prompt < prefill_max_prompt`) and such a request shares a room with one
     decode granted, prefill writes for it, and `room_keyed_with_binding` breaks
     `rejected_request_gets_error_not_output` ("prefill writes nothing for it"; nothing lands).
-    Where every prompt over decode's limit is over prefill's too (the default scenario: 3 and 2
+    Where every prompt over decode's limit is over prefill's too (the sequential scenario: 3 and 2
     pages), the exception is empty and the property follows. For that the invariant says, of
     every request, that decode refuses only over its limit and prefill admits and writes only
     within its own: the scenario's limits are the any-size model's free facts, and without these

@@ -26,7 +26,7 @@ show their model can move (`model_checker/z3_witnesses.py`).
 
 Deployment-level properties are plain functions of the `Config`: they are what `check-config`
 checks before rollout. The reference protocol is meant to be safe *even when they fail* (the
-default scenario breaks both on purpose), which is why they are reported apart from the verdict.
+named scenarios break both on purpose), which is why they are reported apart from the verdict.
 """
 
 from __future__ import annotations

@@ -13,14 +13,14 @@ So a state and its image under a permutation need not behave alike. Free pages a
 (a freed page keeps its ghost `last_tenant`; an unscrubbed one keeps its data; a late write may
 still be on its way to one), and which of them the lowest-first rule picks, or which granted
 page is written first while a stale write targets one of them, differs between the two. For
-example, in the reference on the default scenario, two reachable states that differ only in
+example, in the reference on the sequential scenario, two reachable states that differ only in
 which of the two pages of request 2's grant a stale write of request 0 is heading for have
 successors that are no relabelling of each other: prefill writes page 0 first in both, so in one
 the new write and the stale one target the same page, in the other different pages
 (tests/spec/test_page_symmetry.py replays them). The classes of states equal up to page
 permutation are therefore no bisimulation, and a search that kept one state per class could miss
 behaviour. The explorer does not offer the reduction; `benchmarks/page_symmetry.py` measures what
-it could have gained (about a tenth of the states on the default scenario: the lowest-first rule
+it could have gained (about a tenth of the states on the sequential scenario: the lowest-first rule
 already breaks most of the symmetry) and how many classes disagree.
 
 `permute_pages` is a group action on states (relabelling by one permutation and then by another is
