@@ -761,7 +761,7 @@ def compile_effect(
         finish,
     )
     from kvhandoff.spec.logic import FieldSymbol
-    from kvhandoff.spec.state import Answer, Message, Tag, Write, evolve
+    from kvhandoff.spec.state import Answer, Message, Tag, Write, evolve, evolved
     from kvhandoff.spec.variants import arguments
     from kvhandoff.spec.vocabulary import _read_pages, _read_shard, _shard
 
@@ -1143,6 +1143,7 @@ def compile_effect(
         **out.names,
         "finish": finish,
         "evolve": evolve,
+        "evolved": evolved,
         "Answer": Answer,
         "Message": Message,
         "Tag": Tag,
@@ -1242,7 +1243,7 @@ def _emit_page_build(emit: Callable[[int, str], None], symbols: set[str]) -> Non
         emit(4, "_sh[_k] = _tag(_who, _gen, _tenant_of(C, _who))")
         emit(3, "_f['content'] = _sh[0]")
         emit(3, "_f['rank_shards'] = tuple(_sh[1:])")
-    emit(3, "_ps[_q] = evolve(_pg, **_f)")
+    emit(3, "_ps[_q] = evolved(_pg, _f)")
     emit(2, "ch['pages'] = tuple(_ps)")
 
 
@@ -1274,7 +1275,7 @@ def _emit_one_request_build(out: _Writer, used: set[str], key: str) -> None:
         emit(2, ")")
     emit(1, "if RQ:")
     emit(2, "_rs = list(S.requests)")
-    emit(2, "_rs[_k] = evolve(_old, **RQ)")
+    emit(2, "_rs[_k] = evolved(_old, RQ)")
     emit(2, "ch['requests'] = tuple(_rs)")
 
 
@@ -1314,7 +1315,7 @@ def _emit_build(
         emit(1, "if RQ:")
         emit(2, "_rs = list(S.requests)")
         emit(2, "for _r, _f in RQ.items():")
-        emit(3, "_rs[_r] = evolve(_rs[_r], **_f)")
+        emit(3, "_rs[_r] = evolved(_rs[_r], _f)")
         emit(2, "ch['requests'] = tuple(_rs)")
     if "page" in used:
         _emit_page_build(emit, page_symbols)
@@ -1322,14 +1323,14 @@ def _emit_build(
         emit(1, "ch.update(GL)")
     if "ghost" in used:
         emit(1, "if GH:")
-        emit(2, "ch['ghost'] = evolve(S.ghost, **GH)")
+        emit(2, "ch['ghost'] = evolved(S.ghost, GH)")
     if "fault" in used:
         emit(1, "if FT:")
-        emit(2, "ch['faults'] = evolve(S.faults, **FT)")
+        emit(2, "ch['faults'] = evolved(S.faults, FT)")
     for local, field in (("net", "network"), ("lost", "lost"), ("wr", "writes")):
         if local in used:
             emit(1, f"ch[{field!r}] = tuple(_{local})")
-    emit(1, "return evolve(S, **ch) if ch else S")
+    emit(1, "return evolved(S, ch) if ch else S")
 
 
 # --- the rulebook of a variant -------------------------------------------------------------------
