@@ -228,7 +228,7 @@ def _search(
             compared_witnesses = [
                 w for w in compared_witnesses if w.name not in witness_disagreements
             ]
-        if not (claims_hold(s) and all(prop.holds(config, s) for prop in whole)):
+        if not claims_hold(s) or not whole_hold(s):
             for prop in always:
                 if prop.name not in first_violation and not prop.holds(config, s):
                     first_violation[prop.name] = i
@@ -268,6 +268,12 @@ def _search(
             if known is None:
                 known = page_claims[page] = all(c(config, page) for c in per_page)
             if not known:
+                return False
+        return True
+
+    def whole_hold(s: State) -> bool:
+        for prop in whole:
+            if not prop.holds(config, s):
                 return False
         return True
 
