@@ -293,7 +293,7 @@ def _search(
     # The variant's compiled rules, looked up once: `enabled` and `step` without the dispatch.
     rulebook = rules(variant)
     enabled_in, effect_of = rulebook.enabled_for(config), rulebook.steps_for(config)
-    index_get, adopt = index.get, shared.adopt
+    index_setdefault, adopt = index.setdefault, shared.adopt
     # Whether an action is a fault depends on its kind alone (`is_fault`): asked once per kind.
     fault_kind: dict[type, bool] = {}
     while head < len(states):
@@ -314,14 +314,14 @@ def _search(
             fault = fault_kind.get(kind)
             if fault is None:
                 fault = fault_kind[kind] = is_fault(action)
-            j = index_get(t)
-            if j is None:
-                j = len(states)
+            # One lookup that also stores t, under the next index, if it is new.
+            j = index_setdefault(t, len(states))
+            if j == len(states):
                 if max_states is not None and j >= max_states:
+                    del index[t]
                     complete = False
                     continue
                 adopt(t, s)
-                index[t] = j
                 states.append(t)
                 parent.append(head)
                 via.append(action)

@@ -401,9 +401,10 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
     out.emit(1, "_reqs = range(len(S.requests))")
     out.emit(1, "_pages = range(len(S.pages))")
     out.emit(1, "_ranks = range(C.prefill_ranks)")
-    out.emit(1, "_network = sorted(set(S.network)) if S.network else ()")
-    out.emit(1, "_lost = sorted(set(S.lost)) if S.lost else ()")
-    out.emit(1, "_writes = sorted(set(S.writes)) if S.writes else ()")
+    # Each distinct message (write) once, in order; a pool of one is that already.
+    out.emit(1, "_network = S.network if len(S.network) < 2 else sorted(set(S.network))")
+    out.emit(1, "_lost = S.lost if len(S.lost) < 2 else sorted(set(S.lost))")
+    out.emit(1, "_writes = S.writes if len(S.writes) < 2 else sorted(set(S.writes))")
     out.emit(1, "out = []")
     out.emit(1, "add = out.append")
 
