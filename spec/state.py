@@ -437,20 +437,15 @@ def _equal_by_fields(cls: type) -> Callable[[Any, Any], Any]:
     fields with equal values, and the same cached hash (`_cached_hash`: both were hashed when
     the search looked them up). Comparing the dicts is done in C, without gathering two tuples
     of twenty-odd attributes. Where the dicts differ the objects may still be equal (one not
-    hashed yet, or a `State` keeping its items' hashes), so the fields decide, unless both
-    cached hashes are known and differ: equal objects have equal hashes."""
+    hashed yet, a `State` keeping its items' hashes, or a hash cached by another process and
+    brought here by pickle), so the fields decide: the cached hashes are never trusted to tell
+    two objects apart."""
     values = attrgetter(*(f.name for f in fields(cls)))
 
     def __eq__(self: Any, other: Any) -> Any:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        mine, theirs = self.__dict__, other.__dict__
-        if mine == theirs:
-            return True
-        hashed, other_hashed = mine.get("_hash"), theirs.get("_hash")
-        if hashed is not None and other_hashed is not None and hashed != other_hashed:
-            return False
-        return values(self) == values(other)
+        return self.__dict__ == other.__dict__ or values(self) == values(other)
 
     return __eq__
 
