@@ -228,11 +228,12 @@ def _search(
             compared_witnesses = [
                 w for w in compared_witnesses if w.name not in witness_disagreements
             ]
-        for prop in always:
-            if prop.name not in first_violation and not prop.holds(config, s):
-                first_violation[prop.name] = i
-                if faults_on_path[i]:
-                    improvable.append(prop)
+        if not claims_hold(s) or not whole_hold(s):
+            for prop in always:
+                if prop.name not in first_violation and not prop.holds(config, s):
+                    first_violation[prop.name] = i
+                    if faults_on_path[i]:
+                        improvable.append(prop)
         if improvable:
             improvable = [p for p in improvable if _improve(p, i, s)]
         if pending_witnesses:
@@ -243,6 +244,38 @@ def _search(
                 else:
                     still.append(w)
             pending_witnesses = still
+
+    # The properties that are a claim about each request (page) on its own (`each_request`,
+    # `each_page`: `holds` is that claim for every request, page) are evaluated once per
+    # distinct request (page) state, which the stored states share (`_Shared`): a state whose
+    # requests and pages all satisfy every such claim satisfies those properties, and only the
+    # others (`whole`) are asked. Otherwise every property is asked, as it is stated.
+    per_request = tuple(p.each_request for p in ALWAYS if p.each_request is not None)
+    per_page = tuple(p.each_page for p in ALWAYS if p.each_page is not None)
+    whole = [p for p in ALWAYS if p.each_request is None and p.each_page is None]
+    request_claims: list[dict[ReqState, bool]] = [{} for _ in s0.requests]
+    page_claims: dict[PageState, bool] = {}
+
+    def claims_hold(s: State) -> bool:
+        for r, req in enumerate(s.requests):
+            known = request_claims[r].get(req)
+            if known is None:
+                known = request_claims[r][req] = all(c(config, r, req) for c in per_request)
+            if not known:
+                return False
+        for page in s.pages:
+            known = page_claims.get(page)
+            if known is None:
+                known = page_claims[page] = all(c(config, page) for c in per_page)
+            if not known:
+                return False
+        return True
+
+    def whole_hold(s: State) -> bool:
+        for prop in whole:
+            if not prop.holds(config, s):
+                return False
+        return True
 
     def _improve(prop: Any, i: int, s: State) -> bool:
         """Take state i as prop's counterexample if it is as short with fewer faults; True while
@@ -260,6 +293,9 @@ def _search(
     # The variant's compiled rules, looked up once: `enabled` and `step` without the dispatch.
     rulebook = rules(variant)
     enabled_in, effect_of = rulebook.enabled_for(config), rulebook.steps_for(config)
+    index_setdefault, adopt = index.setdefault, shared.adopt
+    # Whether an action is a fault depends on its kind alone (`is_fault`): asked once per kind.
+    fault_kind: dict[type, bool] = {}
     while head < len(states):
         if not head & 1023:  # often enough for Ctrl-C to report a recent count
             progress.report(
@@ -269,29 +305,34 @@ def _search(
         succ: list[int] = []
         edges: list[tuple[int, Action]] = []
         depth = depth_of[head] + 1
-        for action in enabled_in(config, s):
-            t = effect_of[type(action)](config, s, action)
-            transitions += 1
-            fault = is_fault(action)
-            j = index.get(t)
-            if j is None:
-                j = len(states)
+        spent = faults_on_path[head]
+        actions = enabled_in(config, s)
+        transitions += len(actions)
+        for action in actions:
+            kind = type(action)
+            t = effect_of[kind](config, s, action)
+            fault = fault_kind.get(kind)
+            if fault is None:
+                fault = fault_kind[kind] = is_fault(action)
+            # One lookup that also stores t, under the next index, if it is new.
+            j = index_setdefault(t, len(states))
+            if j == len(states):
                 if max_states is not None and j >= max_states:
+                    del index[t]
                     complete = False
                     continue
-                shared.adopt(t, s)
-                index[t] = j
+                adopt(t, s)
                 states.append(t)
                 parent.append(head)
                 via.append(action)
-                faults_on_path.append(faults_on_path[head] + fault)
+                faults_on_path.append(spent + fault)
                 depth_of.append(depth)
                 inspect(j, t)
-            elif depth_of[j] == depth and faults_on_path[head] + fault < faults_on_path[j]:
+            elif depth_of[j] == depth and spent + fault < faults_on_path[j]:
                 # As short a path to t, with fewer faults: t's path runs through this parent.
                 parent[j] = head
                 via[j] = action
-                faults_on_path[j] = faults_on_path[head] + fault
+                faults_on_path[j] = spent + fault
             if not fault:
                 succ.append(j)
             if all_edges is not None:

@@ -401,9 +401,10 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
     out.emit(1, "_reqs = range(len(S.requests))")
     out.emit(1, "_pages = range(len(S.pages))")
     out.emit(1, "_ranks = range(C.prefill_ranks)")
-    out.emit(1, "_network = sorted(set(S.network)) if S.network else ()")
-    out.emit(1, "_lost = sorted(set(S.lost)) if S.lost else ()")
-    out.emit(1, "_writes = sorted(set(S.writes)) if S.writes else ()")
+    # Each distinct message (write) once, in order; a pool of one is that already.
+    out.emit(1, "_network = S.network if len(S.network) < 2 else sorted(set(S.network))")
+    out.emit(1, "_lost = S.lost if len(S.lost) < 2 else sorted(set(S.lost))")
+    out.emit(1, "_writes = S.writes if len(S.writes) < 2 else sorted(set(S.writes))")
     out.emit(1, "out = []")
     out.emit(1, "add = out.append")
 
@@ -445,6 +446,20 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
         line.replace("S.requests[", "_rq[").replace("S.pages[", "_pg[") for line in out.lines
     ]
     out.lines[:0] = ["    _rq = S.requests", "    _pg = S.pages"]
+    # Each request's and page's row, read once (an unrolled guard names it by its index, and a
+    # request's row is read by some fifteen guards).
+    rows = sorted(
+        {m.group(0) for line in out.lines for m in re.finditer(r"_(?:rq|pg)\[\d+\]", line)},
+        key=lambda row: (row[:3], int(row[4:-1])),
+    )
+    for row in rows:
+        local = row.replace("[", "").replace("]", "")
+        out.lines = [line.replace(row, local) for line in out.lines]
+    out.lines[2:2] = [f"    {row.replace('[', '').replace(']', '')} = {row}" for row in rows]
+    # The fault budget spent, summed once (a property that adds the counts up: about ten guards
+    # and the budget test read it).
+    out.lines = [line.replace("S.faults.total", "_spent") for line in out.lines]
+    out.lines[:0] = ["    _spent = S.faults.total"]
 
     defaults = "".join(f", {n}={n}" for n in out.names)
     source = f"def enabled(C, S, DRAIN={drain!r}{defaults}):\n" + "\n".join(out.lines) + "\n"
@@ -761,7 +776,7 @@ def compile_effect(
         finish,
     )
     from kvhandoff.spec.logic import FieldSymbol
-    from kvhandoff.spec.state import Answer, Message, Tag, Write, evolve
+    from kvhandoff.spec.state import Answer, Message, Tag, Write, evolve, evolved
     from kvhandoff.spec.variants import arguments
     from kvhandoff.spec.vocabulary import _read_pages, _read_shard, _shard
 
@@ -1100,7 +1115,9 @@ def compile_effect(
         made = sorted({names[u] for u in used if u in names})
         if made:
             out.lines.insert(body_start, f"    {'; '.join(made)}")
-        _emit_build(out, used, page_symbols, single)
+        _emit_build(
+            out, used, page_symbols, single, None if config is None else config.prefill_ranks
+        )
 
     # What the step's own arguments name in the old state (its request's row, a message's
     # request, a write's page) is read once, not once per symbol that reads it.
@@ -1143,6 +1160,7 @@ def compile_effect(
         **out.names,
         "finish": finish,
         "evolve": evolve,
+        "evolved": evolved,
         "Answer": Answer,
         "Message": Message,
         "Tag": Tag,
@@ -1204,9 +1222,12 @@ def _accepted(req: Any, changes: dict[str, bool]) -> bool | None:
     return None
 
 
-def _emit_page_build(emit: Callable[[int, str], None], symbols: set[str]) -> None:
+def _emit_page_build(
+    emit: Callable[[int, str], None], symbols: set[str], ranks: int | None = None
+) -> None:
     """The pages an effect changed (`PG`: page -> its changes), built as
-    `spec.effects._new_page` builds them, for the page symbols this effect assigns only."""
+    `spec.effects._new_page` builds them, for the page symbols this effect assigns only
+    (`ranks`: the configuration's prefill ranks, when the code is made for one)."""
     emit(1, "if PG:")
     emit(2, "_ps = list(S.pages)")
     emit(2, "for _q, _c in PG.items():")
@@ -1227,23 +1248,63 @@ def _emit_page_build(emit: Callable[[int, str], None], symbols: set[str]) -> Non
         emit(3, "else:")
         emit(4, "_f['last_tenant'] = None")
     if symbols & {"shard_has", "shard_req", "shard_gen"}:
-        emit(3, "_sh = list(_pg.shards)")
-        emit(3, "for _k, _old in enumerate(_sh):")
+        depth = 3
+        if ranks is not None:
+            # Made for one configuration: the loop over the page's shards unrolled, rank by
+            # rank (the same steps; a page of another shape takes the loop below).
+            emit(3, f"if len(_pg.rank_shards) == {ranks - 1}:")
+            for k in range(ranks):
+                _emit_shard(emit, symbols, k)
+            emit(4, "_f['content'] = _n0")
+            rest = "".join(f"_n{k}, " for k in range(1, ranks))
+            emit(4, f"_f['rank_shards'] = ({rest})")
+            emit(3, "else:")
+            depth = 4
+        emit(depth, "_sh = list(_pg.shards)")
+        emit(depth, "for _k, _old in enumerate(_sh):")
         parts = [("shard_has", "_h"), ("shard_req", "_who"), ("shard_gen", "_gen")]
         for name, local in parts:
-            emit(4, f"{local} = _c.get(({name!r}, _k), _U)" if name in symbols else f"{local} = _U")
-        emit(4, "if _h is _U and _who is _U and _gen is _U:")
-        emit(5, "continue  # this rank's shard is as it was")
-        emit(4, "if not (_old is not None if _h is _U else _h):")
-        emit(5, "_sh[_k] = None")
-        emit(5, "continue")
-        emit(4, "_who = getattr(_old, 'request', 0) if _who is _U else _who")
-        emit(4, "_gen = getattr(_old, 'generation', 0) if _gen is _U else _gen")
-        emit(4, "_sh[_k] = _tag(_who, _gen, _tenant_of(C, _who))")
-        emit(3, "_f['content'] = _sh[0]")
-        emit(3, "_f['rank_shards'] = tuple(_sh[1:])")
-    emit(3, "_ps[_q] = evolve(_pg, **_f)")
+            got = f"_c.get(({name!r}, _k), _U)" if name in symbols else "_U"
+            emit(depth + 1, f"{local} = {got}")
+        emit(depth + 1, "if _h is _U and _who is _U and _gen is _U:")
+        emit(depth + 2, "continue  # this rank's shard is as it was")
+        emit(depth + 1, "if not (_old is not None if _h is _U else _h):")
+        emit(depth + 2, "_sh[_k] = None")
+        emit(depth + 2, "continue")
+        emit(depth + 1, "_who = getattr(_old, 'request', 0) if _who is _U else _who")
+        emit(depth + 1, "_gen = getattr(_old, 'generation', 0) if _gen is _U else _gen")
+        emit(depth + 1, "_sh[_k] = _tag(_who, _gen, _tenant_of(C, _who))")
+        emit(depth, "_f['content'] = _sh[0]")
+        emit(depth, "_f['rank_shards'] = tuple(_sh[1:])")
+    emit(3, "_ps[_q] = evolved(_pg, _f)")
     emit(2, "ch['pages'] = tuple(_ps)")
+
+
+def _emit_shard(emit: Callable[[int, str], None], symbols: set[str], k: int) -> None:
+    """Rank `k`'s shard of the page `_pg` after the changes `_c`, into `_n{k}`: one turn of
+    `_emit_page_build`'s loop over the shards, with what the effect does not assign left out
+    when the code is made."""
+    old = "_pg.content" if k == 0 else f"_pg.rank_shards[{k - 1}]"
+    emit(4, f"_o = {old}")
+    parts = [("shard_has", "_h"), ("shard_req", "_who"), ("shard_gen", "_gen")]
+    assigned = [(name, local) for name, local in parts if name in symbols]
+    for name, local in assigned:
+        emit(4, f"{local} = _c.get(({name!r}, {k}), _U)")
+    unset = " and ".join(f"{local} is _U" for _, local in assigned)
+    emit(4, f"if {unset}:")
+    emit(5, f"_n{k} = _o  # this rank's shard is as it was")
+    has = "(_o is not None if _h is _U else _h)" if "shard_has" in symbols else "_o is not None"
+    emit(4, f"elif not {has}:")
+    emit(5, f"_n{k} = None")
+    emit(4, "else:")
+    who, gen = "getattr(_o, 'request', 0)", "getattr(_o, 'generation', 0)"
+    if "shard_req" in symbols:
+        who = f"{who} if _who is _U else _who"
+    if "shard_gen" in symbols:
+        gen = f"{gen} if _gen is _U else _gen"
+    emit(5, f"_w = {who}")
+    emit(5, f"_g = {gen}")
+    emit(5, f"_n{k} = _tag(_w, _g, _tenant_of(C, _w))")
 
 
 def _emit_one_request_build(out: _Writer, used: set[str], key: str) -> None:
@@ -1274,15 +1335,20 @@ def _emit_one_request_build(out: _Writer, used: set[str], key: str) -> None:
         emit(2, ")")
     emit(1, "if RQ:")
     emit(2, "_rs = list(S.requests)")
-    emit(2, "_rs[_k] = evolve(_old, **RQ)")
+    emit(2, "_rs[_k] = evolved(_old, RQ)")
     emit(2, "ch['requests'] = tuple(_rs)")
 
 
 def _emit_build(
-    out: _Writer, used: set[str], page_symbols: set[str], single: str | None = None
+    out: _Writer,
+    used: set[str],
+    page_symbols: set[str],
+    single: str | None = None,
+    ranks: int | None = None,
 ) -> None:
     """The next state from what the updates computed: only the parts the effect can change.
-    `single`: the one request whose state the effect changes (its changes kept as one dict)."""
+    `single`: the one request whose state the effect changes (its changes kept as one dict);
+    `ranks`: the configuration's prefill ranks, when the code is made for one."""
     emit = out.emit
     emit(1, "ch = {}")
     if single is not None and used & {"req", "req_set", "accepted", "read", "RP"}:
@@ -1314,22 +1380,22 @@ def _emit_build(
         emit(1, "if RQ:")
         emit(2, "_rs = list(S.requests)")
         emit(2, "for _r, _f in RQ.items():")
-        emit(3, "_rs[_r] = evolve(_rs[_r], **_f)")
+        emit(3, "_rs[_r] = evolved(_rs[_r], _f)")
         emit(2, "ch['requests'] = tuple(_rs)")
     if "page" in used:
-        _emit_page_build(emit, page_symbols)
+        _emit_page_build(emit, page_symbols, ranks)
     if "global" in used:
         emit(1, "ch.update(GL)")
     if "ghost" in used:
         emit(1, "if GH:")
-        emit(2, "ch['ghost'] = evolve(S.ghost, **GH)")
+        emit(2, "ch['ghost'] = evolved(S.ghost, GH)")
     if "fault" in used:
         emit(1, "if FT:")
-        emit(2, "ch['faults'] = evolve(S.faults, **FT)")
+        emit(2, "ch['faults'] = evolved(S.faults, FT)")
     for local, field in (("net", "network"), ("lost", "lost"), ("wr", "writes")):
         if local in used:
             emit(1, f"ch[{field!r}] = tuple(_{local})")
-    emit(1, "return evolve(S, **ch) if ch else S")
+    emit(1, "return evolved(S, ch) if ch else S")
 
 
 # --- the rulebook of a variant -------------------------------------------------------------------

@@ -344,6 +344,8 @@ _READ = "_read_shard(S.requests[{0}], {1}, {2}, C.prefill_ranks)"
 
 
 def _shard(page: PageState, k: int) -> Tag | None:
+    if k == 0:
+        return page.content  # `shards` begins with it (without building the tuple)
     shards = page.shards
     return shards[k] if k < len(shards) else None
 
