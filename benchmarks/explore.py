@@ -32,14 +32,14 @@ LADDER: list[tuple[str, str, list[str]]] = [
             "context_window=2",
         ],
     ),
-    ("default scenario, no faults", "reference", ["max_faults=0"]),
-    ("default scenario (incident variant)", "incident", []),
-    ("default scenario", "reference", []),
-    ("default scenario, 4 pages", "reference", ["decode_pages=4"]),
-    ("default scenario, 2 in flight", "reference", ["max_active=2"]),
-    ("default scenario, 2 prefill ranks", "reference", ["prefill_ranks=2"]),
+    ("sequential scenario, no faults", "reference", ["max_faults=0"]),
+    ("sequential scenario (incident variant)", "incident", []),
+    ("sequential scenario", "reference", []),
+    ("sequential scenario, 4 pages", "reference", ["decode_pages=4"]),
+    ("sequential scenario, 2 in flight", "reference", ["max_active=2"]),
+    ("sequential scenario, 2 prefill ranks", "reference", ["prefill_ranks=2"]),
     (
-        "wide scenario (2 in flight, 2 faults)",
+        "wide: the default (2 in flight, 2 faults)",
         "reference",
         ["requests=a:2:1,b:3:1", "max_active=2", "max_faults=2"],
     ),
@@ -69,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     ladder = LADDER[:3] if args.quick else LADDER
     print(
-        f"{'configuration':40s} {'variant':9s} {'states':>9s} {'trans.':>9s} "
+        f"{'configuration':42s} {'variant':9s} {'states':>9s} {'trans.':>9s} "
         f"{'cpu s':>7s} {'wall s':>7s} {'states/s':>9s} {'peak MiB':>9s}  verdict"
     )
     for label, variant, sets in ladder:
@@ -82,7 +82,7 @@ def main() -> int:
         r = json.loads(out.stdout)
         rate = r["states"] / r["cpu"] if r["cpu"] > 0 else float("nan")
         print(
-            f"{label:40s} {variant:9s} {r['states']:9,d} {r['transitions']:9,d} "
+            f"{label:42s} {variant:9s} {r['states']:9,d} {r['transitions']:9,d} "
             f"{r['cpu']:7.2f} {r['wall']:7.2f} {rate:9,.0f} {r['peak_mib']:9.0f}  {r['verdict']}"
         )
     return 0
