@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sequential import SEQUENTIAL
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "namespace_imports.py"
 FOLDERS = ("spec", "model_checker", "impl", "conformance", "kvhandoff_cli")
@@ -181,8 +183,6 @@ def test_python_dash_m_kvhandoff_runs_beside_a_users_own_spec_package(tmp_path: 
     out = _run("-m", "kvhandoff", "--version", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("kvhandoff ")
-    usage = _run(
-        "-m", "kvhandoff", "check", "--scenario", "sequential", "--variant", "nope", cwd=tmp_path
-    )
+    usage = _run("-m", "kvhandoff", "check", *SEQUENTIAL, "--variant", "nope", cwd=tmp_path)
     assert usage.returncode == 2
     assert usage.stderr.startswith("kvhandoff check: error: unknown variant 'nope'")

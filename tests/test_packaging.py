@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sequential import SEQUENTIAL
+
 ROOT = Path(__file__).resolve().parent.parent
 GEN_DIRS = (ROOT / "impl" / "proto" / "gen", ROOT / "conformance" / "proto" / "gen")
 
@@ -207,8 +209,7 @@ def test_wheel_runs_with_the_lowest_allowed_grpcio_and_protobuf(tmp_path: Path) 
             "-m",
             "kvhandoff",
             "check",
-            "--scenario",
-            "sequential",
+            *SEQUENTIAL,
             "--variant",
             "examples/variant_skip_digest.py",
         ],

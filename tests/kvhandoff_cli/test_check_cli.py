@@ -5,6 +5,7 @@ import pytest
 from kvhandoff.cli.main import main
 from kvhandoff.spec import VARIANTS, get_variant
 from kvhandoff.spec.trace import load_trace, replay
+from tests.sequential import SEQUENTIAL
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -14,7 +15,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_check_reference_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "check", "--scenario", "sequential", "--variant", "reference")
+    code, out, _ = run(capsys, "check", *SEQUENTIAL, "--variant", "reference")
     assert code == 0
     assert "verdict: SAFE" in out
 
@@ -28,8 +29,7 @@ def test_check_incident_json_follows_the_contract(
     code, out, _ = run(
         capsys,
         "check",
-        "--scenario",
-        "sequential",
+        *SEQUENTIAL,
         "--variant",
         "incident",
         "--json",
@@ -63,15 +63,15 @@ def test_check_incident_json_follows_the_contract(
 def test_unknown_variant_is_exit_2_listing_the_known_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", "nonesuch")
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", "nonesuch")
     assert code == 2
     assert "unknown variant 'nonesuch'" in err and "reference" in err
 
 
 def test_bad_set_is_exit_2_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--set", "decode_pages=-1")
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--set", "decode_pages=-1")
     assert code == 2 and "decode_pages" in err
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--set", "nonsense")
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--set", "nonsense")
     assert code == 2 and "KEY=VALUE" in err
 
 
@@ -80,20 +80,20 @@ def test_unreadable_variant_file_is_exit_2(
 ) -> None:
     from pathlib import Path
 
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", "missing_file.py")
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", "missing_file.py")
     assert code == 2 and "does not exist" in err
     broken = Path(str(tmp_path)) / "broken.py"
     broken.write_text("VARIANT = 3\n")
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(broken))
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(broken))
     assert code == 2 and "must define VARIANT" in err
     raising = Path(str(tmp_path)) / "raising.py"
     raising.write_text("raise RuntimeError('boom')\n")
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(raising))
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(raising))
     assert code == 2 and "boom" in err
 
 
 def test_unknown_engine_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--engine", "telepathy")
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--engine", "telepathy")
     assert code == 2 and "unknown engine" in err
 
 
@@ -133,9 +133,7 @@ def test_the_first_rank_variant_is_caught_with_two_ranks_and_masked_with_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     variant = get_variant("first_rank_completion_accepted")
-    code, out, _ = run(
-        capsys, "check", "--scenario", "sequential", "--variant", variant.name, "--json"
-    )
+    code, out, _ = run(capsys, "check", *SEQUENTIAL, "--variant", variant.name, "--json")
     assert code == 1
     data = json.loads(out)
     assert data["config"]["prefill_ranks"] == 2  # the variant's own scenario
@@ -143,14 +141,7 @@ def test_the_first_rank_variant_is_caught_with_two_ranks_and_masked_with_one(
     assert violated == set(variant.breaks)
     # --set comes after the variant's scenario: with one rank the first rank is every rank.
     code, out, _ = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        variant.name,
-        "--set",
-        "prefill_ranks=1",
+        capsys, "check", *SEQUENTIAL, "--variant", variant.name, "--set", "prefill_ranks=1"
     )
     assert code == 0 and "verdict: SAFE" in out
 
@@ -159,9 +150,7 @@ def test_the_first_rank_variant_is_caught_with_two_ranks_and_masked_with_one(
 def test_the_reference_is_safe_with_two_prefill_ranks_with_every_witness_reached(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(
-        capsys, "check", "--scenario", "sequential", "--set", "prefill_ranks=2", "--json"
-    )
+    code, out, _ = run(capsys, "check", *SEQUENTIAL, "--set", "prefill_ranks=2", "--json")
     assert code == 0
     data = json.loads(out)
     assert data["verdict"] == "safe" and all(data["witnesses"].values())
@@ -180,7 +169,7 @@ def test_python_dash_m_reports_a_usage_error_as_exit_2(module: str) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.run(
-        [sys.executable, "-m", module, "check", "--scenario", "sequential", "--variant", "nope"],
+        [sys.executable, "-m", module, "check", *SEQUENTIAL, "--variant", "nope"],
         capture_output=True,
         text=True,
         env=env,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvhandoff.cli.main import main
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
@@ -35,8 +36,5 @@ def test_copied_examples_run_as_the_guides_show_and_are_not_overwritten(
     err = capsys.readouterr().err
     assert "not overwriting" in err and str(tmp_path / "examples" / EXAMPLES[0]) in err
     monkeypatch.chdir(tmp_path)
-    assert (
-        main(["check", "--scenario", "sequential", "--variant", "examples/variant_skip_digest.py"])
-        == 1
-    )
+    assert main(["check", *SEQUENTIAL, "--variant", "examples/variant_skip_digest.py"]) == 1
     assert "decode_reads_only_validated_pages" in capsys.readouterr().out

@@ -10,6 +10,7 @@ import pytest
 
 from kvhandoff.cli.main import main
 from kvhandoff.cli.svg_chart import mermaid_to_svg
+from tests.sequential import SEQUENTIAL
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 
@@ -23,20 +24,7 @@ def test_the_incident_chart_as_svg_has_every_element_of_the_mermaid_chart(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     trace = tmp_path / "incident.jsonl"
-    assert (
-        main(
-            [
-                "check",
-                "--scenario",
-                "sequential",
-                "--variant",
-                "incident",
-                "--trace-out",
-                str(trace),
-            ]
-        )
-        == 1
-    )
+    assert main(["check", *SEQUENTIAL, "--variant", "incident", "--trace-out", str(trace)]) == 1
     capsys.readouterr()
     mermaid = _explain(capsys, trace, "mermaid").splitlines()
     root = ET.fromstring(_explain(capsys, trace, "svg").split("\n", 1)[1])

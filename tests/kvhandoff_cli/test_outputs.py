@@ -18,6 +18,7 @@ import pytest
 from kvhandoff.cli.main import main
 from kvhandoff.cli.output import KINDS
 from tests.schema_check import assert_matches_schema
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -41,15 +42,7 @@ def test_every_kind_has_a_schema() -> None:
 def test_check_json_and_junit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     junit = tmp_path / "check.xml"
     code, out = _run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        "incident",
-        "--json",
-        "--junit",
-        str(junit),
+        capsys, "check", *SEQUENTIAL, "--variant", "incident", "--json", "--junit", str(junit)
     )
     assert code == 1
     _validate("check", out)
@@ -110,9 +103,7 @@ def test_conform_unreachable_target_still_writes_junit(
 
 
 def test_errors_under_json_are_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = _run(
-        capsys, "check", "--scenario", "sequential", "--variant", "no_such_variant", "--json"
-    )
+    code, out = _run(capsys, "check", *SEQUENTIAL, "--variant", "no_such_variant", "--json")
     assert code == 2
     _validate("error", out)
     assert out["command"] == "check" and "no_such_variant" in out["error"]
@@ -120,20 +111,7 @@ def test_errors_under_json_are_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_replay_and_validate_log_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     trace = tmp_path / "incident.jsonl"
-    assert (
-        main(
-            [
-                "check",
-                "--scenario",
-                "sequential",
-                "--variant",
-                "incident",
-                "--trace-out",
-                str(trace),
-            ]
-        )
-        == 1
-    )
+    assert main(["check", *SEQUENTIAL, "--variant", "incident", "--trace-out", str(trace)]) == 1
     capsys.readouterr()
     _, out = _run(capsys, "replay", str(trace), "--mode", "incident", "--json")
     _validate("replay", out)
@@ -213,8 +191,7 @@ def test_demo_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 def test_check_all_engines_json(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "check",
-        "--scenario",
-        "sequential",
+        *SEQUENTIAL,
         "--variant",
         "incident",
         "--set",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvhandoff.cli.progress import describe, interrupted_lines
 from kvhandoff.model_checker import progress
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ def test_sigint_prints_what_was_covered_and_exits_130() -> None:
     # stderr carry progress lines, so the test knows the search has started before it interrupts.
     env = dict(os.environ, KVHANDOFF_PROGRESS="always")
     proc = subprocess.Popen(
-        _kvhandoff("check", "--scenario", "sequential", "--set", "max_faults=2"),
+        _kvhandoff("check", *SEQUENTIAL, "--set", "max_faults=2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -67,14 +68,7 @@ def test_quiet_when_stderr_is_not_a_terminal() -> None:
     out = subprocess.run(
         # A small search still reports (at its first state and at its end).
         _kvhandoff(
-            "check",
-            "--scenario",
-            "sequential",
-            "--variant",
-            "incident",
-            "--set",
-            "max_faults=0",
-            "--json",
+            "check", *SEQUENTIAL, "--variant", "incident", "--set", "max_faults=0", "--json"
         ),
         capture_output=True,
         text=True,

@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 
 from kvhandoff.cli.main import main
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _review(*argv: str) -> tuple[int, str]:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = main(["review", "--scenario", "sequential", *argv])
+        code = main(["review", *SEQUENTIAL, *argv])
     return code, buffer.getvalue()
 
 
@@ -63,6 +64,4 @@ def test_a_safe_change_exits_0(tmp_path: Path) -> None:
 
 
 def test_unknown_engine_is_bad_usage() -> None:
-    assert (
-        main(["review", "--scenario", "sequential", "reference", "--engines", "explore,nope"]) == 2
-    )
+    assert main(["review", *SEQUENTIAL, "reference", "--engines", "explore,nope"]) == 2

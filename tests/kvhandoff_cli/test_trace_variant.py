@@ -16,6 +16,7 @@ import pytest
 from kvhandoff.cli.main import main
 from kvhandoff.spec.trace import TraceError, load_trace
 from tests.explored import SMALL
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_SET = [arg for kv in SMALL for arg in ("--set", kv)]
@@ -38,15 +39,7 @@ def skip_digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def check_to(capsys: pytest.CaptureFixture[str], variant: str, trace: str, *more: str) -> None:
     code, _, err = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        variant,
-        "--trace-out",
-        trace,
-        *more,
+        capsys, "check", *SEQUENTIAL, "--variant", variant, "--trace-out", trace, *more
     )
     assert code == 1, err
 

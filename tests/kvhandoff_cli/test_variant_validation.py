@@ -16,6 +16,7 @@ from kvhandoff.cli.main import main
 from kvhandoff.spec.config import default_config
 from kvhandoff.spec.variants import REFERENCE, Design, Variant, VariantError
 from tests.explored import SMALL
+from tests.sequential import SEQUENTIAL
 
 SMALL_SET = [arg for kv in SMALL for arg in ("--set", kv)]
 
@@ -44,7 +45,7 @@ def test_a_hyphen_typo_in_a_design_option_is_exit_2_with_did_you_mean(
         '    "typo", "count only", validation="count-only", oversize="truncate"\n'
         ")\n",
     )
-    code, out, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(path))
+    code, out, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(path))
     assert code == 2 and out == ""
     assert f"{path}:3:" in err  # the line of the file that built the variant
     assert "validation='count-only'" in err
@@ -61,7 +62,7 @@ def test_an_unknown_design_value_is_exit_2_listing_the_allowed_ones(
         "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("x", "y", validation="sometimes")\n',
     )
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(path))
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(path))
     assert code == 2
     assert "validation='sometimes' is not one of 'full', 'count_only'" in err
     assert "did you mean" not in err  # nothing is close: no guess
@@ -96,7 +97,7 @@ def test_breaks_must_name_properties(capsys: pytest.CaptureFixture[str], tmp_pat
         'VARIANT = REFERENCE.derive("x", "y", scrub=False,\n'
         '    breaks=("freed_pages_hold_readable_data",))\n',
     )
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(path))
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(path))
     assert code == 2 and f"{path}:2:" in err
     assert "breaks= names 'freed_pages_hold_readable_data', which is not a property" in err
     assert "did you mean 'freed_pages_hold_no_readable_data'?" in err
@@ -170,9 +171,7 @@ def test_an_exception_in_an_override_is_exit_2_naming_the_file_and_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     path = write(tmp_path, "raises.py", OVERRIDE_RAISES)
-    code, out, err = run(
-        capsys, "check", "--scenario", "sequential", "--variant", str(path), *SMALL_SET
-    )
+    code, out, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(path), *SMALL_SET)
     assert code == 2
     assert "Traceback" not in err + out
     assert f"{path}:8: the variant's step override 'prefill_reject_request'" in err
@@ -193,9 +192,7 @@ def test_an_exception_in_extra_actions_is_exit_2(
         "\n"
         'VARIANT = replace(REFERENCE, name="extra", extra_actions=more)\n',
     )
-    code, _, err = run(
-        capsys, "check", "--scenario", "sequential", "--variant", str(path), *SMALL_SET
-    )
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(path), *SMALL_SET)
     assert code == 2
     assert f"{path}:5: the variant's extra_actions raised ZeroDivisionError" in err
 
@@ -204,7 +201,7 @@ def test_a_syntax_error_names_its_line(capsys: pytest.CaptureFixture[str], tmp_p
     path = write(
         tmp_path, "syntax.py", "from kvhandoff.spec.variants import REFERENCE\nVARIANT = (\n"
     )
-    code, _, err = run(capsys, "check", "--scenario", "sequential", "--variant", str(path))
+    code, _, err = run(capsys, "check", *SEQUENTIAL, "--variant", str(path))
     assert code == 2 and f"{path}:2: variant file failed to load: SyntaxError" in err
 
 
@@ -221,16 +218,12 @@ def test_a_declared_break_not_caught_is_reported_and_the_verdict_stands(
         'VARIANT = REFERENCE.derive("declared", "y", scrub=False,\n'
         '    breaks=("no_cross_tenant_read",))\n',
     )
-    code, out, _ = run(
-        capsys, "check", "--scenario", "sequential", "--variant", str(path), *SMALL_SET
-    )
+    code, out, _ = run(capsys, "check", *SEQUENTIAL, "--variant", str(path), *SMALL_SET)
     assert code == 1  # freed_pages_hold_no_readable_data is violated
     assert "expected to break: no_cross_tenant_read; caught: none" in out
     assert "declared in breaks= but NOT caught: no_cross_tenant_read (holds)" in out
     assert "caught but not declared in breaks=: freed_pages_hold_no_readable_data" in out
-    code, out, _ = run(
-        capsys, "check", "--scenario", "sequential", "--variant", str(path), *SMALL_SET, "--json"
-    )
+    code, out, _ = run(capsys, "check", *SEQUENTIAL, "--variant", str(path), *SMALL_SET, "--json")
     breaks = json.loads(out)["breaks"]
     assert breaks == {
         "expected": ["no_cross_tenant_read"],
@@ -249,9 +242,7 @@ def test_a_safe_protocol_with_a_declared_break_exits_0_and_says_it_was_not_caugh
         "from kvhandoff.spec.variants import REFERENCE\n"
         'VARIANT = REFERENCE.derive("safe", "y", breaks=("no_cross_tenant_read",))\n',
     )
-    code, out, _ = run(
-        capsys, "check", "--scenario", "sequential", "--variant", str(path), *SMALL_SET
-    )
+    code, out, _ = run(capsys, "check", *SEQUENTIAL, "--variant", str(path), *SMALL_SET)
     assert code == 0 and "verdict: SAFE" in out
     assert "declared in breaks= but NOT caught: no_cross_tenant_read (holds)" in out
 

@@ -21,6 +21,7 @@ from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS, TERMINATION
 from kvhandoff.spec.variants import Variant
 from tests.explored import SMALL
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = [arg for value in SMALL for arg in ("--set", value)]
@@ -59,29 +60,14 @@ def test_prove_refuses_the_override_example_instead_of_proving_the_design_alone(
     for a variant whose override breaks rejected_request_gets_error_not_output in 8 steps."""
     path = "tests/data/python_variants/override_reject.py"
     code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        str(ROOT / path),
-        "--engine",
-        "prove",
+        capsys, "check", *SEQUENTIAL, "--variant", str(ROOT / path), "--engine", "prove"
     )
     assert code == 3
     assert "engine prove: cannot encode: " in out
     assert "step_overrides['prefill_reject_request']" in out and path in out
     assert "SAFE" not in out and "obligations discharged" not in out
     code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        str(ROOT / path),
-        "--engine",
-        "prove",
-        "--json",
+        capsys, "check", *SEQUENTIAL, "--variant", str(ROOT / path), "--engine", "prove", "--json"
     )
     data = json.loads(out)
     assert code == 3 and data["verdict"] == "cannot_encode" and data["exit_code"] == 3
@@ -100,9 +86,7 @@ def test_every_z3_engine_refuses_an_added_action(
         "    return [DecodeGenerate(r) for r, q in enumerate(state.requests) if q.d == 'reserved']\n"
         "VARIANT = REFERENCE.derive('added', 'generate early', extra_actions=generate_early)\n"
     )
-    code, out = run(
-        capsys, "check", "--scenario", "sequential", "--variant", str(path), "--engine", engine
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--variant", str(path), "--engine", engine)
     assert code == 3
     assert f"engine {engine}: cannot encode: " in out and "extra_actions hook generate_early" in out
 
@@ -113,16 +97,12 @@ def test_bmc_refuses_an_override_variant_after_checking_its_design(
     """BMC remembers results per design: an override variant with the reference's design got the
     reference's result when it came second in one process (as in the differential test)."""
     path = str(ROOT / "tests/data/python_variants/override_reject.py")
-    assert (
-        main(["check", "--scenario", "sequential", "--engine", "bmc", "--depth", "2", *ONE_REQUEST])
-        == 3
-    )
+    assert main(["check", *SEQUENTIAL, "--engine", "bmc", "--depth", "2", *ONE_REQUEST]) == 3
     capsys.readouterr()
     code, out = run(
         capsys,
         "check",
-        "--scenario",
-        "sequential",
+        *SEQUENTIAL,
         "--variant",
         path,
         "--engine",
@@ -140,9 +120,7 @@ def test_bmc_refuses_an_override_variant_after_checking_its_design(
 def test_bmc_on_the_reference_is_bounded_with_the_depth_that_would_be_complete(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(
-        capsys, "check", "--scenario", "sequential", "--engine", "bmc", "--depth", "4", *SETS
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--engine", "bmc", "--depth", "4", *SETS)
     assert code == 3
     assert "verdict: BOUNDED: no violation up to depth 4 (not a proof)" in out
     assert "scope: this configuration (2 decode pages, 2 requests, 2 tenants" in out
@@ -150,16 +128,7 @@ def test_bmc_on_the_reference_is_bounded_with_the_depth_that_would_be_complete(
     assert "the state space is 22 steps deep (explicit search: 5,040 states); --depth 22" in out
     assert "verdict: SAFE" not in out
     code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--engine",
-        "bmc",
-        "--depth",
-        "4",
-        "--json",
-        *SETS,
+        capsys, "check", *SEQUENTIAL, "--engine", "bmc", "--depth", "4", "--json", *SETS
     )
     data = json.loads(out)
     assert data["verdict"] == "bounded" and data["exit_code"] == 3 and data["scope"] == "bounded"
@@ -170,29 +139,9 @@ def test_bmc_on_the_reference_is_bounded_with_the_depth_that_would_be_complete(
 def test_bmc_says_safe_once_its_depth_reaches_the_state_space_and_says_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--engine",
-        "bmc",
-        "--depth",
-        "11",
-        *ONE_REQUEST,
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--engine", "bmc", "--depth", "11", *ONE_REQUEST)
     assert code == 3 and "--depth 12 would make this bound complete" in out
-    code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--engine",
-        "bmc",
-        "--depth",
-        "12",
-        *ONE_REQUEST,
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--engine", "bmc", "--depth", "12", *ONE_REQUEST)
     assert code == 0
     assert "complete: depth 12 >= 12, the depth of the state space" in out
     assert "verdict: SAFE\nscope: this configuration (1 decode page, 1 request" in out
@@ -203,9 +152,7 @@ def test_bmc_at_its_default_depth_on_the_default_scenario_is_bounded(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The case the issue names: depth 20 of a state space 38 steps deep."""
-    code, out = run(
-        capsys, "check", "--scenario", "sequential", "--variant", "reference", "--engine", "bmc"
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--variant", "reference", "--engine", "bmc")
     assert code == 3
     assert "verdict: BOUNDED: no violation up to depth 20 (not a proof)" in out
     assert "the state space is 38 steps deep" in out
@@ -223,9 +170,7 @@ def test_all_with_spacer_unknown_is_safe_by_the_engines_that_proved_it(
         return engines._z3(lambda: spacer(variant, config, timeout=0.3))
 
     monkeypatch.setitem(ENGINES, "spacer", quick_spacer)
-    code, out = run(
-        capsys, "check", "--scenario", "sequential", "--engine", "all", "--depth", "2", *SETS
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--engine", "all", "--depth", "2", *SETS)
     assert code == 0, out
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[-9:] if "  " in line}
     assert rows["explore"] == "SAFE" and rows["prove"] == "SAFE" and rows["kind"] == "SAFE"
@@ -253,17 +198,7 @@ def broken_engines(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_engines_that_disagree_exit_4_showing_both_sides(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        "incident",
-        "--engine",
-        "all",
-        *SETS,
-    )
+    code, out = run(capsys, "check", *SEQUENTIAL, "--variant", "incident", "--engine", "all", *SETS)
     assert code == 4
     assert "variant incident, engine explore" in out and "variant incident, engine broken" in out
     assert "ENGINES DISAGREE (a bug in kvhandoff, not a verdict on the protocol):" in out
@@ -273,16 +208,7 @@ def test_engines_that_disagree_exit_4_showing_both_sides(
     )
     assert out.rstrip().endswith("verdict: ENGINES DISAGREE (exit 4)")
     code, out = run(
-        capsys,
-        "check",
-        "--scenario",
-        "sequential",
-        "--variant",
-        "incident",
-        "--engine",
-        "all",
-        "--json",
-        *SETS,
+        capsys, "check", *SEQUENTIAL, "--variant", "incident", "--engine", "all", "--json", *SETS
     )
     data = json.loads(out)
     assert code == 4 and data["verdict"] == "disagree" and data["exit_code"] == 4
@@ -295,8 +221,7 @@ def test_engines_that_disagree_exit_4_showing_both_sides(
 def test_the_matrix_exits_4_when_engines_disagree(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "matrix",
-        "--scenario",
-        "sequential",
+        *SEQUENTIAL,
         "--engines",
         "explore,broken",
         "--variants",

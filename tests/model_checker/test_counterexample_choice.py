@@ -26,6 +26,7 @@ from kvhandoff.spec.state import OTHER_TENANT, State, Tag
 from kvhandoff.spec.trace import replay
 from kvhandoff.spec.variants import REFERENCE
 from tests.explored import SMALL
+from tests.sequential import SEQUENTIAL
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,7 @@ def test_a_counterexample_that_needs_its_fault_keeps_it() -> None:
 def test_incident_lists_each_distinct_counterexample_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(
-        ["check", "--scenario", "sequential", "--variant", "incident", "--set", "max_faults=0"]
-    )
+    code = main(["check", *SEQUENTIAL, "--variant", "incident", "--set", "max_faults=0"])
     out = capsys.readouterr().out
     assert code == 1
     listings: dict[str, list[str]] = {}

@@ -19,6 +19,7 @@ from kvhandoff.cli.main import main
 from kvhandoff.model_checker.explain import build_story
 from kvhandoff.spec.trace import load_trace
 from kvhandoff.spec.variants import VARIANTS
+from tests.sequential import SEQUENTIAL
 
 INCIDENT = next(v for v in VARIANTS if v.name == "incident")
 
@@ -64,7 +65,7 @@ def _explain_html(trace: Path) -> str:
 def incident_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("html") / "incident.jsonl"
     with contextlib.redirect_stdout(io.StringIO()):
-        code = main(["check", "--scenario", "sequential", "--variant", "incident", "--set", "max_faults=0",
+        code = main(["check", *SEQUENTIAL, "--variant", "incident", "--set", "max_faults=0",
                      "--trace-out", str(path)])  # fmt: skip
     assert code == 1
     return path

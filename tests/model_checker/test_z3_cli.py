@@ -10,10 +10,11 @@ import pytest
 from kvhandoff.cli.cmd_matrix import Cell, expectation
 from kvhandoff.cli.main import main
 from kvhandoff.spec.variants import REFERENCE, get_variant
+from tests.sequential import SEQUENTIAL
 
 
 def test_check_prove_json_reports_scope_and_obligations(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--scenario", "sequential", "--engine", "prove", "--json"]) == 0
+    assert main(["check", *SEQUENTIAL, "--engine", "prove", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["engine"] == "prove" and out["verdict"] == "safe"
     assert out["scope"] == "any-size"
@@ -28,8 +29,7 @@ def test_check_bmc_on_the_incident_exits_1_with_a_replayable_trace(
     code = main(
         [
             "check",
-            "--scenario",
-            "sequential",
+            *SEQUENTIAL,
             "--engine",
             "bmc",
             "--variant",
@@ -56,9 +56,7 @@ def test_a_variant_the_encoder_cannot_translate_is_inconclusive_naming_the_actio
         "VARIANT = REFERENCE.derive('skip_scrub', 'override', "
         "step_overrides={'decode_release_pages': lambda c, s, a: s})\n"
     )
-    assert (
-        main(["check", "--scenario", "sequential", "--engine", "bmc", "--variant", str(path)]) == 3
-    )
+    assert main(["check", *SEQUENTIAL, "--engine", "bmc", "--variant", str(path)]) == 3
     assert "decode_release_pages" in capsys.readouterr().out
 
 
@@ -69,8 +67,7 @@ def test_matrix_on_a_subset_meets_expectations(
     code = main(
         [
             "matrix",
-            "--scenario",
-            "sequential",
+            *SEQUENTIAL,
             "--engines",
             "explore,prove",
             "--variants",
@@ -97,10 +94,10 @@ def test_kind_proves_the_reference_with_two_prefill_ranks_and_prove_says_why_not
 ) -> None:
     sets = ["--set", "prefill_ranks=2", "--set", "max_faults=0"]
     sets += ["--set", "decode_pages=2", "--set", "requests=a:1:1,b:2:2"]
-    assert main(["check", "--scenario", "sequential", "--engine", "kind", *sets, "--json"]) == 0
+    assert main(["check", *SEQUENTIAL, "--engine", "kind", *sets, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["scope"] == "fixed-config"
     # The any-size model has one rank: prove must not carry its proof over to two.
-    code = main(["check", "--scenario", "sequential", "--engine", "prove", *sets, "--json"])
+    code = main(["check", *SEQUENTIAL, "--engine", "prove", *sets, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["scope"] == "fixed-config"
     assert "one prefill rank" in out["any_size_unavailable"]
@@ -111,16 +108,7 @@ def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
 ) -> None:
     variant = "first_rank_completion_accepted"
     code = main(
-        [
-            "matrix",
-            "--scenario",
-            "sequential",
-            "--engines",
-            "explore,bmc,kind",
-            "--variants",
-            variant,
-            "--json",
-        ]
+        ["matrix", *SEQUENTIAL, "--engines", "explore,bmc,kind", "--variants", variant, "--json"]
     )
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"]
@@ -138,33 +126,14 @@ def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
 
 def test_check_runs_the_pull_path_under_bmc_and_kind(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
-        [
-            "check",
-            "--scenario",
-            "sequential",
-            "--engine",
-            "bmc",
-            "--variant",
-            "m14_silent_receive_failure_pull",
-        ]
+        ["check", *SEQUENTIAL, "--engine", "bmc", "--variant", "m14_silent_receive_failure_pull"]
     )
     assert code == 1
     assert "counterexample for decode_reads_only_validated_pages (12 steps)" in (
         capsys.readouterr().out
     )
     assert (
-        main(
-            [
-                "check",
-                "--scenario",
-                "sequential",
-                "--engine",
-                "kind",
-                "--variant",
-                "reference_pull",
-                "--json",
-            ]
-        )
+        main(["check", *SEQUENTIAL, "--engine", "kind", "--variant", "reference_pull", "--json"])
         == 0
     )
     out = json.loads(capsys.readouterr().out)
@@ -195,9 +164,7 @@ def test_the_full_kill_matrix_catches_every_variant_and_proves_the_safe_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every engine but Spacer (which cannot finish the default config: unknown, see below)."""
-    code = main(
-        ["matrix", "--scenario", "sequential", "--engines", "explore,bmc,kind,prove", "--json"]
-    )
+    code = main(["matrix", *SEQUENTIAL, "--engines", "explore,bmc,kind,prove", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0, [r for r in out["rows"] if not r["ok"]]
     caught = {
@@ -235,17 +202,7 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
     shortest = min(r.depth for r in explored("incident").results if r.verdict == "violated")
     assert (
         main(
-            [
-                "check",
-                "--scenario",
-                "sequential",
-                "--variant",
-                "incident",
-                "--engine",
-                "bmc",
-                "--first",
-                "--json",
-            ]
+            ["check", *SEQUENTIAL, "--variant", "incident", "--engine", "bmc", "--first", "--json"]
         )
         == 1
     )
@@ -257,7 +214,7 @@ def test_bmc_first_stops_at_the_shortest_counterexample_of_any_property(
     held = [r for r in out["results"] if r["verdict"] == "bounded"]
     assert held and all(r["depth"] == shortest - 1 for r in held)
     assert len(held) + len(violated) == len(out["results"])
-    assert main(["check", "--scenario", "sequential", "--engine", "explore", "--first"]) == 2
+    assert main(["check", *SEQUENTIAL, "--engine", "explore", "--first"]) == 2
     assert "--first applies to --engine bmc only" in capsys.readouterr().err
 
 
@@ -270,8 +227,7 @@ def test_the_matrix_with_examples_checks_each_kind_of_change_by_bmc_too(
     each example is caught by BMC as by the explorer (formulas, not Python: no cell refuses)."""
     args = [
         "matrix",
-        "--scenario",
-        "sequential",
+        *SEQUENTIAL,
         "--engines",
         "explore,bmc",
         "--variants",

@@ -19,6 +19,7 @@ import pytest
 
 from kvhandoff.cli.main import main
 from tests.render.mermaid_render import CHROMIUM, CHROMIUM_FLAGS, SetupImpossible
+from tests.sequential import SEQUENTIAL
 
 pytestmark = pytest.mark.slow
 KEEP = Path(__file__).resolve().parent / "out"
@@ -63,8 +64,7 @@ def test_the_explorer_steps_and_shows_the_break(tmp_path: Path) -> None:
         main(
             [
                 "check",
-                "--scenario",
-                "sequential",
+                *SEQUENTIAL,
                 "--variant",
                 "incident",
                 "--set",

@@ -24,6 +24,7 @@ from kvhandoff.spec.machine import enabled, step
 from kvhandoff.spec.variants import REFERENCE, FormulaEffect, VariantError
 from kvhandoff.spec.vocabulary import d_gen
 from tests.explored import SMALL
+from tests.sequential import SEQUENTIAL
 
 ROOT = Path(__file__).parents[2]
 FORMULA = str(ROOT / "examples/variant_replace_effect.py")
@@ -128,8 +129,7 @@ def test_the_cli_checks_the_formula_examples_with_the_z3_engines(
             "-m",
             "kvhandoff.cli",
             "check",
-            "--scenario",
-            "sequential",
+            *SEQUENTIAL,
             "--variant",
             path,
             "--engine",
