@@ -156,15 +156,19 @@ def run_variants(args: argparse.Namespace) -> int:
         breaks = ", ".join(v.breaks) or "(expected safe)"
         print(f"{v.name:34s} {ms:18s} {v.summary}")
         print(f"{'':34s} {'':18s} breaks: {breaks}")
-        sets = "".join(f" --set {k}={value}" for k, value in v.config.items())
-        print(f"{'':34s} {'':18s} checked on: --scenario {scenario_name(None, v)}{sets}")
+        print(f"{'':34s} {'':18s} checked on: --scenario {scenario_name(None, v)}{_own_sets(v)}")
     return EXIT_OK
+
+
+def _own_sets(variant: Variant) -> str:
+    """The variant's own config fields, as the `--set`s that would give them."""
+    return "".join(f" --set {k}={value}" for k, value in variant.config.items())
 
 
 def scenario_line(named: str | None, variant: Variant, assignments: list[str]) -> str:
     """What a run checks, in the words of the command line: the scenario and every `--set`."""
     name = scenario_name(named, variant)
-    own = "".join(f" --set {k}={value}" for k, value in variant.config.items())
+    own = _own_sets(variant)
     yours = "".join(f" --set {a}" for a in assignments)
     whose = (
         "named" if named is not None else "the variant's" if variant.scenario_name else "default"

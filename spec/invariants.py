@@ -221,12 +221,37 @@ def unreserved_requests_hold_nothing() -> Term:
     )
 
 
-def prefill_holds_decodes_generation() -> Term:
+def prefill_holds_decodes_generation(recompute: bool = False) -> Term:
     """The grant prefill holds for a request is the one decode issued for it, and prefill writes
     only pages of that grant, and only while it holds one. A rank that has reported (several
     ranks) did so while prefill held the grant with every page it had data for written: the
-    ranks write in lockstep, so no page is written after the first rank reports."""
+    ranks write in lockstep, so no page is written after the first rank reports.
+
+    With `recompute` (`load_failure="recompute"`): or decode has recomputed the request under a
+    fresh generation (`_recomputed`), and prefill still holds the grant it replaced."""
+    if recompute:
+        return _prefill_writes_only_its_grant(lambda r: Or(p_gen(r) == d_gen(r), _recomputed(r)))
     return _prefill_writes_only_its_grant(lambda r: p_gen(r) == d_gen(r))
+
+
+AFTER_VALIDATION = ("validated", "generated", "answered", "failed", "released", "lost")
+"""Decode's phases once it has validated a request (or recomputed it): nothing takes it back."""
+
+
+def _recomputed(r: Term) -> Term:
+    """Decode recomputed r's pages after a failed read, under a fresh generation: decode holds a
+    newer generation than the grant prefill holds, no request holds that grant at decode any
+    more, and decode went on as after a validation (`spec/machine.py`, `_recompute_effect`)."""
+    old = p_gen(r)
+    return And(
+        old != 0,
+        old < d_gen(r),
+        forall(REQ, lambda t: d_gen(t) != old),
+        d(r).is_in(*AFTER_VALIDATION),
+        # A read failed, so prefill had taken the grant: it admitted the request as sent.
+        p(r).is_in("granted", "completed", "aborted", "lost"),
+        Not(not_as_is(r)),
+    )
 
 
 def prefill_holds_a_generation_of_its_room() -> Term:
@@ -306,20 +331,30 @@ def _prefill_writes_only_its_grant(decode_issued: Callable[[Term], Term]) -> Ter
     return And(requests, writes)
 
 
-def messages_carry_their_generation() -> Term:
+def messages_carry_their_generation(recompute: bool = False) -> Term:
     """Every grant, completion, abort, failure notice and drain ack in the network (or waiting to
     be sent again) names its own request's generation; completions are only sent by a prefill
     that holds it; a drain ack prefill still owes names decode's grant. Without a drain fence,
-    nobody asks for or owes a drain ack."""
+    nobody asks for or owes a drain ack.
+
+    With `recompute`: a grant or a failure notice may also name the grant decode replaced when
+    it recomputed the request (`_recomputed`): a copy of the grant, or prefill's notice that the
+    lease on that grant's blocks expired, still on its way."""
+
+    def decodes(m: Bound) -> Term:
+        """m names decode's generation for its request (or, recomputed, the one it replaced)."""
+        current: Term = m.gen == d_gen(m.req)
+        if not recompute:
+            return current
+        return Or(current, And(_recomputed(m.req), m.gen == p_gen(m.req)))
+
     return And(
-        each_message(["grant"], _current(lambda m: And(m.gen != 0, m.gen == d_gen(m.req)))),
+        each_message(["grant"], _current(lambda m: And(m.gen != 0, decodes(m)))),
         each_message(
             ["completion"],
             _current(lambda m: And(m.gen != 0, m.gen == p_gen(m.req)), retired=True),
         ),
-        each_message(
-            ["abort", "failure"], _current(lambda m: Or(m.gen == 0, m.gen == d_gen(m.req)))
-        ),
+        each_message(["abort", "failure"], _current(lambda m: Or(m.gen == 0, decodes(m)))),
         # A drain ack is sent under the attempt current when prefill sends it, so one a first
         # attempt owed may go out during the second: it names a retired generation then.
         each_message(
@@ -493,20 +528,39 @@ def unsubmitted_requests_are_untouched() -> Term:
     )
 
 
-def decode_validates_only_completed_prefill() -> Term:
+def decode_validates_only_completed_prefill(recompute: bool = False) -> Term:
     """Decode validates, reads and answers a request only after that request's own prefill
     completed (every rank reported); an answer with output comes from a read. A completion in
     the network, or one decode holds in its rank set, was sent by a rank that reported: with one
     rank, prefill completed (which is final); with several, prefill completed, or lists the rank
-    as done, or stopped since (aborted or lost)."""
+    as done, or stopped since (aborted or lost).
+
+    With `recompute`: decode validates, reads and answers after prefill completed, or after it
+    recomputed the request itself (`_recomputed`); it accepts a completion only from a prefill
+    that completed, as before."""
     stopped_or_done = ("completed", "aborted", "lost")
+
+    def done(r: Term) -> Term:
+        completed = p(r) == "completed"
+        return Or(completed, _recomputed(r)) if recompute else completed
+
+    def validated(r: Term) -> Term:
+        if not recompute:
+            return Implies(
+                Or(d(r).is_in(*LATER), read_done(r), accepted_set(r)), p(r) == "completed"
+            )
+        return And(
+            Implies(Or(d(r).is_in(*LATER), read_done(r)), done(r)),
+            Implies(accepted_set(r), p(r) == "completed"),
+        )
+
     return And(
         forall(
             REQ,
             lambda r: And(
-                Implies(Or(d(r).is_in(*LATER), read_done(r), accepted_set(r)), p(r) == "completed"),
+                validated(r),
                 Implies(d(r).is_in("generated", "answered"), read_done(r)),
-                Implies(answered_ok(r), And(p(r) == "completed", read_done(r))),
+                Implies(answered_ok(r), And(done(r), read_done(r))),
                 forall(
                     RANK,
                     lambda k: Implies(
@@ -893,12 +947,40 @@ ROOM_KEYED_EXTRA_INVARIANTS: tuple[Invariant, ...] = (
 progress that request-keyed matching derives from prefill's."""
 
 
+RECOMPUTE_INVARIANTS: dict[str, Invariant] = {
+    "prefill_holds_decodes_generation": Invariant(
+        "prefill_holds_decodes_generation_or_recomputed",
+        "the grant prefill holds for a request is decode's grant for it, or the one decode "
+        "replaced when it recomputed the request",
+        prefill_holds_decodes_generation(recompute=True),
+    ),
+    "messages_carry_their_generation": Invariant(
+        "messages_carry_their_generation_or_recomputed",
+        "grants, completions, aborts and acks name their own request's generation, or the one "
+        "decode replaced when it recomputed the request",
+        messages_carry_their_generation(recompute=True),
+    ),
+    "decode_validates_only_completed_prefill": Invariant(
+        "decode_validates_only_completed_or_recomputed",
+        "decode validates, reads and answers a request only after its own prefill completed or "
+        "after recomputing it; it accepts a completion only from a prefill that completed",
+        decode_validates_only_completed_prefill(recompute=True),
+    ),
+}
+"""Under the recompute policy (`load_failure="recompute"`, `spec/machine.py`'s
+`_recompute_effect`) decode validates a request without prefill's completion, under a generation
+prefill never held: the three claims that tie decode's validation to prefill's grant and
+completion are false on reachable states, and these say what is true instead."""
+
+
 def invariants_for(design: Design) -> tuple[Invariant, ...]:
     """The invariants of the proof of a design, as every checker reads them (the explorer's
     `--invariants`, kind, the fixed-configuration prove): `INVARIANTS`, with room-keyed
     matching's versions in place of the request-keyed ones, and `ONE_SIDED_INVARIANTS` after
     them for designs with one-sided writes."""
     core = INVARIANTS
+    if design.transfer == "pull" and design.load_failure == "recompute":
+        core = tuple(RECOMPUTE_INVARIANTS.get(inv.name, inv) for inv in core)
     if design.matching == "room":
         core = tuple(ROOM_KEYED_INVARIANTS.get(inv.name, inv) for inv in INVARIANTS)
         core += ROOM_KEYED_EXTRA_INVARIANTS

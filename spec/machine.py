@@ -1506,7 +1506,8 @@ def _fail_transfer_guard(design: Design) -> GuardFormula:
 
 def _fail_transfer_effect(design: Design) -> EffectFormula:
     # Whether the reader notices is the design's (M14: it does not, and counts the page as
-    # received). If it does, it fails the request reserved on the write's room and generation.
+    # received). If it does, it fails the request reserved on the write's room and generation,
+    # or, under the recompute policy, computes that request's pages itself.
     def body(w: Bound) -> Updates:
         out: list[Any] = [consume(w), assign(drops_spent(), drops_spent() + 1)]
         if not design.transfer_failure_reported:
@@ -1515,6 +1516,9 @@ def _fail_transfer_effect(design: Design) -> EffectFormula:
         def reading(t: Var) -> Term:
             return And(d(t) == "reserved", room(t) == w.room, d_gen(t) == w.gen)
 
+        if design.load_failure == "recompute":
+            return [*out, *_recompute_effect(design, reading)]
+
         def request(t: Var) -> Updates:
             first = _first(t, reading)
             return _decode_fail_effect(design, t, "page transfer failed", first, TRUE)
@@ -1522,6 +1526,51 @@ def _fail_transfer_effect(design: Design) -> EffectFormula:
         return [*out, each(REQ, request)]
 
     return write_effect(body)
+
+
+def _recompute_effect(design: Design, reading: Callable[[Var], Term]) -> Updates:
+    """Decode computes the prompt's KV itself into every page it holds for the request whose
+    read failed (the first one `reading` picks), and goes on as if the transfer had validated.
+
+    The model recomputes every page, not only those from the first failed one on as vLLM does:
+    what matters here is which data the pages hold when decode reads them. The reads of the
+    failed transfer are not stopped by the failure. With `recompute_fence` decode recomputes
+    under a fresh generation (from its counter, as a grant would be): the pages are owned for
+    the new one, and a read of the old one that lands later is refused by the ownership check.
+    Without it the pages keep the grant's generation, and such a read lands on a recomputed
+    page."""
+    hit = exists(REQ, lambda t: _first(t, reading))
+    fresh = next_gen()
+
+    def request(t: Var) -> Updates:
+        first = _first(t, reading)
+        gen = fresh if design.recompute_fence else d_gen(t)
+
+        def page(q: Var) -> Updates:
+            held = And(first, d_holds(t, q))
+            return [
+                assign(owner_gen(q), gen, when=held),
+                each(
+                    RANK,
+                    lambda k: [
+                        assign(shard_has(q, k), True, when=held),
+                        assign(shard_req(q, k), t, when=held),
+                        assign(shard_gen(q, k), gen, when=held),
+                    ],
+                ),
+            ]
+
+        return [
+            assign(d(t), "validated", when=first),
+            assign(d_gen(t), gen, when=first),
+            each(PAGE, page),
+            each(RANK, lambda k: assign(d_rank(t, k), False, when=first)),
+        ]
+
+    out: list[Any] = [each(REQ, request)]
+    if design.recompute_fence:
+        out += [assign(next_gen(), fresh + 1, when=hit)]
+    return out
 
 
 # --- network_drop_message ------------------------------------------------------------------------

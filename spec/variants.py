@@ -40,6 +40,7 @@ Fence = Literal["generation", "drain_ack", "ack_or_timeout", "none"]
 Transfer = Literal["push", "pull"]
 Quorum = Literal["every_rank", "first_rank"]
 Matching = Literal["request", "room"]
+LoadFailure = Literal["fail", "recompute"]
 
 
 class VariantError(ValueError):
@@ -143,6 +144,21 @@ class Design:
     `_fail_after_prefill_loss`, safe there only because decode checks every write; SGLang's
     deferred release resolves on its 30 s timeout after heartbeat loss). Matters only where
     release waits for the drain ack."""
+
+    load_failure: LoadFailure = "fail"
+    """Pull: what decode does when a read of a page fails. `fail`: the request fails (vLLM's
+    `kv_load_failure_policy="fail"`, its default since PR #34896). `recompute`: decode computes
+    the prompt's KV into the pages it holds itself and goes on to generate without prefill's
+    completion (vLLM's `recompute`, which rolls the request back to its last valid prefix and
+    prefills the rest locally; the model recomputes every page)."""
+    recompute_fence: bool = True
+    """With `load_failure="recompute"`: decode takes a fresh generation for the pages it
+    recomputes, so that a read of the failed transfer still in flight is refused when it lands
+    (the generation fence, on the receiver-checked path). A failed read does not stop the
+    request's other reads: vLLM retains the NIXL handles it cannot release ("A status error does
+    not guarantee that the backend stopped DMA"). False: the recomputed pages keep the grant's
+    generation, and a read that lands after the recompute overwrites a recomputed page with
+    whatever the source block holds by then."""
 
     def __post_init__(self) -> None:
         # Every option is a closed choice: the Literal (or bool) it is declared with lists the
@@ -1083,6 +1099,46 @@ VARIANTS: tuple[Variant, ...] = (
             "what actually landed. Expected safe."
         ),
         transfer="pull",
+    ),
+    _R.derive(
+        "reference_pull_recompute",
+        "Alternative design: the pull path where decode recomputes after a failed read.",
+        explanation=(
+            'vLLM\'s `kv_load_failure_policy="recompute"`: a failed read does not fail the '
+            "request; decode prefills the prompt itself into the pages it holds and generates. "
+            "It recomputes under a fresh generation, so a read of the failed transfer that is "
+            "still in flight is refused when it lands. Expected safe."
+        ),
+        transfer="pull",
+        load_failure="recompute",
+    ),
+    _R.derive(
+        "recompute_without_fence",
+        "Pull, recompute policy: a read of the failed transfer lands on a recomputed page.",
+        breaks=("no_cross_tenant_read", "decode_reads_only_validated_pages"),
+        explanation=(
+            "No M-number: a hazard of the recompute policy (vLLM's `kv_load_failure_policy="
+            '"recompute"`, its default until PR #34896). One read of a transfer fails and '
+            "decode recomputes the pages under the grant it holds, while another read of the "
+            "same transfer is still in flight: a failed read does not stop the others (vLLM "
+            'retains the NIXL handles it cannot release: "A status error does not guarantee '
+            "that the backend stopped DMA\"). That read lands after prefill's lease expired, "
+            "with the reused block's data (another tenant's, as in M13), on a page decode has "
+            "already recomputed and will not check again: it generates from it. Two faults: "
+            "the failed read and the lease expiry."
+        ),
+        # The two faults the hazard needs, and no other kind: on the sequential scenario every
+        # kind with two faults is about four million states.
+        config={
+            "max_faults": 2,
+            "max_crashes": 0,
+            "max_cancels": 0,
+            "max_prefill_aborts": 0,
+            "max_duplicates": 0,
+        },
+        transfer="pull",
+        load_failure="recompute",
+        recompute_fence=False,
     ),
     _R.derive(
         "one_sided_fenced",
