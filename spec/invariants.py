@@ -246,7 +246,8 @@ def _recomputed(r: Term) -> Term:
     return And(
         old != 0,
         old < d_gen(r),
-        forall(REQ, lambda t: d_gen(t) != old),
+        # Nobody else holds that grant, at decode or at prefill: it was r's, and is retired.
+        forall(REQ, lambda t: And(d_gen(t) != old, Or(t == r, p_gen(t) != old))),
         d(r).is_in(*AFTER_VALIDATION),
         # A read failed, so prefill had taken the grant: it admitted the request as sent.
         p(r).is_in("granted", "completed", "aborted", "lost"),

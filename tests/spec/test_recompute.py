@@ -110,3 +110,12 @@ def test_kind_proves_the_fenced_recompute_and_finds_the_unfenced_one() -> None:
     assert kinduction(get_variant("reference_pull_recompute"), TWO_FAULTS).verdict == "safe"
     unfenced = kinduction(get_variant("recompute_without_fence"), TWO_FAULTS)
     assert unfenced.verdict == "violated"
+
+
+def test_the_recompute_proof_carries_over_a_retry_on_a_shared_room() -> None:
+    """A retry sets a recomputed attempt aside: its old grant is still retired, held by nobody
+    else at decode or prefill (the clause `kind` needed to close the induction)."""
+    config = Config(requests=(RequestSpec("a", 2, 1), RequestSpec("a", 1, 1)), max_retries=1)
+    variant = get_variant("reference_pull_recompute")
+    assert explore(variant, config, invariants=True).extra["invariants"]["failing"] == {}
+    assert kinduction(variant, config).verdict == "safe"
