@@ -407,10 +407,18 @@ def messages_carry_a_generation_of_their_room() -> Term:
     matches them by room and generation, so one may stop a request other than the one that sent
     it; that costs liveness, never safety."""
     return And(
-        each_message(["grant"], lambda m: And(m.gen != 0, m.gen == d_gen(m.req))),
-        each_message(["completion"], lambda m: And(m.gen != 0, m.gen == p_gen(m.req))),
-        each_message(["abort"], lambda m: Or(m.gen == 0, m.gen == d_gen(m.req))),
-        each_message(["failure"], lambda m: Or(m.gen == 0, m.gen == p_gen(m.req))),
+        each_message(
+            ["grant"],
+            _current_of_room(lambda m: And(m.gen != 0, m.gen == d_gen(m.req)), issued=True),
+        ),
+        each_message(
+            ["completion"],
+            _current_of_room(lambda m: And(m.gen != 0, m.gen == p_gen(m.req)), issued=True),
+        ),
+        each_message(["abort"], _current_of_room(lambda m: Or(m.gen == 0, m.gen == d_gen(m.req)))),
+        each_message(
+            ["failure"], _current_of_room(lambda m: Or(m.gen == 0, m.gen == p_gen(m.req)))
+        ),
         each_message(
             ["abort_ack"], lambda m: And(drain_fence(), m.gen != 0, m.gen == p_gen(m.req))
         ),
@@ -419,7 +427,43 @@ def messages_carry_a_generation_of_their_room() -> Term:
     )
 
 
-def writes_carry_their_grant() -> Term:
+def _issued_on_room(gen: Term, of_room: Term) -> Term:
+    """`gen` is a generation decode issued, and whichever request holds it at decode is of room
+    `of_room` (said without an existential, as `prefill_holds_a_generation_of_its_room` does)."""
+    return And(
+        gen != 0,
+        gen < next_gen(),
+        forall(REQ, lambda o: Implies(d_gen(o) == gen, room(o) == of_room)),
+    )
+
+
+def _current_of_room(
+    claim: Callable[[Bound], Term], issued: bool = False
+) -> Callable[[Bound], Term]:
+    """Room-keyed matching's `_current`: `claim` for a message of its request's current attempt;
+    one of an earlier attempt is of an earlier attempt, and (`issued`: grants, completions) names
+    a generation decode issued on its request's room (prefill may still take such a grant). Not a retired one: under room-keyed matching
+    a retried request's first attempt may have written and completed under a grant another
+    request on the room still holds (decode's binding refuses what it sent)."""
+
+    def body(m: Bound) -> Term:
+        stale = _stale_message(m)
+        earlier: Term = m.attempt < attempt(m.req)
+        old = And(earlier, _issued_on_room(m.gen, room(m.req))) if issued else earlier
+        return And(Implies(stale, old), Implies(Not(stale), claim(m)))
+
+    return body
+
+
+def _stale_write_of_room(w: Bound) -> Term:
+    """Room-keyed matching's stale write: its request was retried, and the write is not of the
+    grant decode holds for the request's current attempt. Its generation no longer tells it from
+    a current write: the current attempt may take the very grant the earlier one wrote under
+    (prefill matches grants by room, so the attempt does not fence them)."""
+    return And(attempt(w.req) > 0, w.gen != d_gen(w.req))
+
+
+def writes_carry_their_grant(room_keyed: bool = False) -> Term:
     """A write in flight carries its request's room, generation and data, for a page prefill has
     already counted as written, and its prefill has not completed, nor has the rank writing it
     reported (a rank reports, and prefill completes, only once the rank's writes returned)."""
@@ -435,10 +479,12 @@ def writes_carry_their_grant() -> Term:
                 w.right_room,
                 w.right_tenant,
             ),
-            # A retry's first attempt's write: under a retired generation, its own data.
+            # A retry's first attempt's write: under a retired generation, its own data. Under
+            # room-keyed matching the grant it was written under may be another request's on the
+            # room, which that request may still hold.
             And(
-                _stale_write(w),
-                _retired(w.gen),
+                _stale_write_of_room(w) if room_keyed else _stale_write(w),
+                _issued_on_room(w.gen, w.room) if room_keyed else _retired(w.gen),
                 w.data_gen == w.gen,
                 w.right_room,
                 w.right_tenant,
@@ -920,6 +966,12 @@ ROOM_KEYED_INVARIANTS: dict[str, Invariant] = {
         "a request not admitted as sent is never validated or answered, and written only where "
         "decode refused it within prefill's limit",
         rejected_requests_are_never_validated(),
+    ),
+    "writes_carry_their_grant": Invariant(
+        "writes_carry_a_grant_of_their_room",
+        "a write in flight carries its own request's room, generation and data; a retried "
+        "request's earlier write, a generation decode issued on its room",
+        writes_carry_their_grant(room_keyed=True),
     ),
 }
 """Room-keyed matching's versions of the invariants that say *whose* grant prefill holds, keyed

@@ -177,3 +177,15 @@ def test_room_keyed_matching_is_still_violated_by_kind_and_prove() -> None:
 def test_the_room_keyed_invariants_change_nothing_for_request_keyed_designs() -> None:
     unbound = replace(REFERENCE, design=replace(REFERENCE.design, binds_request=False))
     assert invariants_for(unbound.design) == INVARIANTS
+
+
+def test_the_room_keyed_invariants_hold_with_a_retry_on_a_shared_room() -> None:
+    """A retried request's earlier grant, completion and writes: under room-keyed matching the
+    attempt does not fence them at prefill (grants are matched by room), so they name a
+    generation decode issued on the room, not a retired one, and a write's generation does not
+    tell an earlier attempt's from the current one's. Before the room-keyed claims said so,
+    `messages_carry_a_generation_of_their_room` failed at depth 6 here (a first attempt's grant
+    still on the wire after the retry) and `writes_carry_their_grant` at depth 19."""
+    config = parse_set(Config(), [*SHARED_ROOM, "max_retries=1"])
+    result = explore(get_variant("room_keyed_with_binding"), config, invariants=True)
+    assert result.extra["invariants"]["failing"] == {}
