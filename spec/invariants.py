@@ -284,13 +284,18 @@ def prefill_holds_a_generation_of_its_room() -> Term:
         lambda r: And(
             p_gen(r) < next_gen(),
             forall(REQ, lambda o: Implies(d_gen(o) == p_gen(r), room(o) == room(r))),
-        )
+        ),
+        _stale_write_of_room,
     )
 
 
-def _prefill_writes_only_its_grant(decode_issued: Callable[[Term], Term]) -> Term:
+def _prefill_writes_only_its_grant(
+    decode_issued: Callable[[Term], Term], stale_write: Callable[[Bound], Term] | None = None
+) -> Term:
     """Prefill's side of the grant, with `decode_issued(r)`: whose grant prefill's grant for r is
-    (the matching's: r's own, or one of r's room)."""
+    (the matching's: r's own, or one of r's room), and `stale_write` what tells a retried
+    request's earlier write (the matching's: `_stale_write` or `_stale_write_of_room`)."""
+    stale = stale_write or _stale_write
     requests = forall(
         REQ,
         lambda r: And(
@@ -321,7 +326,7 @@ def _prefill_writes_only_its_grant(decode_issued: Callable[[Term], Term]) -> Ter
         # each write rather than of `issued(r, q)` (written or some write in flight), so that
         # the exception is a disjunct here and not an existential under every (r, q).
         lambda w: Or(
-            _stale_write(w),
+            stale(w),
             And(
                 p_gen(w.req) != 0,
                 p_granted(w.req, w.page),
@@ -449,7 +454,9 @@ def _current_of_room(
     def body(m: Bound) -> Term:
         stale = _stale_message(m)
         earlier: Term = m.attempt < attempt(m.req)
-        old = And(earlier, _issued_on_room(m.gen, room(m.req))) if issued else earlier
+        # Issued before the retry, so not the grant decode made for the current attempt.
+        issued_before = And(_issued_on_room(m.gen, room(m.req)), m.gen != d_gen(m.req))
+        old = And(earlier, issued_before) if issued else earlier
         return And(Implies(stale, old), Implies(Not(stale), claim(m)))
 
     return body
@@ -745,7 +752,12 @@ def rejected_requests_are_never_validated() -> Term:
                 ),
             ),
         ),
-        each_message(["completion"], lambda m: Implies(not_as_is(m.req), d(m.req) == "rejected")),
+        # (A retry's earlier attempt's completion names a grant decode holds for no current
+        # attempt of its request: harmless, see `_current_of_room`.)
+        each_message(
+            ["completion"],
+            lambda m: Or(_stale_message(m), Implies(not_as_is(m.req), d(m.req) == "rejected")),
+        ),
     )
 
 

@@ -189,3 +189,8 @@ def test_the_room_keyed_invariants_hold_with_a_retry_on_a_shared_room() -> None:
     config = parse_set(Config(), [*SHARED_ROOM, "max_retries=1"])
     result = explore(get_variant("room_keyed_with_binding"), config, invariants=True)
     assert result.extra["invariants"]["failing"] == {}
+
+
+def test_kind_proves_room_keyed_matching_with_binding_with_a_retry() -> None:
+    config = parse_set(Config(), [*SHARED_ROOM, "max_retries=1"])
+    assert kinduction(get_variant("room_keyed_with_binding"), config).verdict == "safe"
