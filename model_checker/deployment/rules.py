@@ -427,7 +427,9 @@ def vllm_rules(d: Deployment, limits: dict[Role, RoleLimits]) -> Iterator[Findin
             title=f"decode kv_load_failure_policy is {q.kv_load_failure_policy.value}",
             detail=(
                 "with recompute, a failed or partial KV load is repaired locally and has returned "
-                "wrong output with HTTP 200 (vLLM #49250, mutant M14); fail closes the request"
+                "wrong output with HTTP 200 (vLLM #49250, mutant M14), and a read still in flight "
+                "can land on a recomputed block (the spec's `recompute_without_fence`); fail "
+                "closes the request"
             ),
             fix='set "kv_load_failure_policy": "fail" in decode\'s --kv-transfer-config',
             flags=(name(q.kv_load_failure_policy, "--kv-transfer-config kv_load_failure_policy"),),
