@@ -447,9 +447,10 @@ def _current_of_room(
 ) -> Callable[[Bound], Term]:
     """Room-keyed matching's `_current`: `claim` for a message of its request's current attempt;
     one of an earlier attempt is of an earlier attempt, and (`issued`: grants, completions) names
-    a generation decode issued on its request's room (prefill may still take such a grant). Not a retired one: under room-keyed matching
-    a retried request's first attempt may have written and completed under a grant another
-    request on the room still holds (decode's binding refuses what it sent)."""
+    a generation decode issued on its request's room before the retry (prefill may still take
+    such a grant). Not a retired one: under room-keyed matching a retried request's first attempt
+    may have written and completed under a grant another request on the room still holds
+    (decode's binding refuses what it sent)."""
 
     def body(m: Bound) -> Term:
         stale = _stale_message(m)
@@ -1041,13 +1042,17 @@ completion are false on reachable states, and these say what is true instead."""
 def invariants_for(design: Design) -> tuple[Invariant, ...]:
     """The invariants of the proof of a design, as every checker reads them (the explorer's
     `--invariants`, kind, the fixed-configuration prove): `INVARIANTS`, with room-keyed
-    matching's versions in place of the request-keyed ones, and `ONE_SIDED_INVARIANTS` after
+    matching's versions in place of the request-keyed ones (or, for a pull design that
+    recomputes after a failed read, `RECOMPUTE_INVARIANTS`), and `ONE_SIDED_INVARIANTS` after
     them for designs with one-sided writes."""
     core = INVARIANTS
-    if design.transfer == "pull" and design.load_failure == "recompute":
-        core = tuple(RECOMPUTE_INVARIANTS.get(inv.name, inv) for inv in core)
     if design.matching == "room":
         core = tuple(ROOM_KEYED_INVARIANTS.get(inv.name, inv) for inv in INVARIANTS)
         core += ROOM_KEYED_EXTRA_INVARIANTS
+    elif design.transfer == "pull" and design.load_failure == "recompute":
+        # The recompute versions are written for request-keyed matching; a room-keyed design
+        # that recomputes gets room-keyed matching's, which say nothing of a recompute (its
+        # proof may then stay UNKNOWN, never a wrong SAFE: every claim is checked).
+        core = tuple(RECOMPUTE_INVARIANTS.get(inv.name, inv) for inv in INVARIANTS)
     extra = ONE_SIDED_INVARIANTS if design.write_path == "one_sided" else ()
     return core + extra
