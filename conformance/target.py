@@ -69,6 +69,13 @@ def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
             "(one rank), so conformance runs only scenarios with prefill_ranks=1; check "
             "several-rank designs with `kvhandoff check --set prefill_ranks=N`"
         )
+    if config.prefill_instances != 1 or config.decode_instances != 1:
+        raise UnsupportedScenario(
+            f"prefill_instances={config.prefill_instances}, decode_instances="
+            f"{config.decode_instances}: the implementation runs one prefill and one decode "
+            "server, and the spec does not model several instances yet, so conformance runs "
+            "only scenarios with one instance of each"
+        )
     # Checked here too, so that every caller refuses it unless its target plays a client's
     # retry under the same request id (`Target.retries`; the registry's row for
     # `router_retry_request`).

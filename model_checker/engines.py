@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from kvhandoff.model_checker.explore import explore
 from kvhandoff.model_checker.result import EXIT_CODES, CheckResult, PropertyResult
-from kvhandoff.spec.config import Config
+from kvhandoff.spec.config import Config, instances_unsupported
 from kvhandoff.spec.variants import Variant
 
 
@@ -54,6 +54,9 @@ Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
 
 
 def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
+    why_not = instances_unsupported(config)
+    if why_not is not None:
+        raise EngineCannotEncode(why_not)
     result = explore(variant, config, max_states=options.max_states, invariants=options.invariants)
     _remember_explored(variant, config, result)
     return result

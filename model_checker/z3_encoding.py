@@ -84,7 +84,7 @@ from kvhandoff.spec.actions import (
     RouterSubmitRequest,
     snake_case,
 )
-from kvhandoff.spec.config import Config
+from kvhandoff.spec.config import Config, instances_unsupported
 from kvhandoff.spec.effects import EffectFormula
 from kvhandoff.spec.logic import GuardFormula
 from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, rule_effect, rule_guard
@@ -297,6 +297,11 @@ class Encoding:
         # when issued (prefill's grant does not change while its writes are in flight).
         self.attempts = config.max_retries + 1
         self.retries = config.max_retries > 0
+        instances = instances_unsupported(config)
+        if instances is not None:
+            # The same refusal as the explorer's: the rulebook does not model several
+            # instances yet, and the encoding is built from the rulebook.
+            raise CannotEncode(f"{instances}; the Z3 encodings cannot encode them")
         if self.retries and config.prefill_ranks > 1:
             raise CannotEncode(
                 f"max_retries={config.max_retries} with {config.prefill_ranks} prefill ranks: "

@@ -69,6 +69,19 @@ class Config:
     """Prefill ranks (tensor-parallel workers of the one prefill instance): each writes its own
     shard of every granted page and reports its own completion, and decode accepts the transfer
     only when every rank's has arrived (see `state.py`, "Prefill ranks"). At most 4."""
+    prefill_instances: int = 1
+    """Prefill instances (workers) the router may place a request on, 1 to 3. Real deployments
+    run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
+    request). The router's choice would be recorded per request, each instance with its own boot
+    epoch, and a restart would lose only its own requests. So far only the value 1 is modelled:
+    every engine refuses a larger one with a reason (`instances_unsupported`), and 1 keeps every
+    state space exactly as it was."""
+    decode_instances: int = 1
+    """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
+    can issue the same generation for one room: a hazard only several instances show). Decode's
+    `decode_pages` are split among them in contiguous blocks (page q belongs to instance
+    `q * decode_instances // decode_pages`), so `decode_pages` must be at least
+    `decode_instances`. As with `prefill_instances`, only 1 is modelled so far."""
     max_active: int = 1
     """Requests the router lets be in progress at once (submitted and not yet answered)."""
     submit_in_order: bool = True
@@ -131,6 +144,19 @@ class Config:
                 f"prefill_ranks must be an integer from 1 to 4 (the explicit model is meant for "
                 f"few ranks), got {ranks!r}"
             )
+        for name in ("prefill_instances", "decode_instances"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 3:
+                raise ConfigError(
+                    f"{name} must be an integer from 1 to 3 (the explicit model is meant for few "
+                    f"instances), got {value!r}"
+                )
+        if self.decode_pages < self.decode_instances:
+            raise ConfigError(
+                f"decode_pages={self.decode_pages} is fewer than decode_instances="
+                f"{self.decode_instances}: every decode instance needs at least one page of its "
+                "own"
+            )
         if self.max_active < 1:
             raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")
         if not self.requests:
@@ -148,6 +174,10 @@ class Config:
                 raise ConfigError(f"request {i}: pages must be at least 1, got {r.pages}")
             if r.room < 1:
                 raise ConfigError(f"request {i}: room must be at least 1, got {r.room}")
+
+    def page_instance(self, page: int) -> int:
+        """The decode instance page `page` belongs to: the pool is split in contiguous blocks."""
+        return page * self.decode_instances // self.decode_pages
 
     @property
     def tenants(self) -> tuple[str, ...]:
@@ -176,6 +206,24 @@ class Config:
                     "requests must be a list of {tenant, pages, room} objects"
                 ) from exc
         return Config(**kwargs)
+
+
+def instances_unsupported(config: Config) -> str | None:
+    """Why a checker cannot take this configuration's instances, or None where it can.
+
+    Several prefill or decode instances (`Config.prefill_instances`, `Config.decode_instances`)
+    are validated and documented, but not yet modelled by the rulebook: the router's choice of
+    instances, per-instance epochs, generation counters and restarts are future work. Rather than
+    check a one-instance model under a several-instance name, every engine refuses with this
+    reason."""
+    if config.prefill_instances == 1 and config.decode_instances == 1:
+        return None
+    return (
+        f"prefill_instances={config.prefill_instances}, decode_instances="
+        f"{config.decode_instances}: several instances are not modelled yet (the rulebook has "
+        "one prefill and one decode instance); check with prefill_instances=1 and "
+        "decode_instances=1"
+    )
 
 
 def default_config() -> Config:
@@ -281,6 +329,7 @@ __all__ = [
     "Room",
     "TenantId",
     "default_config",
+    "instances_unsupported",
     "parse_set",
     "scenario_config",
 ]

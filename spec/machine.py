@@ -107,7 +107,7 @@ from kvhandoff.spec.actions import (
     snake_case,
 )
 from kvhandoff.spec.compiled import rules
-from kvhandoff.spec.config import Config
+from kvhandoff.spec.config import Config, ConfigError, instances_unsupported
 from kvhandoff.spec.effects import (
     EffectFormula,
     Updates,
@@ -246,6 +246,12 @@ class ActionNotEnabled(ValueError):
 
 
 def init(config: Config) -> State:
+    # Several instances are validated by `Config` but not modelled by these rules yet (see
+    # `state.py`, "Instances"): running the one-instance rules under a several-instance scenario
+    # would check another system than the one named, so every caller is refused here.
+    why_not = instances_unsupported(config)
+    if why_not is not None:
+        raise ConfigError(why_not)
     return initial_state(config)
 
 
