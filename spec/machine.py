@@ -54,6 +54,12 @@ only when every rank's completion arrived and validated. A completion speaks onl
 rank's shards: one rank's Success says nothing about the others', which is why decode waits for
 all of them. After an abort each rank acknowledges the drain of its own writes.
 
+Several prefill or decode instances (`Config.prefill_instances`, `Config.decode_instances`; see
+`state.py`, "Instances") are not in these rules yet: a real router picks one prefill and one
+decode worker per request, each decode worker with its own pool and generation counter, and the
+rules here are those of one worker of each. `init` refuses a scenario with more than one, with
+the reason, rather than run these rules under its name.
+
 (Until commit 6dda962 each rule was also written as a Python function, the explorer's former path;
 those copies were retired in d40c5de, once tests/spec/test_compiled_rules.py had shown, on main,
 that the compiled formulas list the same actions in the same order and give the same next states.

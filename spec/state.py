@@ -39,6 +39,29 @@ prefill's sent completions (`ReqState.p_ranks_done`), the completions decode acc
 `completed`, decode to `validated`, the abort's obligation or fence lifted) and empties the set.
 With one rank every set is therefore always empty, and the states are exactly those of the
 one-rank model.
+
+Instances
+---------
+Real deployments run several prefill instances and several decode instances, and the router picks
+one of each per request: SGLang's router and vLLM's and Dynamo's disaggregated routers choose a
+prefill worker and a decode worker for every request; each decode worker has its own KV pool and
+its own allocator, and the two meet on a bootstrap room (Mooncake's and SGLang's
+`bootstrap_room`). That brings hazards one instance of each cannot show: two decode instances
+hand out generations from their own counters, so the same (room, generation) can name two
+different grants, and a restart of one instance must not touch the requests placed on another.
+
+`Config.prefill_instances` and `Config.decode_instances` (1 to 3) name how many there are, and
+`Config.page_instance` splits decode's `decode_pages` among the decode instances in contiguous
+blocks. **This state does not model them yet**: it has one prefill and one decode, one epoch
+each, one generation counter. The design for the model, when it comes: the router records its
+choice per request (a prefill and a decode instance, chosen when it submits); each instance keeps
+its own boot epoch (and decode its own generation counter); messages and writes name the pair of
+instances they travel between, and every receiving rule matches only what was sent to it; a
+restart loses only its own instance's requests and pages. With one instance of each there is then
+exactly one choice, and the states are exactly those of the one-instance model. Until then
+`spec.config.instances_unsupported` gives the reason every engine, `machine.init` and the
+conformance targets refuse a scenario with more than one instance: checking the one-instance
+rules under a several-instance name would report a verdict about another system.
 """
 
 from __future__ import annotations
