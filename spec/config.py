@@ -186,6 +186,13 @@ class Config:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["requests"] = [asdict(r) for r in self.requests]
+        # One instance of each is every scenario written before instances were named, and what
+        # the model supports: leaving the fields out then keeps every committed trace, log and
+        # result that carries a config byte-for-byte as it was (`from_json` reads them back as
+        # 1). A scenario with several instances names them.
+        for name in ("prefill_instances", "decode_instances"):
+            if data[name] == 1:
+                del data[name]
         return data
 
     @staticmethod

@@ -90,3 +90,14 @@ def test_the_cli_reports_several_instances_as_cannot_encode(
     out = capsys.readouterr().out
     assert code == 3
     assert "prefill_instances=2, decode_instances=2" in out
+
+
+def test_json_names_instances_only_when_there_are_several() -> None:
+    """Every config written before instances existed reads and writes the same."""
+    assert "prefill_instances" not in Config().to_json()
+    assert "decode_instances" not in Config().to_json()
+    two = parse_set(Config(), ["decode_instances=2"])
+    assert two.to_json()["decode_instances"] == 2
+    assert "prefill_instances" not in two.to_json()
+    assert Config.from_json(two.to_json()) == two
+    assert Config.from_json(Config().to_json()) == Config()
