@@ -15,6 +15,7 @@ from kvhandoff.model_checker.engines import (
     combine,
     run_engine,
 )
+from kvhandoff.model_checker.explore import placement_text
 from kvhandoff.model_checker.render import group_counterexamples, steps, trace_lines
 from kvhandoff.model_checker.result import CheckResult, config_summary
 from kvhandoff.model_checker.variant_loader import (
@@ -237,6 +238,14 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
                 f"  counterexample to induction: {cti['action']} {' '.join(cti['args'])} "
                 f"breaks {', '.join(cti['fails'])}"
             )
+    placed = result.extra.get("placements")
+    if placed:
+        # A router that places as it likes: every placement was searched (spec.config.placements).
+        print(f"  placements searched: {len(placed)} (request:tenant:prefill/decode instance)")
+        for item in placed:
+            print(f"    {item['placement']}: {item['verdict']}, {item['states']:,} states")
+        if result.verdict == "violated":
+            print(f"  counterexample on the placement {placement_text(result.config)}")
     if result.witnesses:
         missing = [k for k, ok in result.witnesses.items() if not ok]
         reached = len(result.witnesses) - len(missing)

@@ -54,9 +54,12 @@ Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
 
 
 def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    why_not = instances_unsupported(config)
-    if why_not is not None:
-        raise EngineCannotEncode(why_not)
+    if options.invariants:
+        # The proof's invariants are claims about one instance of each (the Z3 engines'
+        # readings); with several, some say what only one instance guarantees.
+        why_not = instances_unsupported(config)
+        if why_not is not None:
+            raise EngineCannotEncode(f"--invariants: {why_not}")
     result = explore(variant, config, max_states=options.max_states, invariants=options.invariants)
     _remember_explored(variant, config, result)
     return result

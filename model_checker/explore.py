@@ -41,7 +41,7 @@ from kvhandoff.model_checker import progress
 from kvhandoff.model_checker.result import CheckResult, PropertyResult, Verdict
 from kvhandoff.spec.actions import Action, action_name, is_fault
 from kvhandoff.spec.compiled import rules
-from kvhandoff.spec.config import Config
+from kvhandoff.spec.config import Config, placements
 from kvhandoff.spec.invariants import Invariant, invariants_for
 from kvhandoff.spec.machine import enabled, init, step
 from kvhandoff.spec.properties import ALWAYS, DEPLOYMENT, SOMETIMES, TERMINATION
@@ -482,7 +482,96 @@ def explore(
     """Check every property of `variant` on `config` by exhaustive search; with `invariants`,
     also evaluate the proof's invariants, and the formulas of the properties and witnesses
     (what the Z3 engines check) beside their Python functions, on every state
-    (`extra["invariants"]`)."""
+    (`extra["invariants"]`).
+
+    Where the router places requests as it likes on several instances (`placement="any"`),
+    each fixed placement is searched (`spec.config.placements`: every run of such a router is a
+    run of one of them). A violation is reported from the placement with the shortest
+    counterexample, with that placement's configuration (what its trace replays on); otherwise
+    the placements' results are one: a property holds when it holds on every placement, a
+    witness is reached when some placement reaches it, and the states are the placements'
+    together. `extra["placements"]` lists each placement's own verdict."""
+    fixed = placements(config)
+    if len(fixed) == 1 and fixed[0] is config:
+        return _explore_one(variant, config, max_states, invariants)
+    runs = [_explore_one(variant, c, max_states, invariants) for c in fixed]
+    return _union_of_placements(config, runs)
+
+
+def placement_text(config: Config) -> str:
+    """Where `config` places its requests, `a:p0/d1, b:p0/d0`, by tenant and request order."""
+    return ", ".join(
+        f"{i}:{r.tenant}:p{r.prefill_instance}/d{r.decode_instance}"
+        for i, r in enumerate(config.requests)
+    )
+
+
+def _union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
+    """One result for a router that may place requests anywhere, from each placement's."""
+
+    def severity(run: CheckResult) -> tuple[int, int]:
+        depths = [r.depth or 0 for r in run.results if r.verdict == "violated"]
+        order = {"violated": 0, "unknown": 1, "bounded": 2, "safe": 3}[run.verdict]
+        return order, min(depths, default=0)
+
+    worst = min(runs, key=severity)
+    witnesses = {
+        name: any(run.witnesses.get(name, False) for run in runs) for name in worst.witnesses
+    }
+    states = sum(run.states or 0 for run in runs)
+    seconds = sum(run.seconds for run in runs)
+    summary = [
+        {"placement": placement_text(run.config), "verdict": run.verdict, "states": run.states}
+        for run in runs
+    ]
+    extra = dict(worst.extra)
+    extra.update(
+        transitions=sum(run.extra["transitions"] for run in runs),
+        max_depth=max(run.extra["max_depth"] for run in runs),
+        complete=all(run.extra["complete"] for run in runs),
+        states_per_second=round(states / seconds) if seconds > 0 else None,
+        placements=summary,
+    )
+    if worst.verdict in ("violated", "unknown"):
+        # The counterexample (or the limit reached) is that placement's: its configuration is
+        # the one its trace replays on.
+        return CheckResult(
+            variant=worst.variant,
+            engine=worst.engine,
+            config=worst.config,
+            results=worst.results,
+            witnesses=witnesses,
+            states=states,
+            seconds=seconds,
+            extra=extra,
+        )
+    bounds = [run.extra.get("response_bound") for run in runs]
+    extra["response_bound"] = None if None in bounds else max(b for b in bounds if b is not None)
+    results = [
+        PropertyResult(
+            r.property,
+            r.verdict,
+            depth=max((run.results[i].depth or 0) for run in runs),
+            detail=r.detail,
+        )
+        for i, r in enumerate(worst.results)
+    ]
+    return CheckResult(
+        variant=worst.variant,
+        engine=worst.engine,
+        config=config,
+        results=results,
+        witnesses=witnesses,
+        states=states,
+        seconds=seconds,
+        extra=extra,
+    )
+
+
+def _explore_one(
+    variant: Variant, config: Config, max_states: int | None, invariants: bool
+) -> CheckResult:
+    """`explore` on one fixed placement."""
     started = time.perf_counter()
     graph, first_violation, witnesses = build_graph(
         variant, config, max_states, invariants=invariants

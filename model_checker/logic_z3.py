@@ -403,6 +403,7 @@ class FixedReading(Reading):
             "count": s[f"{pre}{k}_count"] if completion else 0,
             "has_digest": s[f"{pre}{k}_digest"] if completion else False,
             "attempt": a,
+            "dinst": 0,  # one decode instance (`Encoding` refuses more)
             "digest_page": (lambda j: s[f"{pre}{k}_dpages{j}"])
             if completion
             else (lambda j: False),
@@ -558,7 +559,12 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "pending_ack_gen": _r("pa_gen"),
     "p_acked": _ranked("pak"),
     "p_lease_expired": _r("lease_expired"),
-    "next_gen": lambda f: f.s["next_gen"],
+    # One decode instance (the encoding refuses more): its counter, and every instance 0.
+    "next_gen": lambda f, i: f.s["next_gen"],
+    "d_inst": lambda f, r: 0,
+    "p_inst": lambda f, r: 0,
+    "page_inst": lambda f, j: 0,
+    "p_dinst": lambda f, r: 0,
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: f.enc.ranks,
     "drain_fence": lambda f: f.drain,
@@ -633,7 +639,7 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     "prefill_aborts_spent": lambda: "f.prefill_aborts",
     "duplicates_spent": lambda: "f.duplicates",
     "partitions_spent": lambda: "f.partitions",
-    "next_gen": lambda: "next_gen",
+    "next_gen": lambda i: "next_gen",  # one decode instance: one counter
     "prefill_epoch": lambda: "prefill_epoch",
     "decode_epoch": lambda: "decode_epoch",
     "retries_spent": lambda: "f.retries",

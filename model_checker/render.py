@@ -45,7 +45,10 @@ def describe(action: Action, config: Config) -> str:
         text = _short(value, config.prefill_ranks)
         if f.name == "request" and isinstance(value, int) and value < len(config.requests):
             spec = config.requests[value]
-            text += f" (tenant {spec.tenant}, {spec.pages} pages, room {spec.room})"
+            where = ""
+            if config.prefill_instances > 1 or config.decode_instances > 1:
+                where = f", on p{spec.prefill_instance}/d{spec.decode_instance}"
+            text += f" (tenant {spec.tenant}, {spec.pages} pages, room {spec.room}{where})"
         args.append(f"{f.name}={text}")
     return " ".join([action_name(action), *args])
 

@@ -43,8 +43,15 @@ def config_summary(config: Config) -> str:
     # A retry is not a fault (its own budget), so a scope with retries says so on its own.
     n_retries = config.max_retries
     retries = f" and {n_retries} client retr{'ies' if n_retries != 1 else 'y'}" if n_retries else ""
+    instances = ""
+    if config.prefill_instances > 1 or config.decode_instances > 1:
+        # Said only when there are several, so one-instance scopes read as they always have.
+        instances = (
+            f"{config.prefill_instances} prefill and {config.decode_instances} decode instances"
+            f" ({'every placement' if config.placement == 'any' else 'placed as given'}), "
+        )
     return (
-        f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, "
+        f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, {instances}"
         f"{n} request{'s' * (n != 1)}, {in_flight}"
         f"{tenants} tenant{'s' * (tenants != 1)}, {ranks} prefill rank{'s' * (ranks != 1)}, "
         f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}{retries}"

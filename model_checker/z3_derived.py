@@ -163,6 +163,7 @@ _TIMEOUT = "timed out waiting for prefill"
 _NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
 """Rank sets: with one prefill rank the spec keeps them empty (an effect sets one only when not
 every rank has reported, which one rank always has)."""
+_ONE_INSTANCE = ("d_inst", "p_inst", "page_inst", "p_dinst")
 _DERIVED = frozenset(
     {
         "answered",
@@ -176,6 +177,8 @@ _DERIVED = frozenset(
         "shard_outside",
         "prefill_ranks",
         "drain_fence",
+        # One prefill and one decode instance (`prove` refuses more): every instance is 0.
+        *_ONE_INSTANCE,
     }
 )
 _ANSWER = {"ans_set": (REQ,), "ans_ok": (REQ,), "ans_timeout": (REQ,)}
@@ -190,13 +193,14 @@ def _kept_args(args: Sequence[Sort]) -> tuple[Sort, ...]:
 _SYMBOLS = {s.name: s for s in V.SYMBOLS}
 _BASE: dict[str, tuple[tuple[Sort, ...], Sort]] = {
     **{
-        n: (_kept_args(s.args), s.result)
+        n: (_kept_args(s.args) if n != "next_gen" else (), s.result)
         for n, s in _SYMBOLS.items()
         if n in WRITABLE and n not in _NOT_KEPT and n not in _DERIVED
     },
     **{n: (a, BOOL) for n, a in _ANSWER.items()},
 }
-"""The mutable symbols, with their argument sorts (rank dropped) and result sort."""
+"""The mutable symbols, with their argument sorts (rank dropped) and result sort. The
+generation counter of one decode instance is one constant (`next_gen(i)` reads it whatever i)."""
 _RIGID: dict[str, tuple[tuple[Sort, ...], Sort]] = {
     n: (_kept_args(s.args), s.result)
     for n, s in _SYMBOLS.items()
@@ -521,6 +525,10 @@ class Model:
         kept = [x for x, s in zip(args, symbol.args, strict=True) if s != RANK]
         if name in _NOT_KEPT:
             return False
+        if name == "next_gen":
+            return view[name]()  # one decode instance, one counter
+        if name in _ONE_INSTANCE:
+            return 0
         if name in _BASE:
             return view[name](*kept)
         if name in _RIGID:
@@ -559,6 +567,8 @@ class Model:
                 return False
             if name == "room":
                 return RIGID.f["room"](m["req"](x))
+            if name == "dinst":
+                return 0  # one decode instance
             if name in ("has_page", "digest_page"):
                 assert t.arg is not None
                 return RIGID.msg_page[name](x, self.tr(t.arg, view, tag, env))
@@ -762,6 +772,8 @@ class Model:
                 targets = [
                     a for a, s in zip(u.target.args, u.target.symbol.args, strict=True) if s != RANK
                 ]
+                if name == "next_gen":
+                    targets = []  # one decode instance, one counter
                 if name == "answered":
                     # A withdrawn answer (a client's retry): given, output and timed-out all
                     # false again, as in the spec's initial state.
@@ -936,6 +948,7 @@ _DERIVED_READS: dict[str, set[str]] = {
     "issued": {"p_granted", "p_wrote", "inflight"},
     "faults_spent": {f"{n}_spent" for n in FAULT_COUNTS},
     "read_tenant": {"read_req"},
+    **{name: set() for name in _ONE_INSTANCE},
 }
 
 
@@ -1526,7 +1539,8 @@ class Simulator:
         full = []
         rest = iter(args)
         for sort in symbol.args:
-            full.append(0 if sort == RANK else next(rest))
+            # Rank 0; and instance 0 where the model keeps one (`next_gen`'s instance).
+            full.append(0 if sort == RANK else next(rest, 0))
         code = _READING_CODE.get((name, *full))
         if code is None:
             source = V.CONCRETE.symbols[name].format(*map(str, full))

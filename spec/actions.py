@@ -381,6 +381,7 @@ def _message_from_json(data: dict[str, Any]) -> Message:
         epoch=int(data.get("epoch", 0)),
         rank=int(data.get("rank", 0)),
         attempt=int(data.get("attempt", 0)),
+        dinst=int(data.get("dinst", 0)),
     )
 
 
@@ -407,15 +408,19 @@ def action_to_json(action: object) -> dict[str, Any]:
     """`{"action": snake_case_name, "args": {...}}`: the trace format's step.
 
     A prefill rank (of an action, message or write) is written only when it is not 0, and read
-    as 0 when absent, so traces of the one-rank model are unchanged.
+    as 0 when absent, so traces of the one-rank model are unchanged; so are a message's attempt
+    and decode instance.
     """
     args: dict[str, Any] = {}
     for name in _field_names(type(action)):
         value = getattr(action, name)
         if isinstance(value, Message | Write):
             value = _without_rank_0(_as_dict(value))
-            if value.get("attempt", 1) == 0:
-                del value["attempt"]  # as a rank of 0: traces without retries read as before
+            # As a rank of 0: traces without retries, or with one decode instance, read as
+            # before those were modelled.
+            for name_of_zero in ("attempt", "dinst"):
+                if value.get(name_of_zero, 1) == 0:
+                    del value[name_of_zero]
         args[name] = value
     return {"action": action_name(action), "args": _without_rank_0(args)}
 

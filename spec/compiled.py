@@ -140,11 +140,24 @@ def _sizes(config: Any) -> dict[str, int]:
     }
 
 
+def _one_instance(config: Any) -> frozenset[str]:
+    """The instance-valued symbols (and the message field `dinst`) that are 0 everywhere in
+    `config`, because it has one instance of their kind: folded away, so that a one-instance
+    scenario runs the code it ran before instances were modelled."""
+    out: set[str] = set()
+    if config.decode_instances == 1:
+        out |= {"d_inst", "page_inst", "p_dinst", "dinst"}
+    if config.prefill_instances == 1:
+        out.add("p_inst")
+    return frozenset(out)
+
+
 def fold(t: Term, config: Any, drain: bool, env: dict[int, int] | None = None) -> Term:
     """`t` with what `config` fixes computed (`env` gives some variables a value: the elements
     of unrolled loops)."""
     env = env or {}
     sizes = _sizes(config)
+    one_instance = _one_instance(config)
 
     def go(t: Term) -> Term:
         if isinstance(t, Lit):
@@ -154,6 +167,8 @@ def fold(t: Term, config: Any, drain: bool, env: dict[int, int] | None = None) -
         if isinstance(t, App):
             from kvhandoff.spec.logic import FieldSymbol
 
+            if t.symbol.name in one_instance:
+                return Lit(0, t.sort)  # the only instance (see `_one_instance`)
             args = tuple(go(a) for a in t.args)
             fmt = None if isinstance(t.symbol, FieldSymbol) else _rigid(t.symbol.name)
             if fmt is not None and all(isinstance(a, Lit) for a in args):
@@ -198,6 +213,8 @@ def fold(t: Term, config: Any, drain: bool, env: dict[int, int] | None = None) -
         if isinstance(t, InFlight):
             body = go(t.body)
             return t if body is t.body else InFlight(t.what, t.kinds, t.var, body)
+        if isinstance(t, Field) and t.name == "dinst" and "dinst" in one_instance:
+            return Lit(0, t.sort)
         if isinstance(t, Field) and t.arg is not None:
             arg = go(t.arg)
             return t if arg is t.arg else Field(t.var, t.name, t.sort, arg)
@@ -944,6 +961,8 @@ def compile_effect(
             page_symbols.add(symbol.name)
             key = f"({symbol.name!r}, {args[1]})" if len(args) > 1 else repr(symbol.name)
             out.emit(d, f"PG.setdefault({args[0]}, {{}})[{key}] = {value}")
+        elif category == "global" and symbol.name == "next_gen":
+            out.emit(d, f"_set_counter(S, GL, {args[0]}, {value})")
         elif category == "global":
             out.emit(d, f"GL[{e._GLOBALS[symbol.name]!r}] = {value}")
         elif category == "ghost":
@@ -1040,8 +1059,11 @@ def compile_effect(
                     term = getattr(u, field_name)
                     if term is not None:
                         parts.append(f"{field_name}={_source(term)}")
-                # Every message about r carries the attempt it was sent for (`run_effect`).
+                # Every message about r carries the attempt it was sent for, and the decode
+                # instance at its decode end (`run_effect`).
                 parts.append(f"attempt=S.requests[{r}].attempt")
+                if config is None or config.decode_instances > 1:
+                    parts.append(f"dinst=_dinst(C, S, {u.kind!r}, {r})")
                 if u.digest:
                     q = u.page.name if u.page is not None else "_q"
                     covered = _source(u.digest_page) if u.digest_page is not None else "False"
@@ -1173,6 +1195,8 @@ def compile_effect(
         "_accepted": _accepted,
         "_tag": _tag,
         "_rebuilt": _rebuilt,
+        "_dinst": e.message_dinst,
+        "_set_counter": e.set_counter,
         "_arguments": arguments,
         "_shard": _shard,
         "_read_pages": _read_pages,

@@ -15,15 +15,17 @@ The CLI's default scenario, `wide`, has two requests in flight at once and two f
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, NewType
+from typing import Any, Literal, NewType, get_args
 
 RequestIndex = NewType("RequestIndex", int)
 PageId = NewType("PageId", int)
 Generation = NewType("Generation", int)
 Room = NewType("Room", int)
 TenantId = NewType("TenantId", str)
+Placement = Literal["any", "fixed"]
 
 
 class ConfigError(ValueError):
@@ -42,6 +44,12 @@ class RequestSpec:
     tenant: str
     pages: int
     room: int
+    prefill_instance: int = 0
+    """The prefill instance the router placed the request on (`Config.prefill_instances`; with
+    one instance, 0). Read only where `Config.placement` is `fixed`."""
+    decode_instance: int = 0
+    """The decode instance the router placed the request on, whose pool and generation counter
+    serve it (`Config.decode_instances`)."""
 
 
 @dataclass(frozen=True)
@@ -72,16 +80,23 @@ class Config:
     prefill_instances: int = 1
     """Prefill instances (workers) the router may place a request on, 1 to 3. Real deployments
     run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
-    request). The router's choice would be recorded per request, each instance with its own boot
-    epoch, and a restart would lose only its own requests. So far only the value 1 is modelled:
-    every engine refuses a larger one with a reason (`instances_unsupported`), and 1 keeps every
-    state space exactly as it was."""
+    request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
+    "Instances"). Only the explorer checks more than one (the Z3 engines refuse, naming
+    `instances_unsupported`), and not yet with crashes, partitions or several prefill ranks:
+    per-instance restarts are not modelled."""
     decode_instances: int = 1
     """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
     can issue the same generation for one room: a hazard only several instances show). Decode's
     `decode_pages` are split among them in contiguous blocks (page q belongs to instance
     `q * decode_instances // decode_pages`), so `decode_pages` must be at least
-    `decode_instances`. As with `prefill_instances`, only 1 is modelled so far."""
+    `decode_instances`."""
+    placement: Placement = "any"
+    """How the router places requests on instances. `any`: wherever it likes, each request on one
+    prefill and one decode instance chosen when it is submitted; the explorer checks every
+    placement (up to relabelling the instances, see `placements`), so a verdict covers them all.
+    `fixed`: where each request says (`RequestSpec.prefill_instance`, `decode_instance`; in
+    `--set requests=` as `TENANT:PAGES:ROOM:P/D`). With one instance of each the two are one
+    scenario."""
     max_active: int = 1
     """Requests the router lets be in progress at once (submitted and not yet answered)."""
     submit_in_order: bool = True
@@ -157,6 +172,27 @@ class Config:
                 f"{self.decode_instances}: every decode instance needs at least one page of its "
                 "own"
             )
+        if self.placement not in get_args(Placement):
+            raise ConfigError(
+                f"placement must be one of {', '.join(get_args(Placement))}, got {self.placement!r}"
+            )
+        several = self.prefill_instances > 1 or self.decode_instances > 1
+        if several:
+            # Restarts and suspicions act on one instance among several: not modelled yet (see
+            # `spec/state.py`, "Instances"), so refused rather than run as whole-tier restarts.
+            for name in ("max_crashes", "max_partitions"):
+                if getattr(self, name):
+                    raise ConfigError(
+                        f"{name}={getattr(self, name)} with prefill_instances="
+                        f"{self.prefill_instances}, decode_instances={self.decode_instances}: "
+                        "a restart or a partition of one instance among several is not modelled "
+                        f"yet; set {name}=0"
+                    )
+            if self.prefill_ranks > 1:
+                raise ConfigError(
+                    f"prefill_ranks={self.prefill_ranks} with several instances: the drain acks "
+                    "ranks keep are not told apart by instance yet; set prefill_ranks=1"
+                )
         if self.max_active < 1:
             raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")
         if not self.requests:
@@ -174,6 +210,21 @@ class Config:
                 raise ConfigError(f"request {i}: pages must be at least 1, got {r.pages}")
             if r.room < 1:
                 raise ConfigError(f"request {i}: room must be at least 1, got {r.room}")
+            for name, n in (
+                ("prefill_instance", self.prefill_instances),
+                ("decode_instance", self.decode_instances),
+            ):
+                value = getattr(r, name)
+                if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n:
+                    raise ConfigError(
+                        f"request {i}: {name} must be an instance from 0 to {n - 1} "
+                        f"({name}s={n}), got {value!r}"
+                    )
+                if value and self.placement == "any":
+                    raise ConfigError(
+                        f"request {i}: {name}={value} under placement=any, where the router "
+                        "chooses: set placement=fixed to place requests yourself"
+                    )
 
     def page_instance(self, page: int) -> int:
         """The decode instance page `page` belongs to: the pool is split in contiguous blocks."""
@@ -185,14 +236,23 @@ class Config:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["requests"] = [asdict(r) for r in self.requests]
-        # One instance of each is every scenario written before instances were named, and what
-        # the model supports: leaving the fields out then keeps every committed trace, log and
-        # result that carries a config byte-for-byte as it was (`from_json` reads them back as
-        # 1). A scenario with several instances names them.
+        # One instance of each, and the router placing as it likes, is every scenario written
+        # before instances were named: leaving those fields out then keeps every committed
+        # trace, log and result that carries a config byte-for-byte as it was (`from_json` reads
+        # them back as the defaults). A scenario with several instances names them.
         for name in ("prefill_instances", "decode_instances"):
             if data[name] == 1:
                 del data[name]
+        if data["placement"] == "any":
+            del data["placement"]
+        requests = []
+        for r in self.requests:
+            item = asdict(r)
+            for name in ("prefill_instance", "decode_instance"):
+                if item[name] == 0:
+                    del item[name]
+            requests.append(item)
+        data["requests"] = requests
         return data
 
     @staticmethod
@@ -205,32 +265,81 @@ class Config:
         if "requests" in kwargs:
             try:
                 kwargs["requests"] = tuple(
-                    RequestSpec(str(r["tenant"]), int(r["pages"]), int(r["room"]))
+                    RequestSpec(
+                        str(r["tenant"]),
+                        int(r["pages"]),
+                        int(r["room"]),
+                        int(r.get("prefill_instance", 0)),
+                        int(r.get("decode_instance", 0)),
+                    )
                     for r in kwargs["requests"]
                 )
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ConfigError(
-                    "requests must be a list of {tenant, pages, room} objects"
+                    "requests must be a list of {tenant, pages, room} objects (with "
+                    "prefill_instance and decode_instance where a request is placed)"
                 ) from exc
         return Config(**kwargs)
 
 
 def instances_unsupported(config: Config) -> str | None:
-    """Why a checker cannot take this configuration's instances, or None where it can.
+    """Why a checker of one instance cannot take this configuration, or None where it can.
 
-    Several prefill or decode instances (`Config.prefill_instances`, `Config.decode_instances`)
-    are validated and documented, but not yet modelled by the rulebook: the router's choice of
-    instances, per-instance epochs, generation counters and restarts are future work. Rather than
-    check a one-instance model under a several-instance name, every engine refuses with this
+    The explorer checks several prefill or decode instances (`Config.prefill_instances`,
+    `Config.decode_instances`). The Z3 engines' readings and the conformance targets have one of
+    each so far (an instance-valued term reads 0 there, see `model_checker/logic_z3.py`):
+    rather than check a one-instance model under a several-instance name, they refuse with this
     reason."""
     if config.prefill_instances == 1 and config.decode_instances == 1:
         return None
     return (
         f"prefill_instances={config.prefill_instances}, decode_instances="
-        f"{config.decode_instances}: several instances are not modelled yet (the rulebook has "
-        "one prefill and one decode instance); check with prefill_instances=1 and "
+        f"{config.decode_instances}: this checker has one prefill and one decode instance; "
+        "check several with the explorer (--engine explore), or set prefill_instances=1 and "
         "decode_instances=1"
     )
+
+
+def placements(config: Config) -> list[Config]:
+    """The fixed placements a router that places as it likes (`placement="any"`) can make of
+    `config`'s requests, one per class of placements equal up to renaming the instances.
+
+    A request is placed when it is submitted and stays there, so every run of such a router is a
+    run of one fixed placement, and checking each fixed placement checks the router. Prefill
+    instances are interchangeable (nothing in the model orders them), and so are decode
+    instances with pools of the same size: renaming them maps one placement's runs onto the
+    other's, page block onto page block, keeping the order of pages within each block (the only
+    order the rules read). So a placement is kept only in its canonical form: each instance is
+    first used by a request after every lower-numbered one (for decode instances only where all
+    pools are the same size). With one instance of each, or `placement="fixed"`, the list is
+    `[config]`."""
+    if config.placement == "fixed" or (
+        config.prefill_instances == 1 and config.decode_instances == 1
+    ):
+        return [config]
+    sizes = [
+        sum(1 for q in range(config.decode_pages) if config.page_instance(q) == i)
+        for i in range(config.decode_instances)
+    ]
+    decode_symmetric = len(set(sizes)) == 1
+
+    def choices(n: int, symmetric: bool) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = []
+        for combo in itertools.product(range(n), repeat=len(config.requests)):
+            if symmetric and any(x > max(combo[:i], default=-1) + 1 for i, x in enumerate(combo)):
+                continue
+            out.append(combo)
+        return out
+
+    out = []
+    for ps in choices(config.prefill_instances, True):
+        for ds in choices(config.decode_instances, decode_symmetric):
+            requests = tuple(
+                replace(r, prefill_instance=p, decode_instance=d)
+                for r, p, d in zip(config.requests, ps, ds, strict=True)
+            )
+            out.append(replace(config, requests=requests, placement="fixed"))
+    return out
 
 
 def default_config() -> Config:
@@ -262,6 +371,20 @@ SCENARIOS: dict[str, tuple[str, Config]] = {
             max_faults=2,
         ),
     ),
+    "instances": (
+        "wide, on two prefill and two decode instances of three pages each, the router "
+        "placing each request anywhere (every placement checked); no restarts (not modelled "
+        "with several instances); the explorer only",
+        Config(
+            requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
+            max_active=2,
+            max_faults=2,
+            max_crashes=0,
+            decode_pages=6,
+            prefill_instances=2,
+            decode_instances=2,
+        ),
+    ),
     "sequential": (
         "three requests of two tenants (one too long for prefill, two sharing room 1), "
         "one in flight at a time, one fault per run",
@@ -287,15 +410,28 @@ def _parse_requests(text: str) -> tuple[RequestSpec, ...]:
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             raise ConfigError(
-                f"requests item {item!r}: expected TENANT:PAGES:ROOM, e.g. requests=a:2:1,b:3:2"
+                f"requests item {item!r}: expected TENANT:PAGES:ROOM (or TENANT:PAGES:ROOM:P/D, "
+                "placed on prefill instance P and decode instance D), e.g. requests=a:2:1,b:3:2"
             )
-        tenant, pages, room = parts
+        tenant, pages, room = parts[:3]
         try:
-            out.append(RequestSpec(tenant, int(pages), int(room)))
+            spec = RequestSpec(tenant, int(pages), int(room))
         except ValueError as exc:
             raise ConfigError(f"requests item {item!r}: PAGES and ROOM must be integers") from exc
+        if len(parts) == 4:
+            p_inst, sep, d_inst = parts[3].partition("/")
+            try:
+                if not sep:
+                    raise ValueError(parts[3])
+                spec = replace(spec, prefill_instance=int(p_inst), decode_instance=int(d_inst))
+            except ValueError as exc:
+                raise ConfigError(
+                    f"requests item {item!r}: the placement must be P/D, two instance numbers "
+                    "(e.g. 0/1: prefill instance 0, decode instance 1)"
+                ) from exc
+        out.append(spec)
     return tuple(out)
 
 
@@ -312,6 +448,8 @@ def parse_set(base: Config, assignments: list[str]) -> Config:
             raise ConfigError(f"--set {key}: unknown key; known keys: {', '.join(sorted(types))}")
         if key == "requests":
             changes[key] = _parse_requests(value)
+        elif key == "placement":
+            changes[key] = value.strip()  # checked against the choices by `Config`
         elif types[key] in ("bool", bool):
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ConfigError(f"--set {key}={value}: expected true or false")
@@ -338,5 +476,6 @@ __all__ = [
     "default_config",
     "instances_unsupported",
     "parse_set",
+    "placements",
     "scenario_config",
 ]

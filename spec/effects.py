@@ -568,8 +568,10 @@ def run_effect(
                         for q in range(len(S.pages))
                         if covered is not None and covered(S, C, drain, *a, q)
                     )
-                # Every message about r carries the attempt it was sent for.
+                # Every message about r carries the attempt it was sent for, and the decode
+                # instance at its decode end (`message_dinst`).
                 extra["attempt"] = S.requests[r].attempt
+                extra["dinst"] = message_dinst(C, S, u.kind, r)
                 messages.append(
                     Message(
                         u.kind, room, gen, r, pages=pages, reason=u.reason, epoch=epoch, **extra
@@ -597,6 +599,34 @@ def run_effect(
     return finish(
         C, S, assigned, messages, replies, writes, moves, forget, adopted, fields_of_variant
     )
+
+
+DECODE_SENDS: frozenset[str] = frozenset({"grant", "abort"})
+"""The kinds of message decode sends (prefill sends the others)."""
+
+
+def message_dinst(C: Config, S: State, kind: str, r: int) -> int:
+    """The decode instance at the decode end of a `kind` message about request r: decode's own
+    for what decode sends (the instance r is placed on), and for what prefill sends the one whose
+    pages its grant names, or before any grant the one r is placed on (`p_dinst`)."""
+    if C.decode_instances == 1:
+        return 0
+    if kind in DECODE_SENDS:
+        return C.requests[r].decode_instance
+    pages = S.requests[r].p_pages
+    return C.page_instance(pages[0]) if pages else C.requests[r].decode_instance
+
+
+def set_counter(S: State, changes: dict[str, Any], instance: int, value: int) -> None:
+    """Record in `changes` (a state's changed fields) decode instance `instance`'s generation
+    counter set to `value`: `next_generation` for instance 0, an entry of `next_generations`
+    for the others."""
+    if instance == 0:
+        changes["next_generation"] = value
+        return
+    counters = list(changes.get("next_generations", S.next_generations))
+    counters[instance - 1] = value
+    changes["next_generations"] = tuple(counters)
 
 
 def finish(
@@ -678,6 +708,8 @@ def _build(
             by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
         elif name in _PAGE or name in _SHARD:
             by_page.setdefault(key[0], {})[name, key[1:]] = value
+        elif name == "next_gen":
+            set_counter(S, glob, key[0], value)
         elif name in _GLOBALS:
             glob[_GLOBALS[name]] = value
         elif name in _GHOSTS:

@@ -138,7 +138,7 @@ def _retired(gen: Term) -> Term:
     """`gen` was issued by decode and no request holds it any more, on either side."""
     return And(
         gen != 0,
-        gen < next_gen(),
+        gen < next_gen(0),
         forall(REQ, lambda t: And(d_gen(t) != gen, p_gen(t) != gen)),
     )
 
@@ -190,7 +190,7 @@ def generations_are_unique() -> Term:
         REQ,
         lambda r: And(
             d_gen(r) >= 0,
-            d_gen(r) < next_gen(),
+            d_gen(r) < next_gen(0),
             forall(REQ, lambda r2: Implies(And(r != r2, d_gen(r) != 0), d_gen(r) != d_gen(r2))),
         ),
     )
@@ -282,7 +282,7 @@ def prefill_holds_a_generation_of_its_room() -> Term:
     a universal one is what the any-size model's solver handles well (∀∃ is not)."""
     return _prefill_writes_only_its_grant(
         lambda r: And(
-            p_gen(r) < next_gen(),
+            p_gen(r) < next_gen(0),
             forall(REQ, lambda o: Implies(d_gen(o) == p_gen(r), room(o) == room(r))),
         ),
         _stale_write_of_room,
@@ -437,7 +437,7 @@ def _issued_on_room(gen: Term, of_room: Term) -> Term:
     `of_room` (said without an existential, as `prefill_holds_a_generation_of_its_room` does)."""
     return And(
         gen != 0,
-        gen < next_gen(),
+        gen < next_gen(0),
         forall(REQ, lambda o: Implies(d_gen(o) == gen, room(o) == of_room)),
     )
 

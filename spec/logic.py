@@ -21,7 +21,7 @@ The language is the one of mypyvy and Ivy, cut to what the handoff needs:
   messages waiting to be sent again) and `each_write(...)` (page writes in flight), whose
   fields (`m.req`, `m.gen`, `w.page`, ...) are terms.
 
-Quantifiers are written with Python lambdas, `forall(REQ, lambda r: d_gen(r) < next_gen())`:
+Quantifiers are written with Python lambdas, `forall(REQ, lambda r: d_gen(r) < next_gen(0))`:
 the lambda is called once, with a fresh variable, to build the term (higher-order abstract
 syntax). So a claim reads almost as the mathematics it states, and nothing here runs per state.
 """
@@ -152,9 +152,11 @@ class Symbol:
     result: Sort
     meaning: str
 
-    def __call__(self, *args: Term) -> App:
-        if len(args) != len(self.args):
-            raise TypeError(f"{self.name} takes {len(self.args)} arguments, got {len(args)}")
+    def __call__(self, *given: Term | int) -> App:
+        if len(given) != len(self.args):
+            raise TypeError(f"{self.name} takes {len(self.args)} arguments, got {len(given)}")
+        # A number stands for itself (`next_gen(0)`, decode instance 0's counter).
+        args = tuple(lift(a) for a in given)
         for want, got in zip(self.args, args, strict=True):
             if got.sort != want:
                 raise TypeError(f"{self.name}: argument of sort {got.sort.name}, want {want.name}")
@@ -229,6 +231,7 @@ MESSAGE_FIELDS: dict[str, Sort] = {
     "count": INT,  # a completion: how many pages it says were written
     "has_digest": BOOL,  # a completion: it carries a digest
     "attempt": INT,  # the sender's attempt number for the request (a client's retry: 1)
+    "dinst": INT,  # the decode instance at its decode end: sender or receiver (instances)
 }
 MESSAGE_PAGE_FIELDS: dict[str, Sort] = {"has_page": PAGE, "digest_page": PAGE}
 """Fields that take a page: `m.has_page(q)`, page q is among the pages a grant names;

@@ -54,11 +54,13 @@ only when every rank's completion arrived and validated. A completion speaks onl
 rank's shards: one rank's Success says nothing about the others', which is why decode waits for
 all of them. After an abort each rank acknowledges the drain of its own writes.
 
-Several prefill or decode instances (`Config.prefill_instances`, `Config.decode_instances`; see
-`state.py`, "Instances") are not in these rules yet: a real router picks one prefill and one
-decode worker per request, each decode worker with its own pool and generation counter, and the
-rules here are those of one worker of each. `init` refuses a scenario with more than one, with
-the reason, rather than run these rules under its name.
+Several prefill and decode instances (`Config.prefill_instances`, `Config.decode_instances`; see
+`state.py`, "Instances"): each request is placed on one of each (`p_inst(r)`, `d_inst(r)`, rigid);
+decode grants it pages of its own instance's pool under that instance's generation counter
+(`next_gen(d_inst(r))`), and every message names the decode instance at its decode end (`m.dinst`):
+prefill finds a grant or an abort only among its own instance's requests, and decode a completion,
+a failure notice or a drain ack only among its own. With one instance of each every such term is
+0 and the rules are those of one worker of each.
 
 (Until commit 6dda962 each rule was also written as a Python function, the explorer's former path;
 those copies were retired in d40c5de, once tests/spec/test_compiled_rules.py had shown, on main,
@@ -113,7 +115,7 @@ from kvhandoff.spec.actions import (
     snake_case,
 )
 from kvhandoff.spec.compiled import rules
-from kvhandoff.spec.config import Config, ConfigError, instances_unsupported
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.effects import (
     EffectFormula,
     Updates,
@@ -177,6 +179,7 @@ from kvhandoff.spec.vocabulary import (
     d_epoch,
     d_gen,
     d_holds,
+    d_inst,
     d_rank,
     decode_epoch,
     decode_seen_prefill_epoch,
@@ -209,15 +212,18 @@ from kvhandoff.spec.vocabulary import (
     p,
     p_acked,
     p_cancel,
+    p_dinst,
     p_epoch,
     p_gen,
     p_granted,
     p_granted_count,
+    p_inst,
     p_lease_expired,
     p_len,
     p_rank_done,
     p_written,
     p_wrote,
+    page_inst,
     page_reuse,
     page_used,
     partitions_spent,
@@ -252,12 +258,6 @@ class ActionNotEnabled(ValueError):
 
 
 def init(config: Config) -> State:
-    # Several instances are validated by `Config` but not modelled by these rules yet (see
-    # `state.py`, "Instances"): running the one-instance rules under a several-instance scenario
-    # would check another system than the one named, so every caller is refused here.
-    why_not = instances_unsupported(config)
-    if why_not is not None:
-        raise ConfigError(why_not)
     return initial_state(config)
 
 
@@ -462,20 +462,27 @@ def _decode_reject_effect(design: Design) -> EffectFormula:
 def _decode_reserve_guard(design: Design) -> GuardFormula:
     # Decode grants every page the prompt needs at once, under one fresh generation, or waits
     # (stays `admitted`) until enough are free: a partial grant would leave prefill nowhere to
-    # put the rest of the prompt. Free means granted to no request.
-    free = count(PAGE, lambda q: Not(owned(q)))
-    return guard(lambda r: And(d(r) == "admitted", free >= prompt_pages(r)))
+    # put the rest of the prompt. Free means granted to no request; decode grants pages of the
+    # pool of its own instance, the one the request is on.
+    def free(r: Var) -> Term:
+        return count(PAGE, lambda q: And(Not(owned(q)), page_inst(q) == d_inst(r)))
+
+    return guard(lambda r: And(d(r) == "admitted", free(r) >= prompt_pages(r)))
 
 
 def _decode_reserve_effect(design: Design) -> EffectFormula:
-    # The first free pages, in page order, as many as the prompt needs: page q is chosen when it
-    # is free and fewer than that many free pages come before it.
+    # The first free pages of the request's decode instance, in page order, as many as the
+    # prompt needs: page q is chosen when it is free and fewer than that many free pages come
+    # before it. The generation comes from that instance's counter.
     def body(r: Var) -> Updates:
-        def chosen(q: Var) -> Term:
-            before = count(PAGE, lambda o: And(o < q, Not(owned(o))))
-            return And(Not(owned(q)), before < prompt_pages(r))
+        def mine(q: Var) -> Term:
+            return And(Not(owned(q)), page_inst(q) == d_inst(r))
 
-        gen = next_gen()
+        def chosen(q: Var) -> Term:
+            before = count(PAGE, lambda o: And(o < q, mine(o)))
+            return And(mine(q), before < prompt_pages(r))
+
+        gen = next_gen(d_inst(r))
         return [
             each(
                 PAGE,
@@ -500,7 +507,7 @@ def _decode_reserve_effect(design: Design) -> EffectFormula:
             assign(d(r), "reserved"),
             assign(d_gen(r), gen),
             send("grant", r, gen=gen, epoch=decode_epoch(), pages=chosen),
-            assign(next_gen(), gen + 1),
+            assign(next_gen(d_inst(r)), gen + 1),
         ]
 
     return effect(body)
@@ -536,9 +543,10 @@ def _prefill_receive_grant_effect(design: Design) -> EffectFormula:
 
         if design.matching == "room":
             # Keyed by room alone (SGLang's `bootstrap_room`): the first request waiting on the
-            # grant's room takes it, whichever request decode made it for.
+            # grant's room takes it, whichever request decode made it for, among the requests
+            # of the prefill instance the grant was sent to (the one decode's request is on).
             def on_room(t: Var) -> Term:
-                return And(waiting(t), room(t) == m.room)
+                return And(waiting(t), room(t) == m.room, p_inst(t) == p_inst(m.req))
 
             return [consume(m), each(REQ, lambda t: take(t, _first(t, on_room)))]
         # Keyed by the request id the grant carries (and its room: our implementation), and,
@@ -658,7 +666,16 @@ def _prefill_send_completion_guard(design: Design) -> GuardFormula:
     # rank's own writes returned.
     def ready(r: Var, k: Var) -> Term:
         target = If(p_len(r) < p_granted_count(r), p_len(r), p_granted_count(r))
-        mine = each_write(lambda w: Not(And(w.room == room(r), w.gen == p_gen(r), w.rank == k)))
+        mine = each_write(
+            lambda w: Not(
+                And(
+                    w.room == room(r),
+                    w.gen == p_gen(r),
+                    w.rank == k,
+                    page_inst(w.page) == p_dinst(r),
+                )
+            )
+        )
         return And(p(r) == "granted", p_wrote(r) == target, Not(p_rank_done(r, k)), mine)
 
     return rank_guard(ready)
@@ -710,7 +727,8 @@ def _decode_receive_completion_effect(design: Design) -> EffectFormula:
     # It validates what the design says before anything is read.
     def body(m: Bound) -> Updates:
         def waiting(t: Var) -> Term:
-            same = And(d(t) == "reserved", room(t) == m.room)
+            # Among the requests of the decode instance the completion was sent to.
+            same = And(d(t) == "reserved", room(t) == m.room, d_inst(t) == m.dinst)
             return And(same, d_gen(t) == m.gen) if design.check_generation else same
 
         def request(t: Var) -> Updates:
@@ -793,7 +811,9 @@ def _decode_receive_failure_effect(design: Design) -> EffectFormula:
     def body(m: Bound) -> Updates:
         def applies(t: Var) -> Term:
             return And(
-                d(t).is_in("received", "admitted", "reserved"), Or(m.gen == 0, d_gen(t) == m.gen)
+                d(t).is_in("received", "admitted", "reserved"),
+                Or(m.gen == 0, d_gen(t) == m.gen),
+                d_inst(t) == m.dinst,  # a request of the decode instance it was sent to
             )
 
         def fail(t: Var, hit: Term) -> Updates:
@@ -992,10 +1012,14 @@ def _prefill_receive_abort_effect(design: Design) -> EffectFormula:
             # Keyed by room: the request on the abort's room that took the aborted grant (it owes
             # the drain ack even if it has finished writing), or, for an abort sent before any
             # grant, the first one still waiting on that room.
+            # Among the requests of the prefill instance it was sent to. A grant taken is told by
+            # its generation and the decode instance that made it (SGLang's ABORT names
+            # decode's address; each decode instance counts its own generations), so the drain
+            # ack, sent where the grant came from, goes back to the abort's sender.
             def on_room(t: Var) -> Term:
                 waiting = And(m.gen == 0, p(t).is_in("received", "admitted"))
-                took = And(m.gen != 0, p_gen(t) == m.gen)
-                return And(room(t) == m.room, Or(waiting, took))
+                took = And(m.gen != 0, p_gen(t) == m.gen, p_dinst(t) == m.dinst)
+                return And(room(t) == m.room, p_inst(t) == p_inst(m.req), Or(waiting, took))
 
             return [consume(m), each(REQ, lambda t: abort(t, _first(t, on_room)))]
         # By request id, and with `attempt_fence` the attempt: prefill stops a request still
@@ -1019,7 +1043,16 @@ def _prefill_send_abort_ack_guard(design: Design) -> GuardFormula:
     # rank k acknowledges once none of its writes under the aborted grant is still on the wire.
     def drained(r: Var, k: Var) -> Term:
         gen = pending_ack_gen(r)
-        mine = each_write(lambda w: Not(And(w.room == room(r), w.gen == gen, w.rank == k)))
+        mine = each_write(
+            lambda w: Not(
+                And(
+                    w.room == room(r),
+                    w.gen == gen,
+                    w.rank == k,
+                    page_inst(w.page) == p_dinst(r),
+                )
+            )
+        )
         return And(pending_ack(r), Not(p_acked(r, k)), mine)
 
     return rank_guard(drained)
@@ -1030,7 +1063,15 @@ def _prefill_send_abort_ack_effect(design: Design) -> EffectFormula:
     # every rank has sent its own, prefill owes nothing more for that abort.
     def body(r: Var, k: Var) -> Updates:
         def same(q: Var) -> Term:
-            return And(pending_ack(q), room(q) == room(r), pending_ack_gen(q) == pending_ack_gen(r))
+            # The same abort: its room and generation, at this prefill instance, from the same
+            # decode instance.
+            return And(
+                pending_ack(q),
+                room(q) == room(r),
+                pending_ack_gen(q) == pending_ack_gen(r),
+                p_inst(q) == p_inst(r),
+                p_dinst(q) == p_dinst(r),
+            )
 
         every_rank = forall(RANK, lambda o: Or(o == k, p_acked(r, o)))
         return each(
@@ -1058,7 +1099,9 @@ def _decode_receive_abort_ack_effect(design: Design) -> EffectFormula:
     # fence lifts once every rank has acknowledged the drain of its own writes.
     def body(m: Bound) -> Updates:
         def fenced(t: Var) -> Term:
-            return And(d_awaiting_ack(t), room(t) == m.room, d_gen(t) == m.gen)
+            return And(
+                d_awaiting_ack(t), room(t) == m.room, d_gen(t) == m.gen, d_inst(t) == m.dinst
+            )
 
         def request(t: Var) -> Updates:
             first = _first(t, fenced)
@@ -1260,8 +1303,15 @@ def _within_budget(spent: Term, limit: Term) -> Term:
 
 
 def _writes_in_flight_for(r: Var) -> Term:
-    """Some write of r's room and prefill's generation is in flight (whoever issued it)."""
-    return Not(each_write(lambda w: Not(And(w.room == room(r), w.gen == p_gen(r)))))
+    """Some write of r's room and prefill's generation to the decode instance of its grant is
+    in flight (whoever issued it)."""
+    return Not(
+        each_write(
+            lambda w: Not(
+                And(w.room == room(r), w.gen == p_gen(r), page_inst(w.page) == p_dinst(r))
+            )
+        )
+    )
 
 
 # --- client_cancel_request -----------------------------------------------------------------------
@@ -1413,7 +1463,8 @@ def _decode_restart_effect(design: Design) -> EffectFormula:
             assign(decode_epoch(), decode_epoch() + 1),
         ]
         if not design.generations_persist:
-            out += [assign(next_gen(), 1)]
+            # (A restart of the one decode instance: `Config` refuses restarts with several.)
+            out += [assign(next_gen(0), 1)]
         return out
 
     return effect(body)
@@ -1526,10 +1577,16 @@ def _fail_transfer_effect(design: Design) -> EffectFormula:
             return out
 
         def reading(t: Var) -> Term:
-            return And(d(t) == "reserved", room(t) == w.room, d_gen(t) == w.gen)
+            # The reader is the decode instance whose page the read was for.
+            return And(
+                d(t) == "reserved",
+                room(t) == w.room,
+                d_gen(t) == w.gen,
+                d_inst(t) == page_inst(w.page),
+            )
 
         if design.load_failure == "recompute":
-            return [*out, *_recompute_effect(design, reading)]
+            return [*out, *_recompute_effect(design, reading, page_inst(w.page))]
 
         def request(t: Var) -> Updates:
             first = _first(t, reading)
@@ -1540,7 +1597,7 @@ def _fail_transfer_effect(design: Design) -> EffectFormula:
     return write_effect(body)
 
 
-def _recompute_effect(design: Design, reading: Callable[[Var], Term]) -> Updates:
+def _recompute_effect(design: Design, reading: Callable[[Var], Term], instance: Term) -> Updates:
     """Decode computes the prompt's KV itself into every page it holds for the request whose
     read failed (the first one `reading` picks), and goes on as if the transfer had validated.
 
@@ -1550,9 +1607,9 @@ def _recompute_effect(design: Design, reading: Callable[[Var], Term]) -> Updates
     under a fresh generation (from its counter, as a grant would be): the pages are owned for
     the new one, and a read of the old one that lands later is refused by the ownership check.
     Without it the pages keep the grant's generation, and such a read lands on a recomputed
-    page."""
+    page. `instance`: the decode instance that recomputes (whose counter gives the generation)."""
     hit = exists(REQ, lambda t: _first(t, reading))
-    fresh = next_gen()
+    fresh = next_gen(instance)
 
     def request(t: Var) -> Updates:
         first = _first(t, reading)
@@ -1581,7 +1638,7 @@ def _recompute_effect(design: Design, reading: Callable[[Var], Term]) -> Updates
 
     out: list[Any] = [each(REQ, request)]
     if design.recompute_fence:
-        out += [assign(next_gen(), fresh + 1, when=hit)]
+        out += [assign(next_gen(instance), fresh + 1, when=hit)]
     return out
 
 

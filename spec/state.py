@@ -52,16 +52,28 @@ different grants, and a restart of one instance must not touch the requests plac
 
 `Config.prefill_instances` and `Config.decode_instances` (1 to 3) name how many there are, and
 `Config.page_instance` splits decode's `decode_pages` among the decode instances in contiguous
-blocks. **This state does not model them yet**: it has one prefill and one decode, one epoch
-each, one generation counter. The design for the model, when it comes: the router records its
-choice per request (a prefill and a decode instance, chosen when it submits); each instance keeps
-its own boot epoch (and decode its own generation counter); messages and writes name the pair of
-instances they travel between, and every receiving rule matches only what was sent to it; a
-restart loses only its own instance's requests and pages. With one instance of each there is then
-exactly one choice, and the states are exactly those of the one-instance model. Until then
-`spec.config.instances_unsupported` gives the reason every engine, `machine.init` and the
-conformance targets refuse a scenario with more than one instance: checking the one-instance
-rules under a several-instance name would report a verdict about another system.
+blocks (page numbers stay global: a page's number says whose pool it is in). How it is modelled:
+
+* **Placement is the scenario's.** Each request is on one prefill and one decode instance
+  (`RequestSpec.prefill_instance`, `decode_instance`), chosen by the router when it submits and
+  never changed, so it is rigid, like the request's room. A router that places as it likes is
+  checked as every fixed placement (`spec.config.placements`): each of its runs is a run of one.
+* **Decode instance state.** Each decode instance grants pages of its own pool only, under
+  generations from its own counter (`State.next_generation` for instance 0, `next_generations`
+  for the others), so two instances can issue the same (room, generation).
+* **Addressing.** A message names the decode instance at its decode end (`Message.dinst`):
+  decode's grants and aborts carry their sender, and prefill sends its completion, failure
+  notices and drain acks to the decode instance whose pages its grant names (`p_dinst` in the
+  vocabulary). Decode looks for the request a message is about only among its own; prefill only
+  among the requests of its own instance, which is the one the request a grant or abort names
+  was placed on. A page write goes to a page, so to that page's instance.
+* **Not yet:** restarts and partitions of one instance among several (each instance's boot
+  epoch), and several prefill ranks with several instances. `Config` refuses those
+  combinations. The Z3 engines and the conformance targets take one instance of each
+  (`spec.config.instances_unsupported`).
+
+With one instance of each, every instance is 0, `next_generations` is empty and every message's
+`dinst` is 0: the states are exactly those of the one-instance model.
 """
 
 from __future__ import annotations
@@ -269,6 +281,9 @@ class Message:
     # The sender's attempt number for the request (`ReqState.attempt`): what tells a message of
     # a retried request's first attempt from one of its second (`Design.attempt_fence`).
     attempt: int = 0
+    # The decode instance at the message's decode end: the one that sent a grant or an abort,
+    # the one a completion, a failure notice or a drain ack is sent to (see "Instances").
+    dinst: int = 0
 
 
 @dataclass(frozen=True, order=True)
@@ -429,6 +444,9 @@ class State:
     lost: tuple[Message, ...] = ()  # messages whose RPC failed; the sender will retransmit
     writes: tuple[Write, ...] = ()  # sorted multiset of page writes in flight
     next_generation: int = 1  # decode's generation counter (persisted across restarts)
+    # With several decode instances, the counters of instances 1, 2, ... (instance 0's is
+    # `next_generation`): empty with one, so its states are the one-instance model's.
+    next_generations: tuple[int, ...] = ()
     prefill_epoch: int = 0  # incremented by each prefill restart (its health check reports it)
     decode_epoch: int = 0
     decode_sees_prefill_epoch: int = 0  # the epoch decode last saw in prefill's health check
@@ -484,6 +502,7 @@ def initial_state(config: Config) -> State:
             PageState(rank_shards=(None,) * (config.prefill_ranks - 1))
             for _ in range(config.decode_pages)
         ),
+        next_generations=(1,) * (config.decode_instances - 1),
     )
 
 

@@ -325,7 +325,29 @@ attempt = _sym(
     "carried by every message about r",
 )
 
-next_gen = _sym("next_gen", (), INT, "decode's generation counter (persists across restarts)")
+next_gen = _sym(
+    "next_gen",
+    (INT,),
+    INT,
+    "decode instance i's generation counter (persists across restarts; with one instance, i is 0)",
+)
+
+# Instances (`Config.prefill_instances`, `Config.decode_instances`; see spec/state.py,
+# "Instances"). Where the router placed a request, and which decode instance a page belongs to,
+# are the scenario's (rigid). An instance is a number 0, 1, 2: only compared, and used to pick a
+# decode instance's generation counter. With one instance of each, every one of these is 0.
+d_inst = _sym("d_inst", (REQ,), INT, "the decode instance the router placed r on (rigid)")
+p_inst = _sym("p_inst", (REQ,), INT, "the prefill instance the router placed r on (rigid)")
+page_inst = _sym(
+    "page_inst", (PAGE,), INT, "the decode instance whose pool page q is part of (rigid)"
+)
+p_dinst = _sym(
+    "p_dinst",
+    (REQ,),
+    INT,
+    "the decode instance prefill's transfer for r goes to: the one whose pages the grant it "
+    "holds names, or before any grant the one the router placed r on",
+)
 decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
 drain_fence = _sym(
@@ -462,7 +484,12 @@ CONCRETE = PythonReading(
         "retries_spent": "S.faults.retries",
         "max_retries": "C.max_retries",
         "attempt": _REQ + ".attempt",
-        "next_gen": "S.next_generation",
+        "next_gen": "(S.next_generation if {0} == 0 else S.next_generations[{0} - 1])",
+        "d_inst": "C.requests[{0}].decode_instance",
+        "p_inst": "C.requests[{0}].prefill_instance",
+        "page_inst": "({0} * C.decode_instances // C.decode_pages)",
+        "p_dinst": "(C.page_instance(" + _REQ + ".p_pages[0]) if " + _REQ + ".p_pages else "
+        "C.requests[{0}].decode_instance)",
         "decode_epoch": "S.decode_epoch",
         "prefill_ranks": "C.prefill_ranks",
         "drain_fence": "DRAIN",
@@ -482,6 +509,7 @@ CONCRETE = PythonReading(
             "count": "{0}.count",
             "has_digest": "{0}.digest is not None",
             "attempt": "{0}.attempt",
+            "dinst": "{0}.dinst",
             "reason_is": "{0}.reason == {1}",
         },
         "write": {

@@ -49,9 +49,28 @@ def test_the_wide_scenario_has_two_in_flight_and_two_faults_on_one_room() -> Non
 
 def test_an_unknown_scenario_names_the_known_ones() -> None:
     with pytest.raises(
-        ConfigError, match="unknown scenario 'huge'; known scenarios: wide, sequential"
+        ConfigError, match="unknown scenario 'huge'; known scenarios: wide, instances, sequential"
     ):
         scenario_config("huge")
+
+
+def test_the_instances_scenario_is_wide_on_two_instances_of_each(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    instances = scenario_config("instances")
+    wide = scenario_config("wide")
+    assert (instances.prefill_instances, instances.decode_instances) == (2, 2)
+    assert instances.placement == "any"
+    assert [(r.tenant, r.pages, r.room) for r in instances.requests] == [
+        (r.tenant, r.pages, r.room) for r in wide.requests
+    ]
+    # Every decode instance's pool holds the longest prompt decode admits.
+    assert instances.decode_pages // 2 >= instances.decode_max_prompt
+    code = main(["check", "--scenario", "instances", "--set", "max_faults=0"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 prefill and 2 decode instances" in out
+    assert "placements searched: 4" in out
 
 
 def test_every_scenario_has_a_description() -> None:

@@ -1,103 +1,257 @@
 """Several prefill and decode instances (`Config.prefill_instances`, `Config.decode_instances`).
 
-The fields are validated and documented, but the rulebook does not model several instances yet:
-every engine, the conformance targets and `init` refuse a scenario with more than one instance,
-with a reason that names the fields, rather than check the one-instance model under another
-name. With one instance of each (the default) nothing changes: the state spaces are the same.
+Each request is placed on one prefill and one decode instance; each decode instance grants pages
+of its own pool under its own generation counter, and every message names the decode instance
+at its decode end (spec/state.py, "Instances"). The explorer checks them, a router that places
+as it likes as every fixed placement; the Z3 engines and the conformance targets take one
+instance of each and refuse more with the reason. With one instance of each nothing changes.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import pytest
 
 from kvhandoff.cli.main import main
 from kvhandoff.conformance.target import UnsupportedScenario, require_one_prefill_rank
 from kvhandoff.model_checker.engines import EngineOptions, run_engine
-from kvhandoff.model_checker.explore import build_graph, explore
+from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
+from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.spec import Config, get_variant
-from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set
-from kvhandoff.spec.machine import init
+from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set, placements
+from kvhandoff.spec.state import State
+from kvhandoff.spec.trace import replay
 from tests.explored import SMALL
 
-TWO_BY_TWO = ["prefill_instances=2", "decode_instances=2"]
+TWO_BY_TWO = ["prefill_instances=2", "decode_instances=2", "max_crashes=0", "decode_pages=4"]
+"""Two of each, two pages each, no restarts (not modelled with several instances)."""
+
+
+def _fixed(requests: str) -> Config:
+    return parse_set(Config(), [*TWO_BY_TWO, "placement=fixed", f"requests={requests}"])
+
+
+@cache
+def _graph(variant: str, requests: str) -> StateGraph:
+    return build_graph(get_variant(variant), _fixed(requests))[0]
+
+
+@cache
+def _explored(variant: str, requests: str) -> CheckResult:
+    return explore(get_variant(variant), _fixed(requests))
+
+
+# --- the configuration ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("assignments", "message"),
     [
-        (["prefill_instances=0"], "prefill_instances must be an integer from 1 to 3, got 0"),
+        (["prefill_instances=0"], "prefill_instances must be an integer from 1 to 3"),
         (["prefill_instances=4"], "prefill_instances must be an integer from 1 to 3"),
         (["decode_instances=-1"], "decode_instances must be an integer from 1 to 3"),
         (["decode_instances=3", "decode_pages=2"], "decode_pages=2 is fewer than"),
+        (["decode_instances=2"], "max_crashes=1 with prefill_instances=1, decode_instances=2"),
+        (
+            ["decode_instances=2", "max_crashes=0", "max_partitions=1"],
+            "max_partitions=1 with prefill_instances=1",
+        ),
+        (
+            ["prefill_instances=2", "max_crashes=0", "prefill_ranks=2"],
+            "prefill_ranks=2 with several instances",
+        ),
+        (["placement=some"], "placement must be one of any, fixed, got 'some'"),
+        (
+            [*TWO_BY_TWO, "placement=fixed", "requests=a:2:1:0/2"],
+            "request 0: decode_instance must be an instance from 0 to 1",
+        ),
+        (
+            [*TWO_BY_TWO, "requests=a:2:1:1/0"],
+            "request 0: prefill_instance=1 under placement=any",
+        ),
+        (["requests=a:2:1:x"], "the placement must be P/D"),
+        (["requests=a:2:1:0/0:3"], "expected TENANT:PAGES:ROOM (or TENANT:PAGES:ROOM:P/D"),
     ],
 )
-def test_out_of_range_instances_are_refused_naming_the_value(
+def test_bad_instance_settings_are_refused_naming_the_values(
     assignments: list[str], message: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_set(Config(), assignments)
-    text = str(caught.value)
-    head, _, _ = message.partition(", got")
-    assert head.split(" must")[0] in text
-    assert ("got" not in message) or message.split("got ")[1] in text
+    assert message in str(caught.value)
 
 
-def test_instances_are_settable_with_set_and_split_the_pool_in_blocks() -> None:
-    config = parse_set(Config(), [*TWO_BY_TWO, "decode_pages=4"])
-    assert (config.prefill_instances, config.decode_instances) == (2, 2)
+def test_instances_split_the_pool_in_blocks_and_placements_read_from_set() -> None:
+    config = _fixed("a:2:1:0/1,b:1:2:1/0")
     assert [config.page_instance(q) for q in range(4)] == [0, 0, 1, 1]
-    three = parse_set(Config(), ["decode_instances=3", "decode_pages=3"])
+    assert [(r.prefill_instance, r.decode_instance) for r in config.requests] == [(0, 1), (1, 0)]
+    three = parse_set(Config(), ["decode_instances=3", "decode_pages=3", "max_crashes=0"])
     assert [three.page_instance(q) for q in range(3)] == [0, 1, 2]
-    assert all(Config().page_instance(q) == 0 for q in range(Config().decode_pages))
     assert Config.from_json(config.to_json()) == config
 
 
-def test_one_instance_is_supported_and_keeps_the_small_state_space() -> None:
+def test_json_names_instances_and_placements_only_where_they_are_not_the_default() -> None:
+    """Every config written before instances existed reads and writes the same."""
+    plain = Config().to_json()
+    assert not {"prefill_instances", "decode_instances", "placement"} & set(plain)
+    assert all(set(r) == {"tenant", "pages", "room"} for r in plain["requests"])
+    assert Config.from_json(plain) == Config()
+    placed = _fixed("a:2:1:0/1,b:1:2").to_json()
+    assert placed["placement"] == "fixed"
+    assert placed["requests"][0] == {"tenant": "a", "pages": 2, "room": 1, "decode_instance": 1}
+    assert placed["requests"][1] == {"tenant": "b", "pages": 1, "room": 2}
+
+
+def test_a_router_that_places_as_it_likes_is_every_placement_up_to_renaming() -> None:
+    """Two requests on two prefill and two decode instances of equal pools: the first request
+    on instance 0 of each (renaming), the second anywhere: four placements. Pools of different
+    sizes are not interchangeable: all of the decode placements are kept."""
+    config = parse_set(Config(), [*TWO_BY_TWO, "requests=a:2:1,b:2:1"])
+    got = {
+        tuple((r.prefill_instance, r.decode_instance) for r in c.requests)
+        for c in placements(config)
+    }
+    assert got == {((0, 0), (0, 0)), ((0, 0), (0, 1)), ((0, 0), (1, 0)), ((0, 0), (1, 1))}
+    uneven = parse_set(config, ["decode_pages=5"])
+    decode_choices = {tuple(r.decode_instance for r in c.requests) for c in placements(uneven)}
+    assert decode_choices == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert placements(Config()) == [Config()]
+    fixed = _fixed("a:2:1:1/1,b:2:1:0/0")
+    assert placements(fixed) == [fixed]
+
+
+def test_renaming_the_instances_of_a_placement_checks_the_same_system() -> None:
+    """What keeping one placement per renaming class rests on: a placement and its renamed
+    image have state spaces of the same size and the same verdicts."""
+    for a, b in [("0/0", "1/1"), ("0/1", "1/0")]:
+        one, other = _fixed(f"a:2:1:0/0,b:2:1:{a}"), _fixed(f"a:2:1:1/1,b:2:1:{b}")
+        for variant in ("reference", "room_keyed_matching"):
+            x, y = explore(get_variant(variant), one), explore(get_variant(variant), other)
+            assert (x.states, x.extra["transitions"]) == (y.states, y.extra["transitions"])
+            assert [(r.property, r.verdict, r.depth) for r in x.results] == [
+                (r.property, r.verdict, r.depth) for r in y.results
+            ]
+
+
+# --- what the model of several instances does ----------------------------------------------------
+
+
+def _all_states(variant: str, requests: str) -> list[State]:
+    return _graph(variant, requests).states
+
+
+def test_each_decode_instance_grants_from_its_own_pool() -> None:
+    config = _fixed("a:2:1:0/0,b:2:1:0/1")
+    states = _all_states("reference", "a:2:1:0/0,b:2:1:0/1")
+    held = {(r, q) for s in states for r, req in enumerate(s.requests) for q in req.d_pages}
+    assert {q for r, q in held if r == 0} == {0, 1}
+    assert {q for r, q in held if r == 1} == {2, 3}
+    assert all(config.page_instance(q) == config.requests[r].decode_instance for r, q in held)
+
+
+def test_two_decode_instances_issue_the_same_generation_on_the_same_room() -> None:
+    """Each decode instance counts its own generations: two requests of room 1 on two decode
+    instances both hold generation 1, which one decode instance never allows."""
+    states = _all_states("reference", "a:2:1:0/0,b:2:1:0/1")
+    assert any(s.requests[0].d_gen == s.requests[1].d_gen == 1 for s in states)
+    assert any(s.next_generation == 2 and s.next_generations == (2,) for s in states)
+    one = build_graph(get_variant("reference"), parse_set(Config(), ["requests=a:2:1,b:2:1"]))
+    assert not any(s.requests[0].d_gen == s.requests[1].d_gen != 0 for s in one[0].states), (
+        "one decode instance never issues a generation twice"
+    )
+
+
+def test_messages_reach_only_the_instance_they_are_addressed_to() -> None:
+    """Every message names the decode instance at its decode end, and with both requests of
+    room 1 holding generation 1 on different decode instances, no completion or failure made
+    for one request's transfer ever validates or fails the other (their data never mixes)."""
+    config = _fixed("a:2:1:0/0,b:2:1:0/1")
+    states = _all_states("reference", "a:2:1:0/0,b:2:1:0/1")
+    for s in states:
+        for m in s.network + s.lost:
+            assert m.dinst == config.requests[m.request].decode_instance
+    result = _explored("reference", "a:2:1:0/0,b:2:1:0/1")
+    assert result.verdict == "safe"
+    assert result.witnesses["can_complete_handoff"]
+
+
+def test_room_keyed_matching_crosses_decode_instances_where_prefill_is_shared() -> None:
+    """SGLang-style room-keyed matching at one prefill instance: a's prefill may take the grant
+    b's decode instance made (same room), and without the binding decode generates for b from
+    a's data. With the requests on different prefill instances they never meet."""
+    shared = _explored("room_keyed_matching", "a:2:1:0/0,b:2:1:0/1")
+    assert shared.verdict == "violated"
+    broken = {r.property for r in shared.results if r.verdict == "violated"}
+    assert "no_cross_tenant_read" in broken
+    trace = next(r.trace for r in shared.results if r.property == "no_cross_tenant_read")
+    assert trace is not None
+    final = replay(get_variant("room_keyed_matching"), _fixed("a:2:1:0/0,b:2:1:0/1"), trace)[-1]
+    # The grant a's prefill took names pages of b's decode instance (pages 2 and 3).
+    assert set(final.requests[0].p_pages) <= {2, 3}
+    apart = _explored("room_keyed_matching", "a:2:1:0/0,b:2:1:1/1")
+    assert apart.verdict == "safe"
+
+
+def test_any_placement_reports_the_violating_placement_and_its_config() -> None:
+    config = parse_set(Config(), [*TWO_BY_TWO, "requests=a:2:1,b:2:1"])
+    result = explore(get_variant("room_keyed_matching"), config)
+    assert result.verdict == "violated"
+    assert result.config.placement == "fixed"  # the placement the counterexample replays on
+    verdicts = {p["placement"]: p["verdict"] for p in result.extra["placements"]}
+    assert len(verdicts) == 4
+    assert verdicts["0:a:p0/d0, 1:b:p1/d1"] == "safe"
+    assert verdicts["0:a:p0/d0, 1:b:p0/d1"] == "violated"
+    for r in result.results:
+        if r.trace is not None:
+            replay(get_variant("room_keyed_matching"), result.config, r.trace)
+    safe = explore(get_variant("reference"), config)
+    assert safe.verdict == "safe"
+    assert safe.config == config
+    assert safe.states == sum(p["states"] for p in safe.extra["placements"])
+
+
+# --- who checks several instances ----------------------------------------------------------------
+
+
+def test_one_instance_is_every_checker_s_and_keeps_the_small_state_space() -> None:
     config = parse_set(Config(), SMALL)
     assert instances_unsupported(config) is None
     explicit = parse_set(config, ["prefill_instances=1", "decode_instances=1"])
     assert explicit == config
-    reference = get_variant("reference")
-    before = build_graph(reference, config)[0]
-    again = build_graph(reference, explicit)[0]
-    assert (again.transitions, len(again.depth_of)) == (before.transitions, len(before.depth_of))
-    assert explore(reference, explicit).states == explore(reference, config).states
+    assert explore(get_variant("reference"), config).states == 5040  # as on main before instances
 
 
-def test_several_instances_are_refused_by_init_with_the_reason() -> None:
-    config = parse_set(Config(), [*TWO_BY_TWO, "decode_pages=4"])
-    with pytest.raises(ConfigError, match="prefill_instances=2, decode_instances=2"):
-        init(config)
-
-
-@pytest.mark.parametrize("engine", ["explore", "bmc", "kind", "spacer", "prove"])
-def test_every_engine_refuses_several_instances(engine: str) -> None:
-    config = parse_set(Config(), ["decode_instances=2"])
+@pytest.mark.parametrize("engine", ["bmc", "kind", "spacer", "prove"])
+def test_the_z3_engines_refuse_several_instances(engine: str) -> None:
+    config = parse_set(Config(), ["decode_instances=2", "max_crashes=0"])
     run = run_engine(engine, get_variant("reference"), config, EngineOptions(depth=2, timeout=5))
     assert run.result is None
     assert "decode_instances=2" in run.cannot_encode
+    assert "--engine explore" in run.cannot_encode
+
+
+def test_the_explorer_s_invariants_refuse_several_instances() -> None:
+    config = parse_set(Config(), ["decode_instances=2", "max_crashes=0"])
+    options = EngineOptions(invariants=True)
+    run = run_engine("explore", get_variant("reference"), config, options)
+    assert run.result is None
+    assert "--invariants" in run.cannot_encode
 
 
 def test_conformance_refuses_several_instances() -> None:
     with pytest.raises(UnsupportedScenario, match="prefill_instances=2"):
-        require_one_prefill_rank(parse_set(Config(), ["prefill_instances=2"]))
+        require_one_prefill_rank(parse_set(Config(), ["prefill_instances=2", "max_crashes=0"]))
 
 
-def test_the_cli_reports_several_instances_as_cannot_encode(
+def test_the_cli_checks_several_instances_with_the_explorer(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["check", "--set", "prefill_instances=2", "--set", "decode_instances=2"])
+    args = ["check", "--variant", "room_keyed_matching", "--engine", "explore"]
+    for value in [*TWO_BY_TWO, "requests=a:2:1,b:2:1"]:
+        args += ["--set", value]
+    code = main(args)
     out = capsys.readouterr().out
-    assert code == 3
-    assert "prefill_instances=2, decode_instances=2" in out
-
-
-def test_json_names_instances_only_when_there_are_several() -> None:
-    """Every config written before instances existed reads and writes the same."""
-    assert "prefill_instances" not in Config().to_json()
-    assert "decode_instances" not in Config().to_json()
-    two = parse_set(Config(), ["decode_instances=2"])
-    assert two.to_json()["decode_instances"] == 2
-    assert "prefill_instances" not in two.to_json()
-    assert Config.from_json(two.to_json()) == two
-    assert Config.from_json(Config().to_json()) == Config()
+    assert code == 1
+    assert "placement" in out
+    assert "p0/d1" in out
