@@ -43,6 +43,19 @@ LADDER: list[tuple[str, str, list[str]]] = [
         "reference",
         ["requests=a:2:1,b:3:1", "max_active=2", "max_faults=2"],
     ),
+    (
+        "instances: wide on 2+2, every placement",
+        "reference",
+        [
+            "requests=a:2:1,b:3:1",
+            "max_active=2",
+            "max_faults=2",
+            "max_crashes=0",
+            "decode_pages=6",
+            "prefill_instances=2",
+            "decode_instances=2",
+        ],
+    ),
 ]
 
 CHILD = r"""

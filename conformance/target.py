@@ -72,9 +72,9 @@ def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
     if config.prefill_instances != 1 or config.decode_instances != 1:
         raise UnsupportedScenario(
             f"prefill_instances={config.prefill_instances}, decode_instances="
-            f"{config.decode_instances}: the implementation runs one prefill and one decode "
-            "server, and the spec does not model several instances yet, so conformance runs "
-            "only scenarios with one instance of each"
+            f"{config.decode_instances}: the implementation's harness runs one prefill and one "
+            "decode server, so conformance runs only scenarios with one instance of each; "
+            "check several-instance designs with `kvhandoff check --scenario instances`"
         )
     # Checked here too, so that every caller refuses it unless its target plays a client's
     # retry under the same request id (`Target.retries`; the registry's row for

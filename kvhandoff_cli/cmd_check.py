@@ -243,7 +243,8 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
         # A router that places as it likes: every placement was searched (spec.config.placements).
         print(f"  placements searched: {len(placed)} (request:tenant:prefill/decode instance)")
         for item in placed:
-            print(f"    {item['placement']}: {item['verdict']}, {item['states']:,} states")
+            states = "" if item["states"] is None else f", {item['states']:,} states"
+            print(f"    {item['placement']}: {item['verdict']}{states}")
         if result.verdict == "violated":
             print(f"  counterexample on the placement {placement_text(result.config)}")
     if result.witnesses:

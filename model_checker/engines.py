@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvhandoff.model_checker.explore import explore
+from kvhandoff.model_checker.explore import explore, union_of_placements
 from kvhandoff.model_checker.result import EXIT_CODES, CheckResult, PropertyResult
-from kvhandoff.spec.config import Config, instances_unsupported
+from kvhandoff.spec.config import Config, invariants_unsupported, placements
 from kvhandoff.spec.variants import Variant
 
 
@@ -55,9 +55,7 @@ Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
 
 def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     if options.invariants:
-        # The proof's invariants are claims about one instance of each (the Z3 engines'
-        # readings); with several, some say what only one instance guarantees.
-        why_not = instances_unsupported(config)
+        why_not = invariants_unsupported(config)
         if why_not is not None:
             raise EngineCannotEncode(f"--invariants: {why_not}")
     result = explore(variant, config, max_states=options.max_states, invariants=options.invariants)
@@ -173,6 +171,9 @@ def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResul
 def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from kvhandoff.model_checker.z3_engines import kinduction
 
+    why_not = invariants_unsupported(config)
+    if why_not is not None:
+        raise EngineCannotEncode(f"kind strengthens with the proof's invariants: {why_not}")
     return _z3(lambda: kinduction(variant, config, depth=options.depth, timeout=options.timeout))
 
 
@@ -270,7 +271,14 @@ def run_engine(name: str, variant: Variant, config: Config, options: EngineOptio
     """Run one engine; `EngineCannotEncode` becomes a run with the reason (no result)."""
     started = time.perf_counter()
     try:
-        result = ENGINES[name](variant, config, options)
+        fixed = placements(config)
+        if name == "explore" or fixed == [config]:
+            result = ENGINES[name](variant, config, options)
+        else:
+            # A router placing as it likes on several instances: each fixed placement, as the
+            # explorer does (`explore`), and one result from theirs.
+            runs = [ENGINES[name](variant, c, options) for c in fixed]
+            result = union_of_placements(config, runs)
     except EngineCannotEncode as exc:
         return EngineRun(name, None, str(exc), time.perf_counter() - started)
     return EngineRun(name, result, seconds=time.perf_counter() - started)

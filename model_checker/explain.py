@@ -145,7 +145,10 @@ def same_requests_under(variant: Variant, trace: Trace) -> Trace:
 def request_label(config: Config, r: int) -> str:
     if 0 <= r < len(config.requests):
         spec = config.requests[r]
-        return f"req {r} (tenant {spec.tenant}, {spec.pages} pages, room {spec.room})"
+        where = ""
+        if config.prefill_instances > 1 or config.decode_instances > 1:
+            where = f", prefill {spec.prefill_instance}/decode {spec.decode_instance}"
+        return f"req {r} (tenant {spec.tenant}, {spec.pages} pages, room {spec.room}{where})"
     return f"req {r}"
 
 
@@ -159,6 +162,10 @@ def tag_text(tag: Tag | None) -> str:
 
 def message_text(m: Message, ranks: int = 1) -> str:
     parts = [f"{m.kind} room {m.room} gen {m.generation}"]
+    if m.dinst:
+        # Only a message of decode instance 1, 2, ... says which: with one, every one is 0.
+        toward = "from" if m.kind in ("grant", "abort") else "to"
+        parts[0] += f" {toward} decode instance {m.dinst}"
     if ranks > 1 and m.kind in ("completion", "abort_ack"):
         parts[0] += f" from prefill rank {m.rank}"
     if m.pages:
@@ -349,12 +356,23 @@ def _claim(name: str | None) -> str:
 
 def config_lines(config: Config) -> list[str]:
     reqs = "; ".join(request_label(config, r) for r in range(len(config.requests)))
-    return [
+    out = [
         f"decode pool {config.decode_pages} pages, prefill admits up to "
         f"{config.prefill_max_prompt} pages, decode up to {config.decode_max_prompt}, "
         f"context window {config.context_window}",
         f"requests: {reqs}",
     ]
+    if config.prefill_instances > 1 or config.decode_instances > 1:
+        blocks = ", ".join(
+            f"decode {i}: pages "
+            + _pages([q for q in range(config.decode_pages) if config.page_instance(q) == i])
+            for i in range(config.decode_instances)
+        )
+        out.append(
+            f"instances: {config.prefill_instances} prefill, {config.decode_instances} decode "
+            f"({blocks})"
+        )
+    return out
 
 
 def verdict_line(story: Story) -> str:

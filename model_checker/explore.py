@@ -495,7 +495,7 @@ def explore(
     if len(fixed) == 1 and fixed[0] is config:
         return _explore_one(variant, config, max_states, invariants)
     runs = [_explore_one(variant, c, max_states, invariants) for c in fixed]
-    return _union_of_placements(config, runs)
+    return union_of_placements(config, runs)
 
 
 def placement_text(config: Config) -> str:
@@ -506,8 +506,9 @@ def placement_text(config: Config) -> str:
     )
 
 
-def _union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
-    """One result for a router that may place requests anywhere, from each placement's."""
+def union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
+    """One result for a router that may place requests anywhere (`config`), from each fixed
+    placement's (any engine's: see `explore`)."""
 
     def severity(run: CheckResult) -> tuple[int, int]:
         depths = [r.depth or 0 for r in run.results if r.verdict == "violated"]
@@ -518,20 +519,22 @@ def _union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult
     witnesses = {
         name: any(run.witnesses.get(name, False) for run in runs) for name in worst.witnesses
     }
-    states = sum(run.states or 0 for run in runs)
+    counted = [run.states for run in runs if run.states is not None]
+    states = sum(counted) if counted else None  # the Z3 engines count no states
     seconds = sum(run.seconds for run in runs)
     summary = [
         {"placement": placement_text(run.config), "verdict": run.verdict, "states": run.states}
         for run in runs
     ]
     extra = dict(worst.extra)
-    extra.update(
-        transitions=sum(run.extra["transitions"] for run in runs),
-        max_depth=max(run.extra["max_depth"] for run in runs),
-        complete=all(run.extra["complete"] for run in runs),
-        states_per_second=round(states / seconds) if seconds > 0 else None,
-        placements=summary,
-    )
+    extra["placements"] = summary
+    if all("transitions" in run.extra for run in runs):  # the explorer's figures
+        extra.update(
+            transitions=sum(run.extra["transitions"] for run in runs),
+            max_depth=max(run.extra["max_depth"] for run in runs),
+            complete=all(run.extra["complete"] for run in runs),
+            states_per_second=round((states or 0) / seconds) if seconds > 0 else None,
+        )
     if worst.verdict in ("violated", "unknown"):
         # The counterexample (or the limit reached) is that placement's: its configuration is
         # the one its trace replays on.
@@ -545,13 +548,17 @@ def _union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult
             seconds=seconds,
             extra=extra,
         )
-    bounds = [run.extra.get("response_bound") for run in runs]
-    extra["response_bound"] = None if None in bounds else max(b for b in bounds if b is not None)
+    if "response_bound" in extra:
+        bounds = [run.extra.get("response_bound") for run in runs]
+        extra["response_bound"] = None if None in bounds else max(b or 0 for b in bounds)
     results = [
         PropertyResult(
             r.property,
-            r.verdict,
-            depth=max((run.results[i].depth or 0) for run in runs),
+            # `bounded` on some placement (and nothing worse anywhere): bounded.
+            "bounded" if any(run.results[i].verdict == "bounded" for run in runs) else r.verdict,
+            depth=min((run.results[i].depth or 0) for run in runs)
+            if r.verdict == "bounded"
+            else max((run.results[i].depth or 0) for run in runs),
             detail=r.detail,
         )
         for i, r in enumerate(worst.results)

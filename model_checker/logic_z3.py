@@ -403,11 +403,37 @@ class FixedReading(Reading):
             "count": s[f"{pre}{k}_count"] if completion else 0,
             "has_digest": s[f"{pre}{k}_digest"] if completion else False,
             "attempt": a,
-            "dinst": 0,  # one decode instance (`Encoding` refuses more)
+            # The decode instance at its decode end: decode's own for what decode sends, the
+            # one of prefill's grant for what prefill sends (`spec.effects.message_dinst`).
+            "dinst": self.enc.config.requests[r].decode_instance
+            if kind.split(".")[0] in ("grant", "abort")
+            else _p_dinst(self, r),
             "digest_page": (lambda j: s[f"{pre}{k}_dpages{j}"])
             if completion
             else (lambda j: False),
         }
+
+
+def _counter(i: Any) -> str:
+    """The variable of decode instance i's generation counter; i is a constant of the encoding
+    (an instance is read off the scenario's placement or a page's number)."""
+    if _is_z3(i):
+        raise Untranslatable("a generation counter of an instance the step does not name")
+    return "next_gen" if i == 0 else f"next_gen{i}"
+
+
+def _p_dinst(f: Any, r: int) -> Any:
+    """`p_dinst(r)`: the decode instance whose pages prefill's grant for r names, else the one r
+    is placed on (as the concrete reading: a grant names pages of one instance)."""
+    config = f.enc.config
+    out: Any = config.requests[r].decode_instance
+    if config.decode_instances == 1:
+        return out
+    for i in reversed(range(config.decode_instances)):
+        block = [f.s[f"r{r}.p_pages{j}"] for j in range(config.decode_pages)
+                 if config.page_instance(j) == i]
+        out = z3.If(z3.Or(block), f.enc.K(i), out if _is_z3(out) else f.enc.K(out))
+    return out
 
 
 def _failure_reason(s: SymState, kind: str, pre: str) -> Callable[[str], Any]:
@@ -559,12 +585,13 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "pending_ack_gen": _r("pa_gen"),
     "p_acked": _ranked("pak"),
     "p_lease_expired": _r("lease_expired"),
-    # One decode instance (the encoding refuses more): its counter, and every instance 0.
-    "next_gen": lambda f, i: f.s["next_gen"],
-    "d_inst": lambda f, r: 0,
-    "p_inst": lambda f, r: 0,
-    "page_inst": lambda f, j: 0,
-    "p_dinst": lambda f, r: 0,
+    # Instances: where a request is placed and whose pool a page is in are the scenario's
+    # (constants of the encoding); each decode instance has its own counter variable.
+    "next_gen": lambda f, i: f.s[_counter(i)],
+    "d_inst": lambda f, r: f.enc.config.requests[r].decode_instance,
+    "p_inst": lambda f, r: f.enc.config.requests[r].prefill_instance,
+    "page_inst": lambda f, j: f.enc.config.page_instance(j),
+    "p_dinst": lambda f, r: _p_dinst(f, r),
     "decode_epoch": lambda f: f.s["decode_epoch"],
     "prefill_ranks": lambda f: f.enc.ranks,
     "drain_fence": lambda f: f.drain,
@@ -639,7 +666,7 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     "prefill_aborts_spent": lambda: "f.prefill_aborts",
     "duplicates_spent": lambda: "f.duplicates",
     "partitions_spent": lambda: "f.partitions",
-    "next_gen": lambda i: "next_gen",  # one decode instance: one counter
+    "next_gen": lambda i: _counter(i),
     "prefill_epoch": lambda: "prefill_epoch",
     "decode_epoch": lambda: "decode_epoch",
     "retries_spent": lambda: "f.retries",

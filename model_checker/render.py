@@ -15,6 +15,8 @@ def _short(value: Any, ranks: int = 1) -> str:
     """A message or write in a few words; prefill ranks are named only when there are several."""
     if isinstance(value, Message):
         parts = [f"{value.kind}(room={value.room}, gen={value.generation}, req={value.request}"]
+        if value.dinst:  # decode instance 1, 2, ...: with one instance every message's is 0
+            parts.append(f", decode={value.dinst}")
         if ranks > 1 and value.kind in ("completion", "abort_ack"):
             parts.append(f", rank={value.rank}")
         if value.pages:

@@ -39,7 +39,7 @@ message slot), and only the instances that change `v` appear in its ite chain (f
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import z3
@@ -84,7 +84,7 @@ from kvhandoff.spec.actions import (
     RouterSubmitRequest,
     snake_case,
 )
-from kvhandoff.spec.config import Config, instances_unsupported
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.effects import EffectFormula
 from kvhandoff.spec.logic import GuardFormula
 from kvhandoff.spec.machine import RULE_EFFECTS, RULE_GUARDS, rule_effect, rule_guard
@@ -297,11 +297,10 @@ class Encoding:
         # when issued (prefill's grant does not change while its writes are in flight).
         self.attempts = config.max_retries + 1
         self.retries = config.max_retries > 0
-        instances = instances_unsupported(config)
-        if instances is not None:
-            # The same refusal as the explorer's: the rulebook does not model several
-            # instances yet, and the encoding is built from the rulebook.
-            raise CannotEncode(f"{instances}; the Z3 encodings cannot encode them")
+        # Several decode instances: a generation counter each (`next_gen`, `next_gen1`, ...);
+        # where a request is placed is the scenario's, so every instance a step names is a
+        # constant of the encoding (`logic_z3.FixedReading`).
+        self.decode_instances = config.decode_instances
         if self.retries and config.prefill_ranks > 1:
             raise CannotEncode(
                 f"max_retries={config.max_retries} with {config.prefill_ranks} prefill ranks: "
@@ -446,6 +445,7 @@ class Encoding:
             out += [(f"pg{j}.lt_set", "B"), (f"pg{j}.lt", "I")]
         out += [
             ("next_gen", "I"),
+            *((f"next_gen{i}", "I") for i in range(1, self.decode_instances)),
             ("prefill_epoch", "I"),
             ("decode_epoch", "I"),
             ("dsp", "I"),
@@ -591,7 +591,7 @@ class Encoding:
         1 and a variant's state field at the value it declares."""
         if name.startswith("v."):
             return int(self.state_fields[name[2:]])
-        return 1 if name == "next_gen" else 0
+        return 1 if name.startswith("next_gen") else 0
 
     def init(self, s: SymState) -> Any:
         """I(s): every Bool false, every Int `initial` (0, but the generation counter at 1)."""
@@ -1036,6 +1036,8 @@ class Encoding:
                 v[f"pg{j}.lt_set"] = True
                 v[f"pg{j}.lt"] = self.tenant_names.index(page.last_tenant)
         v["next_gen"] = state.next_generation
+        for i, counter in enumerate(state.next_generations, start=1):
+            v[f"next_gen{i}"] = counter
         v["prefill_epoch"], v["decode_epoch"] = state.prefill_epoch, state.decode_epoch
         v["dsp"], v["psd"] = state.decode_sees_prefill_epoch, state.prefill_sees_decode_epoch
         for f in FAULT_FIELDS:
@@ -1068,6 +1070,19 @@ class Encoding:
 
     def message(self, v: dict[str, Any], kind: str, r: int, a: int = 0) -> Message:
         """The message held in slot (kind, r) of attempt a."""
+        out = self._message(v, kind, r, a)
+        if self.decode_instances == 1:
+            return out
+        # Its decode instance, as `spec.effects.message_dinst` gives it (prefill's grant does not
+        # change while a message prefill sent about it is in flight: prefill sends only once it
+        # holds the grant it ever will, or has stopped).
+        dinst = self.config.requests[r].decode_instance
+        pages = [j for j in range(self.np) if v[f"r{r}.p_pages{j}"]]
+        if out.kind not in ("grant", "abort") and pages:
+            dinst = self.config.page_instance(pages[0])
+        return replace(out, dinst=dinst)
+
+    def _message(self, v: dict[str, Any], kind: str, r: int, a: int = 0) -> Message:
         k, room, rank, pre = slot(kind), self.rooms[r], slot_rank(kind), att(r, a)
         gen = v[f"{pre}{k}_gen"]
         kind = kind.split(".")[0]
@@ -1212,6 +1227,7 @@ class Encoding:
             lost=tuple(sorted(lost)),
             writes=tuple(sorted(writes)),
             next_generation=v["next_gen"],
+            next_generations=tuple(v[f"next_gen{i}"] for i in range(1, self.decode_instances)),
             prefill_epoch=v["prefill_epoch"],
             decode_epoch=v["decode_epoch"],
             decode_sees_prefill_epoch=v["dsp"],

@@ -285,18 +285,35 @@ class Config:
 def instances_unsupported(config: Config) -> str | None:
     """Why a checker of one instance cannot take this configuration, or None where it can.
 
-    The explorer checks several prefill or decode instances (`Config.prefill_instances`,
-    `Config.decode_instances`). The Z3 engines' readings and the conformance targets have one of
-    each so far (an instance-valued term reads 0 there, see `model_checker/logic_z3.py`):
-    rather than check a one-instance model under a several-instance name, they refuse with this
-    reason."""
+    The explorer and the fixed-configuration Z3 encoding (bmc, spacer; kind where
+    `invariants_unsupported` lets it) check several prefill or decode instances
+    (`Config.prefill_instances`, `Config.decode_instances`). The any-size model of `prove` and
+    the conformance targets have one of each (an instance-valued term reads 0 in the any-size
+    model, see `model_checker/z3_derived.py`): rather than check a one-instance model under a
+    several-instance name, they refuse with this reason."""
     if config.prefill_instances == 1 and config.decode_instances == 1:
         return None
     return (
         f"prefill_instances={config.prefill_instances}, decode_instances="
-        f"{config.decode_instances}: this checker has one prefill and one decode instance; "
-        "check several with the explorer (--engine explore), or set prefill_instances=1 and "
-        "decode_instances=1"
+        f"{config.decode_instances}: the any-size model (and the implementation's conformance "
+        "targets) has one prefill and one decode instance"
+    )
+
+
+def invariants_unsupported(config: Config) -> str | None:
+    """Why the proof's invariants (`spec/invariants.py`, what k-induction strengthens with and
+    `--invariants` evaluates) do not speak of this configuration, or None where they do.
+
+    They are written for one decode instance: one generation counter, so a generation names one
+    grant. With several decode instances two grants can share one, and some invariants are
+    false on reachable states (k-induction would only ever answer unknown). Several prefill
+    instances are within them."""
+    if config.decode_instances == 1:
+        return None
+    return (
+        f"decode_instances={config.decode_instances}: the proof's invariants are written for one "
+        "decode instance (one generation counter); check several with the explorer (--engine "
+        "explore), bmc, or prove (on each fixed configuration)"
     )
 
 
@@ -475,6 +492,7 @@ __all__ = [
     "TenantId",
     "default_config",
     "instances_unsupported",
+    "invariants_unsupported",
     "parse_set",
     "placements",
     "scenario_config",

@@ -2,9 +2,10 @@
 
 Each request is placed on one prefill and one decode instance; each decode instance grants pages
 of its own pool under its own generation counter, and every message names the decode instance
-at its decode end (spec/state.py, "Instances"). The explorer checks them, a router that places
-as it likes as every fixed placement; the Z3 engines and the conformance targets take one
-instance of each and refuse more with the reason. With one instance of each nothing changes.
+at its decode end (spec/state.py, "Instances"). The explorer and the fixed-configuration Z3
+encoding check them, a router that places as it likes as every fixed placement; k-induction
+(whose invariants are one decode instance's), the any-size `prove` and the conformance targets
+refuse what they cannot take, with the reason. With one instance of each nothing changes.
 """
 
 from __future__ import annotations
@@ -222,21 +223,59 @@ def test_one_instance_is_every_checker_s_and_keeps_the_small_state_space() -> No
     assert explore(get_variant("reference"), config).states == 5040  # as on main before instances
 
 
-@pytest.mark.parametrize("engine", ["bmc", "kind", "spacer", "prove"])
-def test_the_z3_engines_refuse_several_instances(engine: str) -> None:
-    config = parse_set(Config(), ["decode_instances=2", "max_crashes=0"])
-    run = run_engine(engine, get_variant("reference"), config, EngineOptions(depth=2, timeout=5))
-    assert run.result is None
-    assert "decode_instances=2" in run.cannot_encode
-    assert "--engine explore" in run.cannot_encode
+def test_prove_falls_back_to_the_fixed_configuration_with_several_instances() -> None:
+    """The any-size model has one instance of each; `prove` then proves what it can of each
+    placement's fixed configuration (the invariants that stay inductive), never more."""
+    config = parse_set(Config(), [*SMALL, "prefill_instances=2", "max_crashes=0"])
+    run = run_engine("prove", get_variant("reference"), config, EngineOptions(timeout=120))
+    assert run.result is not None
+    assert run.result.scope == "fixed-config"
+    assert "prefill_instances=2" in run.result.extra["any_size_unavailable"]
+    assert run.result.verdict in ("safe", "unknown")
 
 
-def test_the_explorer_s_invariants_refuse_several_instances() -> None:
+def test_kind_and_the_invariants_refuse_several_decode_instances() -> None:
+    """The proof's invariants are one decode instance's (one generation counter)."""
     config = parse_set(Config(), ["decode_instances=2", "max_crashes=0"])
-    options = EngineOptions(invariants=True)
-    run = run_engine("explore", get_variant("reference"), config, options)
-    assert run.result is None
-    assert "--invariants" in run.cannot_encode
+    for engine, options in (
+        ("kind", EngineOptions(timeout=5)),
+        ("explore", EngineOptions(invariants=True)),
+    ):
+        run = run_engine(engine, get_variant("reference"), config, options)
+        assert run.result is None
+        assert "decode_instances=2: the proof's invariants are written for one" in run.cannot_encode
+
+
+def test_kind_proves_the_reference_on_two_prefill_instances_in_every_placement() -> None:
+    config = parse_set(Config(), [*SMALL, "prefill_instances=2", "max_crashes=0"])
+    run = run_engine("kind", get_variant("reference"), config, EngineOptions(timeout=120))
+    assert run.result is not None
+    assert run.result.verdict == "safe"
+    assert [p["verdict"] for p in run.result.extra["placements"]] == ["safe", "safe"]
+    assert run.result.config == config  # the scope is every placement
+
+
+def test_bmc_finds_the_explorer_s_counterexamples_across_decode_instances() -> None:
+    """The Z3 encoding reads the same formulas with several instances: its counterexamples
+    have the explorer's lengths, and replay on the spec."""
+    requests = "a:2:1:0/0,b:2:1:0/1"
+    config = _fixed(requests)
+    options = EngineOptions(depth=16, timeout=120)
+    run = run_engine("bmc", get_variant("room_keyed_matching"), config, options)
+    assert run.result is not None
+    explored = _explored("room_keyed_matching", requests)
+    for r in run.result.results:
+        theirs = explored.result_for(r.property)
+        if r.verdict == "violated":
+            assert theirs.verdict == "violated" and theirs.depth == r.depth, r.property
+            assert r.trace is not None
+            replay(get_variant("room_keyed_matching"), config, r.trace)
+        elif theirs.verdict == "violated" and r.property != "every_request_terminates":
+            assert (theirs.depth or 0) > 16, r.property
+    assert {r.property for r in run.result.results if r.verdict == "violated"} >= {
+        "no_cross_tenant_read",
+        "no_late_write_lands_in_reallocated_page",
+    }
 
 
 def test_conformance_refuses_several_instances() -> None:
