@@ -430,8 +430,11 @@ def _p_dinst(f: Any, r: int) -> Any:
     if config.decode_instances == 1:
         return out
     for i in reversed(range(config.decode_instances)):
-        block = [f.s[f"r{r}.p_pages{j}"] for j in range(config.decode_pages)
-                 if config.page_instance(j) == i]
+        block = [
+            f.s[f"r{r}.p_pages{j}"]
+            for j in range(config.decode_pages)
+            if config.page_instance(j) == i
+        ]
         out = z3.If(z3.Or(block), f.enc.K(i), out if _is_z3(out) else f.enc.K(out))
     return out
 

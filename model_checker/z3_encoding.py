@@ -1252,7 +1252,16 @@ class Encoding:
             return NetworkFailTransfer(self.write(v, *write_args(inst.args)))
         if inst.name == "prefill_send_abort_ack":
             r, *rank = inst.args
-            return PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"], *rank)
+            ack = PrefillSendAbortAck(self.rooms[r], v[f"r{r}.pa_gen"], *rank)
+            if self.decode_instances == 1:
+                return ack
+            # The decode instance the abort came from: the one of prefill's grant, else the
+            # request's own (`spec.effects.ack_dinst`).
+            pages = [j for j in range(self.np) if v[f"r{r}.p_pages{j}"]]
+            dinst = self.config.requests[r].decode_instance
+            if pages:
+                dinst = self.config.page_instance(pages[0])
+            return replace(ack, dinst=dinst)
         if inst.name == "prefill_send_completion" and len(inst.args) == 2:
             return PrefillSendCompletion(inst.args[0], rank=inst.args[1])
         if inst.args and isinstance(inst.args[0], str):

@@ -148,11 +148,14 @@ class PrefillReceiveAbort:
 @dataclass(frozen=True)
 class PrefillSendAbortAck:
     """Once no write of (room, generation) of this rank is in flight, the rank acknowledges the
-    abort (each rank drains and acknowledges its own writes)."""
+    abort (each rank drains and acknowledges its own writes). `dinst`: the decode instance the
+    abort came from, and the ack goes to: with several, each counting its own generations, two
+    of them can abort the same (room, generation) (0 with one, and then left out of traces)."""
 
     room: int
     generation: int
     rank: int = 0
+    dinst: int = 0
 
 
 @dataclass(frozen=True)
@@ -422,6 +425,8 @@ def action_to_json(action: object) -> dict[str, Any]:
                 if value.get(name_of_zero, 1) == 0:
                     del value[name_of_zero]
         args[name] = value
+    if args.get("dinst", 1) == 0:
+        del args["dinst"]  # a drain ack's decode instance, as a rank of 0
     return {"action": action_name(action), "args": _without_rank_0(args)}
 
 

@@ -364,6 +364,9 @@ def _emit_loop(
         depth += 1
         out.emit(depth, f"for {b} in _ranks:")
         made = f"(_room, _gen, {b})"
+        if config is None or config.decode_instances > 1:
+            # Which decode instance the abort came from (`PrefillSendAbortAck.dinst`).
+            made = f"(_room, _gen, {b}, _ack_dinst(C, S, {a}))"
     else:
         first = entries[0][0]
         kinds = first.kinds
@@ -387,6 +390,13 @@ def _emit_loop(
         else:
             out.emit(depth, f"if {test}:")
             out.emit(depth + 1, f"add({k}{made})")
+
+
+def _effects() -> Any:
+    """`spec.effects` (which imports this module: imported when first needed)."""
+    from kvhandoff.spec import effects
+
+    return effects
 
 
 def _checked(hook: Callable[..., Any], kind: type, name: str, variant: str) -> Callable[..., Any]:
@@ -485,6 +495,7 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
         "_shard": _shard,
         "_read_pages": _read_pages,
         "_read_shard": _read_shard,
+        "_ack_dinst": _effects().ack_dinst,
     }
     exec(compile(source, f"<enabled {variant.name}>", "exec"), namespace)
     fn: Enabled = namespace["enabled"]
@@ -720,11 +731,12 @@ def _bind_arguments(kind: type | None, params: tuple[Var, ...]) -> list[str]:
     fields = [f.name for f in dataclasses.fields(kind)]
     if fields in (["message"], ["write"]):
         return [f"{names[0]} = A.{fields[0]}"] if names else []
-    if fields == ["room", "generation", "rank"]:
+    if fields == ["room", "generation", "rank", "dinst"]:
         # A drain ack names the abort it answers: its formula takes the first request owing it.
         return [
             f"{names[0]} = next((_o[2] for _o in S.pending_acks"
-            " if _o[0] == A.room and _o[1] == A.generation), None)",
+            " if _o[0] == A.room and _o[1] == A.generation"
+            " and _ack_dinst(C, S, _o[2]) == A.dinst), None)",
             f"if {names[0]} is None:",
             "    raise ValueError(f'{A!r}: no request owes a drain ack for room and generation "
             "{(A.room, A.generation)}')",
@@ -1196,6 +1208,7 @@ def compile_effect(
         "_tag": _tag,
         "_rebuilt": _rebuilt,
         "_dinst": e.message_dinst,
+        "_ack_dinst": e.ack_dinst,
         "_set_counter": e.set_counter,
         "_arguments": arguments,
         "_shard": _shard,

@@ -617,6 +617,13 @@ def message_dinst(C: Config, S: State, kind: str, r: int) -> int:
     return C.page_instance(pages[0]) if pages else C.requests[r].decode_instance
 
 
+def ack_dinst(C: Config, S: State, r: int) -> int:
+    """The decode instance of the drain ack request r owes: the one the abort came from, which
+    is the one of the grant prefill holds for r (prefill takes an abort of a grant only from the
+    decode instance that made it), or the one r is placed on."""
+    return message_dinst(C, S, "abort_ack", r)
+
+
 def set_counter(S: State, changes: dict[str, Any], instance: int, value: int) -> None:
     """Record in `changes` (a state's changed fields) decode instance `instance`'s generation
     counter set to `value`: `next_generation` for instance 0, an entry of `next_generations`

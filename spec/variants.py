@@ -27,7 +27,7 @@ from typing import Any, Literal, get_args, get_type_hints
 
 from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
 from kvhandoff.spec.config import SCENARIOS, Config, ConfigError
-from kvhandoff.spec.effects import EffectFormula
+from kvhandoff.spec.effects import EffectFormula, ack_dinst
 from kvhandoff.spec.logic import GuardFormula
 from kvhandoff.spec.properties import ALL_PROPERTY_NAMES
 from kvhandoff.spec.state import MessageKind, State, evolve
@@ -259,7 +259,7 @@ class FormulaEffect:
     def __call__(self, config: Config, state: State, action: Any) -> State:
         from kvhandoff.spec.effects import run_effect
 
-        return run_effect(self.formula, config, state, self.drain, arguments(action, state))
+        return run_effect(self.formula, config, state, self.drain, arguments(action, state, config))
 
     def __repr__(self) -> str:
         return f"FormulaEffect({self.name}: {self.formula!r})"
@@ -328,16 +328,25 @@ def _effect_shape(formula: EffectFormula) -> str:
     return "rank" if len(formula.params) == 2 else "request"
 
 
-def arguments(action: Any, state: State) -> tuple[Any, ...]:
+def arguments(action: Any, state: State, config: Config | None = None) -> tuple[Any, ...]:
     """The arguments a formula of the action's kind takes: its message, its write, its request
-    (and rank), or nothing. A drain ack names the abort it answers by room and generation; its
-    formula takes the first request that owes that ack (every request owing it gets one)."""
+    (and rank), or nothing. A drain ack names the abort it answers by room, generation and the
+    decode instance it came from; its formula takes the first request that owes that ack (every
+    request owing it gets one). `config` is needed only with several decode instances."""
     for name in ("message", "write"):
         if hasattr(action, name):
             return (getattr(action, name),)
     if hasattr(action, "generation") and hasattr(action, "room"):
         aborted = (action.room, action.generation)
-        owing = next((a[2] for a in state.pending_acks if a[:2] == aborted), None)
+        owing = next(
+            (
+                a[2]
+                for a in state.pending_acks
+                if a[:2] == aborted
+                and (config is None or ack_dinst(config, state, a[2]) == action.dinst)
+            ),
+            None,
+        )
         if owing is None:
             raise ValueError(
                 f"{action!r}: no request owes a drain ack for room and generation {aborted}"

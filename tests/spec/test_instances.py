@@ -21,6 +21,8 @@ from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
 from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.spec import Config, get_variant
 from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set, placements
+from kvhandoff.spec.actions import PrefillSendAbortAck
+from kvhandoff.spec.machine import enabled
 from kvhandoff.spec.state import State
 from kvhandoff.spec.trace import replay
 from tests.explored import SMALL
@@ -192,6 +194,41 @@ def test_room_keyed_matching_crosses_decode_instances_where_prefill_is_shared() 
     assert set(final.requests[0].p_pages) <= {2, 3}
     apart = _explored("room_keyed_matching", "a:2:1:0/0,b:2:1:1/1")
     assert apart.verdict == "safe"
+
+
+def test_a_drain_ack_names_the_decode_instance_its_abort_came_from() -> None:
+    """Two decode instances abort the same (room 1, generation 1), each its own grant, and
+    prefill owes both drain acks. The ack (`PrefillSendAbortAck`) names the decode instance as
+    well as the room and generation, so the drain of b's (no) writes is never taken for the drain
+    of a's: a's pages wait for a's own ack. (Named by room and generation alone, the step that
+    acknowledged b's abort acknowledged a's, and a late write of a's landed in a freed page:
+    `one_sided_fenced` broke `no_late_write_lands_in_reallocated_page` in 18 steps.)"""
+    config = parse_set(
+        Config(),
+        [
+            *TWO_BY_TWO,
+            "decode_pages=6",
+            "placement=fixed",
+            "requests=a:2:1:0/0,b:3:1:0/1",
+            "max_active=2",
+            "max_faults=2",
+            "max_drops=0",
+            "max_duplicates=0",
+            "max_prefill_aborts=0",
+        ],
+    )
+    variant = get_variant("one_sided_fenced")
+    graph = build_graph(variant, config)[0]
+    both = [s for s in graph.states if len({a[2] for a in s.pending_acks if a[:2] == (1, 1)}) == 2]
+    assert both, "the scenario reaches two acks owed for one (room, generation)"
+    acks = {
+        action
+        for s in both
+        for action in enabled(variant, config, s)
+        if isinstance(action, PrefillSendAbortAck)
+    }
+    assert {a.dinst for a in acks} == {0, 1}
+    assert explore(variant, config).verdict == "safe"
 
 
 def test_any_placement_reports_the_violating_placement_and_its_config() -> None:
