@@ -20,8 +20,8 @@ from kvhandoff.model_checker.engines import EngineOptions, run_engine
 from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
 from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.spec import Config, get_variant
-from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set, placements
 from kvhandoff.spec.actions import PrefillSendAbortAck
+from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set, placements
 from kvhandoff.spec.machine import enabled
 from kvhandoff.spec.state import State
 from kvhandoff.spec.trace import replay
