@@ -538,35 +538,30 @@ def union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
     if worst.verdict in ("violated", "unknown"):
         # The counterexample (or the limit reached) is that placement's: its configuration is
         # the one its trace replays on.
-        return CheckResult(
-            variant=worst.variant,
-            engine=worst.engine,
-            config=worst.config,
-            results=worst.results,
-            witnesses=witnesses,
-            states=states,
-            seconds=seconds,
-            extra=extra,
-        )
-    if "response_bound" in extra:
-        bounds = [run.extra.get("response_bound") for run in runs]
-        extra["response_bound"] = None if None in bounds else max(b or 0 for b in bounds)
-    results = [
-        PropertyResult(
-            r.property,
-            # `bounded` on some placement (and nothing worse anywhere): bounded.
-            "bounded" if any(run.results[i].verdict == "bounded" for run in runs) else r.verdict,
-            depth=min((run.results[i].depth or 0) for run in runs)
-            if r.verdict == "bounded"
-            else max((run.results[i].depth or 0) for run in runs),
-            detail=r.detail,
-        )
-        for i, r in enumerate(worst.results)
-    ]
+        scope, results = worst.config, worst.results
+    else:
+        scope = config
+        if "response_bound" in extra:
+            bounds = [run.extra.get("response_bound") for run in runs]
+            extra["response_bound"] = None if None in bounds else max(b or 0 for b in bounds)
+        results = [
+            PropertyResult(
+                r.property,
+                # `bounded` on some placement (and nothing worse anywhere): bounded.
+                "bounded"
+                if any(run.results[i].verdict == "bounded" for run in runs)
+                else r.verdict,
+                depth=min((run.results[i].depth or 0) for run in runs)
+                if r.verdict == "bounded"
+                else max((run.results[i].depth or 0) for run in runs),
+                detail=r.detail,
+            )
+            for i, r in enumerate(worst.results)
+        ]
     return CheckResult(
         variant=worst.variant,
         engine=worst.engine,
-        config=config,
+        config=scope,
         results=results,
         witnesses=witnesses,
         states=states,
