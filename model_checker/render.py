@@ -44,6 +44,8 @@ def describe(action: Action, config: Config) -> str:
         value = getattr(action, f.name)
         if f.name == "rank" and config.prefill_ranks == 1:
             continue
+        if f.name == "dinst" and config.decode_instances == 1:
+            continue  # a drain ack's decode instance: said only where there are several
         text = _short(value, config.prefill_ranks)
         if f.name == "request" and isinstance(value, int) and value < len(config.requests):
             spec = config.requests[value]
