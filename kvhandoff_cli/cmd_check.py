@@ -63,7 +63,9 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config field, e.g. --set decode_pages=4 --set requests=a:2:1,b:3:2",
+        help="override a config field, e.g. --set decode_pages=4 --set requests=a:2:1,b:3:2 "
+        "(TENANT:PAGES:ROOM; with placement=fixed and several instances TENANT:PAGES:ROOM:P/D "
+        "places a request on prefill instance P and decode instance D)",
     )
     add_scenario_argument(p)
     p.add_argument("--depth", type=int, help="depth for bounded engines")

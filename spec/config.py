@@ -391,7 +391,7 @@ SCENARIOS: dict[str, tuple[str, Config]] = {
     "instances": (
         "wide, on two prefill and two decode instances of three pages each, the router "
         "placing each request anywhere (every placement checked); no restarts (not modelled "
-        "with several instances); the explorer only",
+        "with several instances); explore, bmc, spacer and prove (per placement) check it",
         Config(
             requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
             max_active=2,
