@@ -79,6 +79,7 @@ from kvhandoff.spec.vocabulary import (
     d_awaiting_ack,
     d_gen,
     d_holds,
+    d_inst,
     d_rank,
     decode_epoch,
     drain_fence,
@@ -185,13 +186,19 @@ class Invariant:
 
 
 def generations_are_unique() -> Term:
-    """No two requests hold the same decode generation, and the counter is past all of them."""
+    """No two requests hold the same decode generation, and the counter is past all of them:
+    of one decode instance (each counts its own; with one instance, of every request)."""
     return forall(
         REQ,
         lambda r: And(
             d_gen(r) >= 0,
-            d_gen(r) < next_gen(0),
-            forall(REQ, lambda r2: Implies(And(r != r2, d_gen(r) != 0), d_gen(r) != d_gen(r2))),
+            d_gen(r) < next_gen(d_inst(r)),
+            forall(
+                REQ,
+                lambda r2: Implies(
+                    And(r != r2, d_gen(r) != 0, d_inst(r) == d_inst(r2)), d_gen(r) != d_gen(r2)
+                ),
+            ),
         ),
     )
 

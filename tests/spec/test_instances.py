@@ -271,6 +271,27 @@ def test_prove_falls_back_to_the_fixed_configuration_with_several_instances() ->
     assert run.result.verdict in ("safe", "unknown")
 
 
+def test_prove_proves_the_reference_with_two_requests_on_two_decode_instances() -> None:
+    """Both decode instances grant generation 1 on their own: the claim that generations are
+    unique is one decode instance's (`generations_are_unique`), and what stays inductive of the
+    rest proves every property on the fixed configuration."""
+    config = parse_set(
+        Config(),
+        [
+            *SMALL,
+            "decode_pages=4",
+            "decode_instances=2",
+            "max_crashes=0",
+            "placement=fixed",
+            "requests=a:1:1:0/0,b:2:2:0/1",
+        ],
+    )
+    run = run_engine("prove", get_variant("reference"), config, EngineOptions(timeout=120))
+    assert run.result is not None
+    assert run.result.verdict == "safe"
+    assert run.result.scope == "fixed-config"
+
+
 def test_kind_and_the_invariants_refuse_several_decode_instances() -> None:
     """The proof's invariants are one decode instance's (one generation counter)."""
     config = parse_set(Config(), ["decode_instances=2", "max_crashes=0"])
