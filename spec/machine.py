@@ -278,6 +278,13 @@ def init(config: Config) -> State:
 # different formula, not a run-time branch. The pieces several effects share come first.
 
 
+def _of_transfer(w: Bound, r: Var, gen: Term) -> Term:
+    """Write w is of prefill's transfer for r under generation `gen`, as prefill tells its own
+    transfers: r's room, that generation, to the decode instance of r's grant (each decode
+    instance counts its own generations)."""
+    return And(w.room == room(r), w.gen == gen, page_inst(w.page) == p_dinst(r))
+
+
 def _first(t: Var, holds: Callable[[Var], Term]) -> Term:
     """t is the first request (in request order) for which `holds`: how a worker that keys
     transfer state by room picks one request among those sharing the room."""
@@ -666,16 +673,7 @@ def _prefill_send_completion_guard(design: Design) -> GuardFormula:
     # rank's own writes returned.
     def ready(r: Var, k: Var) -> Term:
         target = If(p_len(r) < p_granted_count(r), p_len(r), p_granted_count(r))
-        mine = each_write(
-            lambda w: Not(
-                And(
-                    w.room == room(r),
-                    w.gen == p_gen(r),
-                    w.rank == k,
-                    page_inst(w.page) == p_dinst(r),
-                )
-            )
-        )
+        mine = each_write(lambda w: Not(And(_of_transfer(w, r, p_gen(r)), w.rank == k)))
         return And(p(r) == "granted", p_wrote(r) == target, Not(p_rank_done(r, k)), mine)
 
     return rank_guard(ready)
@@ -1043,16 +1041,7 @@ def _prefill_send_abort_ack_guard(design: Design) -> GuardFormula:
     # rank k acknowledges once none of its writes under the aborted grant is still on the wire.
     def drained(r: Var, k: Var) -> Term:
         gen = pending_ack_gen(r)
-        mine = each_write(
-            lambda w: Not(
-                And(
-                    w.room == room(r),
-                    w.gen == gen,
-                    w.rank == k,
-                    page_inst(w.page) == p_dinst(r),
-                )
-            )
-        )
+        mine = each_write(lambda w: Not(And(_of_transfer(w, r, gen), w.rank == k)))
         return And(pending_ack(r), Not(p_acked(r, k)), mine)
 
     return rank_guard(drained)
@@ -1303,15 +1292,8 @@ def _within_budget(spent: Term, limit: Term) -> Term:
 
 
 def _writes_in_flight_for(r: Var) -> Term:
-    """Some write of r's room and prefill's generation to the decode instance of its grant is
-    in flight (whoever issued it)."""
-    return Not(
-        each_write(
-            lambda w: Not(
-                And(w.room == room(r), w.gen == p_gen(r), page_inst(w.page) == p_dinst(r))
-            )
-        )
-    )
+    """Some write of r's transfer under prefill's generation is in flight (whoever issued it)."""
+    return Not(each_write(lambda w: Not(_of_transfer(w, r, p_gen(r)))))
 
 
 # --- client_cancel_request -----------------------------------------------------------------------
