@@ -81,9 +81,10 @@ class Config:
     """Prefill instances (workers) the router may place a request on, 1 to 3. Real deployments
     run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
-    "Instances"). Only the explorer checks more than one (the Z3 engines refuse, naming
-    `instances_unsupported`), and not yet with crashes, partitions or several prefill ranks:
-    per-instance restarts are not modelled."""
+    "Instances"). The explorer, bmc, spacer and prove (per fixed configuration) check more
+    than one; kind, the any-size model and the conformance harness refuse with the reason
+    (`invariants_unsupported`, `instances_unsupported`). Not yet with crashes, partitions or
+    several prefill ranks: per-instance restarts are not modelled."""
     decode_instances: int = 1
     """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
     can issue the same generation for one room: a hazard only several instances show). Decode's
