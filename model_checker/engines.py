@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from kvhandoff.model_checker.explore import explore, union_of_placements
 from kvhandoff.model_checker.result import EXIT_CODES, CheckResult, PropertyResult
-from kvhandoff.spec.config import Config, invariants_unsupported, placements
+from kvhandoff.spec.config import Config, placements
 from kvhandoff.spec.variants import Variant
 
 
@@ -54,10 +54,6 @@ Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
 
 
 def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    if options.invariants:
-        why_not = invariants_unsupported(config)
-        if why_not is not None:
-            raise EngineCannotEncode(f"--invariants: {why_not}")
     result = explore(variant, config, max_states=options.max_states, invariants=options.invariants)
     _remember_explored(variant, config, result)
     return result
@@ -171,9 +167,6 @@ def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResul
 def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from kvhandoff.model_checker.z3_engines import kinduction
 
-    why_not = invariants_unsupported(config)
-    if why_not is not None:
-        raise EngineCannotEncode(f"kind strengthens with the proof's invariants: {why_not}")
     return _z3(lambda: kinduction(variant, config, depth=options.depth, timeout=options.timeout))
 
 

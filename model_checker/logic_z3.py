@@ -287,7 +287,10 @@ class FixedReading(Reading):
         for i, x in enumerate(args):
             if _is_z3(x):
                 sort = self._arg_sorts(name)[i]
-                values = list(self.domain(sort))
+                # A decode instance's counter at a symbolic instance (`next_gen(m.dinst)` in
+                # an invariant): a case split over the decode instances.
+                instances = range(self.enc.decode_instances)
+                values = list(instances if name == "next_gen" else self.domain(sort))
 
                 def at(v: Any, i: int = i) -> Any:
                     # A rigid value (a room) as a term of the encoding's integer sort.

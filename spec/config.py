@@ -81,10 +81,10 @@ class Config:
     """Prefill instances (workers) the router may place a request on, 1 to 3. Real deployments
     run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
-    "Instances"). The explorer, bmc, spacer and prove (per fixed configuration) check more
-    than one; kind, the any-size model and the conformance harness refuse with the reason
-    (`invariants_unsupported`, `instances_unsupported`). Not yet with crashes, partitions or
-    several prefill ranks: per-instance restarts are not modelled."""
+    "Instances"). The explorer, bmc, spacer, kind and prove (per fixed configuration) check
+    more than one; the any-size model and the conformance harness refuse with the reason
+    (`instances_unsupported`). Not yet with crashes, partitions or several prefill ranks:
+    per-instance restarts are not modelled."""
     decode_instances: int = 1
     """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
     can issue the same generation for one room: a hazard only several instances show). Decode's
@@ -286,8 +286,8 @@ class Config:
 def instances_unsupported(config: Config) -> str | None:
     """Why a checker of one instance cannot take this configuration, or None where it can.
 
-    The explorer and the fixed-configuration Z3 encoding (bmc, spacer; kind where
-    `invariants_unsupported` lets it) check several prefill or decode instances
+    The explorer and the fixed-configuration Z3 encoding (bmc, spacer, kind) check several
+    prefill or decode instances
     (`Config.prefill_instances`, `Config.decode_instances`). The any-size model of `prove` and
     the conformance targets have one of each (an instance-valued term reads 0 in the any-size
     model, see `model_checker/z3_derived.py`): rather than check a one-instance model under a
@@ -298,23 +298,6 @@ def instances_unsupported(config: Config) -> str | None:
         f"prefill_instances={config.prefill_instances}, decode_instances="
         f"{config.decode_instances}: the any-size model (and the implementation's conformance "
         "targets) has one prefill and one decode instance"
-    )
-
-
-def invariants_unsupported(config: Config) -> str | None:
-    """Why the proof's invariants (`spec/invariants.py`, what k-induction strengthens with and
-    `--invariants` evaluates) do not speak of this configuration, or None where they do.
-
-    They are written for one decode instance: one generation counter, so a generation names one
-    grant. With several decode instances two grants can share one, and some invariants are
-    false on reachable states (k-induction would only ever answer unknown). Several prefill
-    instances are within them."""
-    if config.decode_instances == 1:
-        return None
-    return (
-        f"decode_instances={config.decode_instances}: the proof's invariants are written for one "
-        "decode instance (one generation counter); check several with the explorer (--engine "
-        "explore), bmc, or prove (on each fixed configuration)"
     )
 
 
@@ -493,7 +476,6 @@ __all__ = [
     "TenantId",
     "default_config",
     "instances_unsupported",
-    "invariants_unsupported",
     "parse_set",
     "placements",
     "scenario_config",

@@ -64,6 +64,7 @@ from kvhandoff.spec.logic import (
     each_message,
     each_pending_ack,
     each_write,
+    exists,
     forall,
 )
 from kvhandoff.spec.state import State
@@ -91,6 +92,7 @@ from kvhandoff.spec.vocabulary import (
     owner,
     owner_gen,
     p,
+    p_dinst,
     p_epoch,
     p_gen,
     p_granted,
@@ -99,6 +101,7 @@ from kvhandoff.spec.vocabulary import (
     p_rank_done,
     p_written,
     p_wrote,
+    page_inst,
     prefill_ranks,
     read_done,
     room,
@@ -135,12 +138,14 @@ P_IDLE = ("none", "received", "admitted", "rejected")  # prefill has no grant to
 # attempt is 0, nothing is stale, and each claim is the one it was before retries existed.
 
 
-def _retired(gen: Term) -> Term:
-    """`gen` was issued by decode and no request holds it any more, on either side."""
+def _retired(gen: Term, inst: Term) -> Term:
+    """`gen` was issued by decode instance `inst` and no request placed there holds it any more,
+    on either side. (Each decode instance counts generations of its own: another instance's
+    request may hold the same number for a grant of its own.)"""
     return And(
         gen != 0,
-        gen < next_gen(0),
-        forall(REQ, lambda t: And(d_gen(t) != gen, p_gen(t) != gen)),
+        gen < next_gen(inst),
+        forall(REQ, lambda t: Implies(d_inst(t) == inst, And(d_gen(t) != gen, p_gen(t) != gen))),
     )
 
 
@@ -156,7 +161,7 @@ def _stale_message_claim(m: Bound, retired: bool) -> Term:
     Prefill fences grants and aborts, and decode failure notices, by the attempt itself; saying
     no more of them keeps the claims light for the any-size model's solver."""
     earlier = m.attempt < attempt(m.req)
-    return And(earlier, _retired(m.gen)) if retired else earlier
+    return And(earlier, _retired(m.gen, m.dinst)) if retired else earlier
 
 
 def _stale_write(w: Bound) -> Term:
@@ -228,6 +233,43 @@ def unreserved_requests_hold_nothing() -> Term:
     )
 
 
+def grants_stay_on_their_instance() -> Term:
+    """A grant is one decode instance's: the pages decode holds for a request are all in the pool
+    of the instance the request was placed on, a grant on the wire names pages of the instance
+    that sent it and was sent by the request's own, and the pages prefill holds for a request
+    are all of one instance, the one its transfer goes to (`p_dinst`, read off the grant's first
+    page), so every write prefill issues under a grant lands in that grant's pool. What several
+    decode instances need of the proof: two instances may hold grants of the same (room,
+    generation), and a write or a completion is matched to its grant by the instance it reaches.
+    With one decode instance every clause reads 0 == 0."""
+    return And(
+        forall(
+            REQ,
+            lambda r: forall(
+                PAGE,
+                lambda q: And(
+                    Implies(d_holds(r, q), page_inst(q) == d_inst(r)),
+                    Implies(p_granted(r, q), page_inst(q) == p_dinst(r)),
+                ),
+            ),
+        ),
+        each_message(
+            ["grant"],
+            lambda m: And(
+                m.dinst == d_inst(m.req),
+                forall(PAGE, lambda q: Implies(m.has_page(q), page_inst(q) == m.dinst)),
+                # Not empty (a prompt needs a page): prefill tells a grant's instance by its
+                # pages, which matters where a request of another instance may take it.
+                Implies(
+                    exists(REQ, lambda o: d_inst(o) != m.dinst),
+                    exists(PAGE, lambda q: m.has_page(q)),
+                ),
+            ),
+        ),
+        each_message(["abort"], lambda m: m.dinst == d_inst(m.req)),
+    )
+
+
 def prefill_holds_decodes_generation(recompute: bool = False) -> Term:
     """The grant prefill holds for a request is the one decode issued for it, and prefill writes
     only pages of that grant, and only while it holds one. A rank that has reported (several
@@ -235,10 +277,18 @@ def prefill_holds_decodes_generation(recompute: bool = False) -> Term:
     ranks write in lockstep, so no page is written after the first rank reports.
 
     With `recompute` (`load_failure="recompute"`): or decode has recomputed the request under a
-    fresh generation (`_recomputed`), and prefill still holds the grant it replaced."""
+    fresh generation (`_recomputed`), and prefill still holds the grant it replaced.
+
+    Whatever pages prefill holds for a request are of the decode instance the request was placed
+    on (`p_dinst`: also after prefill stopped, while it keeps the pages it was granted), since
+    the only grant it takes for a request is that request's own."""
+    decodes: Callable[[Term], Term] = lambda r: p_gen(r) == d_gen(r)  # noqa: E731
     if recompute:
-        return _prefill_writes_only_its_grant(lambda r: Or(p_gen(r) == d_gen(r), _recomputed(r)))
-    return _prefill_writes_only_its_grant(lambda r: p_gen(r) == d_gen(r))
+        decodes = lambda r: Or(p_gen(r) == d_gen(r), _recomputed(r))  # noqa: E731
+    return And(
+        _prefill_writes_only_its_grant(decodes),
+        forall(REQ, lambda r: p_dinst(r) == d_inst(r)),
+    )
 
 
 AFTER_VALIDATION = ("validated", "generated", "answered", "failed", "released", "lost")
@@ -254,7 +304,12 @@ def _recomputed(r: Term) -> Term:
         old != 0,
         old < d_gen(r),
         # Nobody else holds that grant, at decode or at prefill: it was r's, and is retired.
-        forall(REQ, lambda t: And(d_gen(t) != old, Or(t == r, p_gen(t) != old))),
+        forall(
+            REQ,
+            lambda t: Implies(
+                d_inst(t) == d_inst(r), And(d_gen(t) != old, Or(t == r, p_gen(t) != old))
+            ),
+        ),
         d(r).is_in(*AFTER_VALIDATION),
         # A read failed, so prefill had taken the grant: it admitted the request as sent.
         p(r).is_in("granted", "completed", "aborted", "lost"),
@@ -289,8 +344,13 @@ def prefill_holds_a_generation_of_its_room() -> Term:
     a universal one is what the any-size model's solver handles well (∀∃ is not)."""
     return _prefill_writes_only_its_grant(
         lambda r: And(
-            p_gen(r) < next_gen(0),
-            forall(REQ, lambda o: Implies(d_gen(o) == p_gen(r), room(o) == room(r))),
+            p_gen(r) < next_gen(p_dinst(r)),
+            forall(
+                REQ,
+                lambda o: Implies(
+                    And(d_gen(o) == p_gen(r), d_inst(o) == p_dinst(r)), room(o) == room(r)
+                ),
+            ),
         ),
         _stale_write_of_room,
     )
@@ -377,7 +437,7 @@ def messages_carry_their_generation(recompute: bool = False) -> Term:
                 _current(
                     lambda n: Or(
                         And(n.gen != 0, n.gen == d_gen(n.req)),
-                        And(attempt(n.req) > 0, _retired(n.gen)),
+                        And(attempt(n.req) > 0, _retired(n.gen, n.dinst)),
                     ),
                     retired=True,
                 )(m),
@@ -390,11 +450,21 @@ def messages_carry_their_generation(recompute: bool = False) -> Term:
                 drain_fence(),
                 Or(
                     And(a.gen != 0, a.gen == d_gen(a.req)),
-                    And(attempt(a.req) > 0, a.gen != d_gen(a.req), _retired(a.gen)),
+                    And(
+                        attempt(a.req) > 0,
+                        a.gen != d_gen(a.req),
+                        _retired(a.gen, d_inst(a.req)),
+                    ),
                 ),
             )
         ),
         forall(REQ, lambda r: Implies(d_awaiting_ack(r), drain_fence())),
+        # Every message is between its request's own decode instance and prefill: decode sends
+        # from it, and prefill's grant, whose pages name where to reply, is decode's for r.
+        each_message(
+            ["grant", "completion", "abort", "failure", "abort_ack"],
+            lambda m: m.dinst == d_inst(m.req),
+        ),
     )
 
 
@@ -439,13 +509,14 @@ def messages_carry_a_generation_of_their_room() -> Term:
     )
 
 
-def _issued_on_room(gen: Term, of_room: Term) -> Term:
-    """`gen` is a generation decode issued, and whichever request holds it at decode is of room
-    `of_room` (said without an existential, as `prefill_holds_a_generation_of_its_room` does)."""
+def _issued_on_room(gen: Term, of_room: Term, inst: Term) -> Term:
+    """`gen` is a generation decode instance `inst` issued, and whichever of its requests holds
+    it at decode is of room `of_room` (said without an existential, as
+    `prefill_holds_a_generation_of_its_room` does)."""
     return And(
         gen != 0,
-        gen < next_gen(0),
-        forall(REQ, lambda o: Implies(d_gen(o) == gen, room(o) == of_room)),
+        gen < next_gen(inst),
+        forall(REQ, lambda o: Implies(And(d_gen(o) == gen, d_inst(o) == inst), room(o) == of_room)),
     )
 
 
@@ -463,7 +534,7 @@ def _current_of_room(
         stale = _stale_message(m)
         earlier: Term = m.attempt < attempt(m.req)
         # Issued before the retry, so not the grant decode made for the current attempt.
-        issued_before = And(_issued_on_room(m.gen, room(m.req)), m.gen != d_gen(m.req))
+        issued_before = And(_issued_on_room(m.gen, room(m.req), m.dinst), m.gen != d_gen(m.req))
         old = And(earlier, issued_before) if issued else earlier
         return And(Implies(stale, old), Implies(Not(stale), claim(m)))
 
@@ -499,7 +570,11 @@ def writes_carry_their_grant(room_keyed: bool = False) -> Term:
             # room, which that request may still hold.
             And(
                 _stale_write_of_room(w) if room_keyed else _stale_write(w),
-                _issued_on_room(w.gen, w.room) if room_keyed else _retired(w.gen),
+                (
+                    _issued_on_room(w.gen, w.room, page_inst(w.page))
+                    if room_keyed
+                    else _retired(w.gen, page_inst(w.page))
+                ),
                 w.data_gen == w.gen,
                 w.right_room,
                 w.right_tenant,
@@ -800,6 +875,11 @@ INVARIANTS: tuple[Invariant, ...] = (
         unreserved_requests_hold_nothing(),
     ),
     Invariant(
+        "grants_stay_on_their_instance",
+        "a grant's pages, at decode, on the wire and at prefill, are one decode instance's",
+        grants_stay_on_their_instance(),
+    ),
+    Invariant(
         "prefill_holds_decodes_generation",
         "the grant prefill holds for a request is decode's grant for it",
         prefill_holds_decodes_generation(),
@@ -945,7 +1025,10 @@ def fenced_writes_land_in_held_pages() -> Term:
         # Told to stop (an ack owed, a failure or a drain ack sent): prefill has stopped, unless
         # the ack is a retried request's first attempt's, for a generation no one holds.
         each_pending_ack(
-            lambda a: Or(Not(p(a.req).is_in(*live)), And(attempt(a.req) > 0, _retired(a.gen)))
+            lambda a: Or(
+                Not(p(a.req).is_in(*live)),
+                And(attempt(a.req) > 0, _retired(a.gen, d_inst(a.req))),
+            )
         ),
         each_message(["failure"], lambda m: Or(_stale_message(m), Not(p(m.req).is_in(*live)))),
         each_message(
@@ -953,7 +1036,7 @@ def fenced_writes_land_in_held_pages() -> Term:
             lambda m: Or(
                 _stale_message(m),
                 Not(p(m.req).is_in(*live)),
-                And(attempt(m.req) > 0, _retired(m.gen)),
+                And(attempt(m.req) > 0, _retired(m.gen, m.dinst)),
             ),
         ),
     )

@@ -3,9 +3,9 @@
 Each request is placed on one prefill and one decode instance; each decode instance grants pages
 of its own pool under its own generation counter, and every message names the decode instance
 at its decode end (spec/state.py, "Instances"). The explorer and the fixed-configuration Z3
-encoding check them, a router that places as it likes as every fixed placement; k-induction
-(whose invariants are one decode instance's), the any-size `prove` and the conformance targets
-refuse what they cannot take, with the reason. With one instance of each nothing changes.
+encoding (bmc, spacer, k-induction) check them, a router that places as it likes as every fixed
+placement; the any-size `prove` and the conformance targets refuse what they cannot take, with
+the reason. With one instance of each nothing changes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kvhandoff.spec import Config, get_variant
 from kvhandoff.spec.actions import PrefillSendAbortAck
 from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set, placements
 from kvhandoff.spec.machine import enabled
-from kvhandoff.spec.state import State
+from kvhandoff.spec.state import State, evolve
 from kvhandoff.spec.trace import replay
 from tests.explored import SMALL
 
@@ -292,16 +292,78 @@ def test_prove_proves_the_reference_with_two_requests_on_two_decode_instances() 
     assert run.result.scope == "fixed-config"
 
 
-def test_kind_and_the_invariants_refuse_several_decode_instances() -> None:
-    """The proof's invariants are one decode instance's (one generation counter)."""
-    config = parse_set(Config(), ["decode_instances=2", "max_crashes=0"])
-    for engine, options in (
-        ("kind", EngineOptions(timeout=5)),
-        ("explore", EngineOptions(invariants=True)),
-    ):
-        run = run_engine(engine, get_variant("reference"), config, options)
-        assert run.result is None
-        assert "decode_instances=2: the proof's invariants are written for one" in run.cannot_encode
+SHARED_ROOM = "a:1:1:0/0,b:1:1:0/1"
+"""Two one-page requests on one prefill instance and room 1, on two decode instances: each
+decode instance grants its request generation 1 of room 1, so (room, generation) names two
+grants, the configuration where room-keyed matching crosses instances."""
+
+
+def _two_decode_instances(requests: str) -> Config:
+    return parse_set(
+        Config(),
+        [
+            "decode_pages=2",
+            "decode_instances=2",
+            "max_crashes=0",
+            "max_active=2",
+            "placement=fixed",
+            f"requests={requests}",
+        ],
+    )
+
+
+@pytest.mark.parametrize("variant", ["reference", "room_keyed_with_binding"])
+def test_kind_proves_designs_with_two_decode_instances_issuing_the_same_generation(
+    variant: str,
+) -> None:
+    """The proof's invariants speak of several decode instances (each its own generation
+    counter; a grant's pages one instance's, `grants_stay_on_their_instance`): k-induction
+    proves the request-keyed reference and the room-keyed design with decode's binding where
+    two decode instances grant the same (room, generation) to requests sharing a prefill."""
+    config = _two_decode_instances(SHARED_ROOM)
+    run = run_engine("kind", get_variant(variant), config, EngineOptions(timeout=120))
+    assert run.result is not None, run.cannot_encode
+    assert run.result.verdict == "safe", [
+        (p.property, p.verdict, p.detail) for p in run.result.results
+    ]
+
+
+def test_kind_does_not_prove_room_keyed_matching_across_decode_instances() -> None:
+    """Without the binding the same invariants cannot make it safe: it is not (the explorer's
+    14-step counterexample, `test_room_keyed_matching_crosses_decode_instances...`)."""
+    config = _two_decode_instances(SHARED_ROOM)
+    run = run_engine("kind", get_variant("room_keyed_matching"), config, EngineOptions(timeout=120))
+    assert run.result is not None
+    assert run.result.verdict != "safe"
+
+
+def test_the_invariants_hold_on_every_state_of_two_decode_instances() -> None:
+    """`--invariants` takes several decode instances: on every reachable state of each
+    placement of the small scenario on two decode instances, every invariant holds (and the
+    properties' formulas agree with their Python functions)."""
+    config = parse_set(Config(), [*SMALL, "decode_pages=4", "decode_instances=2", "max_crashes=0"])
+    run = run_engine("explore", get_variant("reference"), config, EngineOptions(invariants=True))
+    assert run.result is not None
+    assert len(run.result.extra["placements"]) == 2
+    checked = run.result.extra["invariants"]
+    assert "grants_stay_on_their_instance" in checked["checked"]
+    assert checked["failing"] == {}
+
+
+def test_a_grant_over_two_instances_pools_breaks_its_invariant() -> None:
+    """`grants_stay_on_their_instance` can fail: prefill holding pages of both decode
+    instances' pools for one request (which no rule makes) is caught."""
+    from kvhandoff.spec.invariants import INVARIANTS
+
+    invariant = next(i for i in INVARIANTS if i.name == "grants_stay_on_their_instance")
+    config = _two_decode_instances(SHARED_ROOM)
+    graph = build_graph(get_variant("reference"), config)[0]
+    held = [s for s in graph.states if s.requests[0].p_pages]
+    assert held and all(invariant.holds(config, s) for s in graph.states)
+    state = held[0]
+    spread = evolve(state.requests[0], p_pages=(0, 1))  # page 0 is d0's, page 1 d1's
+    broken = evolve(state, requests=(spread, *state.requests[1:]))
+    assert not invariant.holds(config, broken)
 
 
 def test_kind_proves_the_reference_on_two_prefill_instances_in_every_placement() -> None:
