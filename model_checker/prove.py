@@ -45,7 +45,7 @@ from kvhandoff.model_checker.z3_engines import (
 )
 from kvhandoff.model_checker.z3_invariants import fixed_invariants
 from kvhandoff.model_checker.z3_witnesses import derived_movement_cached, fixed_movement_cached
-from kvhandoff.spec.config import Config, instances_unsupported
+from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.variants import Variant
 
@@ -299,8 +299,6 @@ def _derived_why_not(variant: Variant, config: Config) -> str | None:
             "its room): rejected_request_gets_error_not_output holds there for some "
             "configurations, not for every size (docs/z3.md, 'The invariants')"
         )
-    if why_not is None:
-        why_not = instances_unsupported(config)
     if why_not is None and config.prefill_ranks > 1:
         why_not = (
             f"prefill_ranks={config.prefill_ranks}: the derived any-size model has one prefill "

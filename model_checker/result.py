@@ -123,11 +123,12 @@ class CheckResult:
             # without them the retry's action is left out, and the scope says so.
             if self.config.max_retries > 0:
                 return (
-                    "any size (every pool size and number of requests, tenants, faults and "
-                    "client retries)"
+                    "any size (every pool size and number of requests, tenants, faults, "
+                    "instances and client retries)"
                 )
             return (
-                "any size (every pool size and number of requests, tenants and faults; "
+                "any size (every pool size and number of requests, tenants, faults and "
+                "instances; "
                 "no client retries: --set max_retries=1 covers any number)"
             )
         where = f"this configuration ({config_summary(self.config)})"

@@ -49,6 +49,12 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
   `each(REQ, ...)`: the bound variable names no entry of the symbol) takes its condition and value
   at an element chosen with the step: the spec's (the last that qualifies) is one choice.
 * **Page and request order** (`o < q`) are rigid relations with no axioms (any order, or none).
+* **Instances**: where the router placed each request (`d_inst`, `p_inst`) and whose pool each
+  page is in (`page_inst`) are rigid and free (any number of instances, any placement, any split
+  of the pool); `next_gen(i)` is a counter per decode instance; the decode instance of prefill's
+  grant (`p_dinst`, the spec's first granted page's) is that of a granted page chosen by a
+  function `pick` of the state (`Model.p_dinst`). Restarts and partitions act on every request
+  at once, as the spec writes them for its one instance of each.
 * **The scenario's facts** (`over_prefill_limit`, `prompt_pages`, `room`, `tenant`, the fault
   limits, `waits_for`, `truncated_len`) are rigid and unconstrained: every configuration at once.
 * **Derived symbols** are their definitions over the state: `answered`/`answered_ok`/
@@ -99,6 +105,7 @@ from kvhandoff.model_checker.z3_encoding import D_PHASES, FAULT_FIELDS, P_PHASES
 from kvhandoff.spec import vocabulary as V
 from kvhandoff.spec.actions import snake_case
 from kvhandoff.spec.effects import (
+    DECODE_SENDS,
     WRITABLE,
     Adopt,
     Assign,
@@ -163,7 +170,6 @@ _TIMEOUT = "timed out waiting for prefill"
 _NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
 """Rank sets: with one prefill rank the spec keeps them empty (an effect sets one only when not
 every rank has reported, which one rank always has)."""
-_ONE_INSTANCE = ("d_inst", "p_inst", "page_inst", "p_dinst")
 _DERIVED = frozenset(
     {
         "answered",
@@ -177,8 +183,8 @@ _DERIVED = frozenset(
         "shard_outside",
         "prefill_ranks",
         "drain_fence",
-        # One prefill and one decode instance (`prove` refuses more): every instance is 0.
-        *_ONE_INSTANCE,
+        # The decode instance of prefill's grant: one of its pages' (`Model.p_dinst`).
+        "p_dinst",
     }
 )
 _ANSWER = {"ans_set": (REQ,), "ans_ok": (REQ,), "ans_timeout": (REQ,)}
@@ -193,20 +199,22 @@ def _kept_args(args: Sequence[Sort]) -> tuple[Sort, ...]:
 _SYMBOLS = {s.name: s for s in V.SYMBOLS}
 _BASE: dict[str, tuple[tuple[Sort, ...], Sort]] = {
     **{
-        n: (_kept_args(s.args) if n != "next_gen" else (), s.result)
+        n: (_kept_args(s.args), s.result)
         for n, s in _SYMBOLS.items()
         if n in WRITABLE and n not in _NOT_KEPT and n not in _DERIVED
     },
     **{n: (a, BOOL) for n, a in _ANSWER.items()},
 }
 """The mutable symbols, with their argument sorts (rank dropped) and result sort. The
-generation counter of one decode instance is one constant (`next_gen(i)` reads it whatever i)."""
+generation counters are one function of the decode instance (`next_gen(i)`, an integer)."""
 _RIGID: dict[str, tuple[tuple[Sort, ...], Sort]] = {
     n: (_kept_args(s.args), s.result)
     for n, s in _SYMBOLS.items()
     if n not in WRITABLE and n not in _DERIVED
 }
-"""The scenario's facts: rigid, unconstrained."""
+"""The scenario's facts: rigid, unconstrained. Among them where the router placed each request
+(`d_inst`, `p_inst`) and whose pool each page is in (`page_inst`): any number of instances, any
+placement, any split of the pool."""
 
 # Rigid fields of messages and writes.
 _MSG_FIELDS = {
@@ -218,6 +226,7 @@ _MSG_FIELDS = {
     "has_digest": z3.BoolSort(),
     "reason": z3.IntSort(),
     "attempt": z3.IntSort(),
+    "dinst": z3.IntSort(),
 }
 _WR_FIELDS = {
     "req": Req,
@@ -433,6 +442,9 @@ class Model:
         self.translated: dict[tuple[Any, ...], tuple[Any, View, list[Any], set[str], View]] = {}
         """`translated_step`'s memo (the view is kept so that its id stays its own)."""
         self.zero_axiom = False
+        self._picks: dict[str, Any] = {}
+        self.picked: set[str] = set()
+        """The states (by tag) whose `p_dinst` a translated term read (`pick_axioms`)."""
 
     # --- terms ---------------------------------------------------------------------------------
 
@@ -525,10 +537,8 @@ class Model:
         kept = [x for x, s in zip(args, symbol.args, strict=True) if s != RANK]
         if name in _NOT_KEPT:
             return False
-        if name == "next_gen":
-            return view[name]()  # one decode instance, one counter
-        if name in _ONE_INSTANCE:
-            return 0
+        if name == "p_dinst":
+            return self.p_dinst(kept[0], view, tag)
         if name in _BASE:
             return view[name](*kept)
         if name in _RIGID:
@@ -567,8 +577,6 @@ class Model:
                 return False
             if name == "room":
                 return RIGID.f["room"](m["req"](x))
-            if name == "dinst":
-                return 0  # one decode instance
             if name in ("has_page", "digest_page"):
                 assert t.arg is not None
                 return RIGID.msg_page[name](x, self.tr(t.arg, view, tag, env))
@@ -685,7 +693,7 @@ class Model:
                 if (s, f"{a[1]}>{b[1]}") not in done and not self.unchanged(s, b[1])
             ]
             if not todo and not steps:
-                return out
+                break
             for shape, view, tag in todo:
                 done.add((shape, tag))
                 ys, x, body, k = self._count_parts(shape, view, tag)
@@ -699,6 +707,44 @@ class Model:
                 _ys, _x, b2, k2 = self._count_parts(shape, v2, t2, (ys, x))
                 same = z3.Implies(z3.ForAll([x], b1 == b2), k2 == k1)
                 out.append(z3.ForAll(ys, same) if ys else same)
+        return out + self.pick_axioms(views)
+
+    # --- the decode instance of prefill's grant ----------------------------------------------
+
+    def p_dinst(self, r: Any, view: View, tag: str) -> Any:
+        """`p_dinst(r)`: the instance of a page of prefill's grant for r, or r's own before any
+        grant. The spec reads the grant's first page; the model reads a page chosen by a
+        function `pick` of the state, constrained only to a granted page where r has one
+        (`pick_axioms`): the spec's choice is one of the model's, and where a grant's pages are
+        one instance's (`grants_stay_on_their_instance`) every choice is the spec's."""
+        if tag == "'" and "p_granted" not in self.changed:
+            tag = ""  # the step leaves the grant as it was: the same choice
+        self.picked.add(tag)
+        q = self.pick(tag)(r)
+        return _ite(view["p_granted"](r, q), RIGID.f["page_inst"](q), RIGID.f["d_inst"](r))
+
+    def pick(self, tag: str) -> Any:
+        if tag not in self._picks:
+            self._picks[tag] = z3.Function(f"pick{tag}", Req, Page)
+        return self._picks[tag]
+
+    def pick_axioms(self, views: Sequence[tuple[View, str]]) -> list[Any]:
+        """A state's `pick(r)` is a page of r's grant wherever r holds one."""
+        out = []
+        for view, tag in views:
+            if tag == "'" and "p_granted" not in self.changed:
+                continue
+            if tag not in self.picked:
+                continue
+            r, q = _fresh("pr", Req), _fresh("pq", Page)
+            granted = view["p_granted"]
+            out.append(z3.ForAll([r, q], z3.Implies(granted(r, q), granted(r, self.pick(tag)(r)))))
+        return out
+
+    def _message_dinst(self, kind: str, r: Any, view: View, tag: str) -> Any:
+        if kind in DECODE_SENDS:
+            return RIGID.f["d_inst"](r)
+        return self.p_dinst(r, view, tag)
 
     # --- rules ---------------------------------------------------------------------------------
 
@@ -772,8 +818,6 @@ class Model:
                 targets = [
                     a for a, s in zip(u.target.args, u.target.symbol.args, strict=True) if s != RANK
                 ]
-                if name == "next_gen":
-                    targets = []  # one decode instance, one counter
                 if name == "answered":
                     # A withdrawn answer (a client's retry): given, output and timed-out all
                     # false again, as in the spec's initial state.
@@ -796,7 +840,7 @@ class Model:
                 get = _entry([u.req], elems, u.when, Lit(True, BOOL), env, tr, "answer")
                 replies.append(_reply(get, u.ok, reason_timeout))
             elif isinstance(u, Send):
-                sent.append(self._send(u, elems, env, tr, constraints, view))
+                sent.append(self._send(u, elems, env, tr, constraints, view, tag))
             elif isinstance(u, IssueWrites):
                 writes.append(("add", self._issue(u, elems, env, tr, constraints, view)))
             elif isinstance(u, Move):
@@ -862,6 +906,7 @@ class Model:
         tr: Callable[[Term, dict[int, Any]], Any],
         constraints: list[Any],
         view: View,
+        tag: str,
     ) -> Callable[[Any], Any]:
         """A message sent (for each value of the update's bound variables): a fresh element of
         `Msg` with the fields the update gives; the fields it leaves unsaid are free."""
@@ -879,6 +924,9 @@ class Model:
             f["has_digest"](msg) == z3.BoolVal(u.digest),
             # Every message about a request carries its sender's attempt (`run_effect`).
             f["attempt"](msg) == _z(view["attempt"](tr(u.req, e))),
+            # And the decode instance at its decode end (`effects.message_dinst`): decode's
+            # own, or for what prefill sends the one its grant's pages are in.
+            f["dinst"](msg) == _z(self._message_dinst(u.kind, tr(u.req, e), view, tag)),
         ]
         if u.epoch is not None:
             fields.append(f["epoch"](msg) == _z(tr(u.epoch, e)))
@@ -948,7 +996,7 @@ _DERIVED_READS: dict[str, set[str]] = {
     "issued": {"p_granted", "p_wrote", "inflight"},
     "faults_spent": {f"{n}_spent" for n in FAULT_COUNTS},
     "read_tenant": {"read_req"},
-    **{name: set() for name in _ONE_INSTANCE},
+    "p_dinst": {"p_granted"},
 }
 
 
@@ -1258,6 +1306,10 @@ def claims_after(model: Model, cs: dict[str, Any], s: View, s2: View) -> dict[st
         new = _decl(model.count_fn(shape, "'"))
         sorts = [old.domain(i) for i in range(old.arity())]
         pairs.append((old, new(*[z3.Var(i, srt) for i, srt in enumerate(sorts)])))
+    if "p_granted" in model.changed and "" in model.picked:
+        # `p_dinst` over the next state: a page of the next state's grant (`Model.p_dinst`).
+        model.picked.add("'")
+        pairs.append((model.pick(""), model.pick("'")(z3.Var(0, Req))))
     if not pairs:
         return dict(cs)
     return {n: z3.substitute_funs(_z(c), *pairs) for n, c in cs.items()}
@@ -1447,7 +1499,13 @@ def describe(model: Any, s: View, s2: View | None) -> dict[str, Any]:
             for y in pages
             if z3.is_true(model.eval(_z(st["d_holds"](x, y)), model_completion=True))
         ]
-        table["next_gen"] = str(model.eval(_z(st["next_gen"]()), model_completion=True))
+        table["next_gen"] = {
+            i: str(model.eval(_z(st["next_gen"](z3.IntVal(i))), model_completion=True))
+            for i in range(2)  # instance 0, and another where one is in play
+        }
+        table["d_inst"] = {
+            str(x): str(model.eval(RIGID.f["d_inst"](x), model_completion=True)) for x in reqs
+        }
         out[label] = table
     return out
 
@@ -1518,7 +1576,8 @@ class Simulator:
             z3.ForAll([x], z3.Or([x == r for r in self.reqs])),
             z3.ForAll([q], z3.Or([q == p for p in self.pages])),
         ]
-        self._domains = {REQ: range(n), PAGE: range(m)}
+        # The scenario's decode instances: where `next_gen` has an entry.
+        self._domains = {REQ: range(n), PAGE: range(m), INT: range(config.decode_instances)}
         self.with_claims = True
         """Ask that the state before lie inside every claim (off for a variant whose claims
         fail on reachable states: its steps are then checked alone)."""
@@ -1539,8 +1598,7 @@ class Simulator:
         full = []
         rest = iter(args)
         for sort in symbol.args:
-            # Rank 0; and instance 0 where the model keeps one (`next_gen`'s instance).
-            full.append(0 if sort == RANK else next(rest, 0))
+            full.append(0 if sort == RANK else next(rest))  # rank 0
         code = _READING_CODE.get((name, *full))
         if code is None:
             source = V.CONCRETE.symbols[name].format(*map(str, full))
@@ -1676,6 +1734,7 @@ class Simulator:
             f["count"](x) == m.count,
             f["has_digest"](x) == (m.digest is not None),
             f["attempt"](x) == m.attempt,
+            f["dinst"](x) == m.dinst,
         ]
         if m.reason:
             facts.append(f["reason"](x) == FAILURE_REASONS.index(m.reason))

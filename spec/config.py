@@ -81,10 +81,9 @@ class Config:
     """Prefill instances (workers) the router may place a request on, 1 to 3. Real deployments
     run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
-    "Instances"). The explorer, bmc, spacer, kind and prove (per fixed configuration) check
-    more than one; the any-size model and the conformance harness refuse with the reason
-    (`instances_unsupported`). Not yet with crashes, partitions or several prefill ranks:
-    per-instance restarts are not modelled."""
+    "Instances"). Every engine checks more than one (prove's any-size model: any number and
+    any placement); the conformance harness refuses, with the reason. Not yet with crashes,
+    partitions or several prefill ranks: per-instance restarts are not modelled."""
     decode_instances: int = 1
     """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
     can issue the same generation for one room: a hazard only several instances show). Decode's
@@ -283,24 +282,6 @@ class Config:
         return Config(**kwargs)
 
 
-def instances_unsupported(config: Config) -> str | None:
-    """Why a checker of one instance cannot take this configuration, or None where it can.
-
-    The explorer and the fixed-configuration Z3 encoding (bmc, spacer, kind) check several
-    prefill or decode instances
-    (`Config.prefill_instances`, `Config.decode_instances`). The any-size model of `prove` and
-    the conformance targets have one of each (an instance-valued term reads 0 in the any-size
-    model, see `model_checker/z3_derived.py`): rather than check a one-instance model under a
-    several-instance name, they refuse with this reason."""
-    if config.prefill_instances == 1 and config.decode_instances == 1:
-        return None
-    return (
-        f"prefill_instances={config.prefill_instances}, decode_instances="
-        f"{config.decode_instances}: the any-size model (and the implementation's conformance "
-        "targets) has one prefill and one decode instance"
-    )
-
-
 def placements(config: Config) -> list[Config]:
     """The fixed placements a router that places as it likes (`placement="any"`) can make of
     `config`'s requests, one per class of placements equal up to renaming the instances.
@@ -475,7 +456,6 @@ __all__ = [
     "Room",
     "TenantId",
     "default_config",
-    "instances_unsupported",
     "parse_set",
     "placements",
     "scenario_config",

@@ -258,12 +258,6 @@ def grants_stay_on_their_instance() -> Term:
             lambda m: And(
                 m.dinst == d_inst(m.req),
                 forall(PAGE, lambda q: Implies(m.has_page(q), page_inst(q) == m.dinst)),
-                # Not empty (a prompt needs a page): prefill tells a grant's instance by its
-                # pages, which matters where a request of another instance may take it.
-                Implies(
-                    exists(REQ, lambda o: d_inst(o) != m.dinst),
-                    exists(PAGE, lambda q: m.has_page(q)),
-                ),
             ),
         ),
         each_message(["abort"], lambda m: m.dinst == d_inst(m.req)),
@@ -342,7 +336,7 @@ def prefill_holds_a_generation_of_its_room() -> Term:
     issued (below its counter), and whichever request holds it is of r's room. Generations are
     never reissued (`generations_are_unique`), so that is the same claim on reachable states, and
     a universal one is what the any-size model's solver handles well (∀∃ is not)."""
-    return _prefill_writes_only_its_grant(
+    held = _prefill_writes_only_its_grant(
         lambda r: And(
             p_gen(r) < next_gen(p_dinst(r)),
             forall(
@@ -354,6 +348,18 @@ def prefill_holds_a_generation_of_its_room() -> Term:
         ),
         _stale_write_of_room,
     )
+    # A grant names at least one page (a prompt needs one): prefill tells the decode instance of
+    # the grant it took by its pages, and with several decode instances a request may take
+    # another instance's grant. (Said only where another instance is in play: with one, the
+    # claim is vacuous, and the any-size model, which counts pages only loosely, need not show
+    # that decode grants a page.)
+    granted = each_message(
+        ["grant"],
+        lambda m: Implies(
+            exists(REQ, lambda o: d_inst(o) != m.dinst), exists(PAGE, lambda q: m.has_page(q))
+        ),
+    )
+    return And(held, granted)
 
 
 def _prefill_writes_only_its_grant(
@@ -573,7 +579,8 @@ def writes_carry_their_grant(room_keyed: bool = False) -> Term:
                 (
                     _issued_on_room(w.gen, w.room, page_inst(w.page))
                     if room_keyed
-                    else _retired(w.gen, page_inst(w.page))
+                    # Retired at its request's own decode instance, the one it writes to.
+                    else And(page_inst(w.page) == d_inst(w.req), _retired(w.gen, d_inst(w.req)))
                 ),
                 w.data_gen == w.gen,
                 w.right_room,

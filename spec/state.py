@@ -69,9 +69,9 @@ blocks (page numbers stay global: a page's number says whose pool it is in). How
   was placed on. A page write goes to a page, so to that page's instance.
 * **Not yet:** restarts and partitions of one instance among several (each instance's boot
   epoch), and several prefill ranks with several instances. `Config` refuses those
-  combinations. The explorer, bmc, spacer, k-induction and prove (per fixed configuration)
-  check several instances; the any-size model and the conformance harness take one of each and
-  refuse more, naming why (`spec.config.instances_unsupported`).
+  combinations. Every checker takes several instances (the any-size model of `prove` any
+  number of them, any placement, any split of the pool); the conformance harness runs one of
+  each and refuses more, naming why.
 
 With one instance of each, every instance is 0, `next_generations` is empty and every message's
 `dinst` is 0: the states are exactly those of the one-instance model.

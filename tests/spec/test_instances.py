@@ -4,7 +4,7 @@ Each request is placed on one prefill and one decode instance; each decode insta
 of its own pool under its own generation counter, and every message names the decode instance
 at its decode end (spec/state.py, "Instances"). The explorer and the fixed-configuration Z3
 encoding (bmc, spacer, k-induction) check them, a router that places as it likes as every fixed
-placement; the any-size `prove` and the conformance targets refuse what they cannot take, with
+placement, and the any-size `prove` any number of them; the conformance targets refuse, with
 the reason. With one instance of each nothing changes.
 """
 
@@ -21,7 +21,7 @@ from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
 from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.spec import Config, get_variant
 from kvhandoff.spec.actions import PrefillSendAbortAck
-from kvhandoff.spec.config import ConfigError, instances_unsupported, parse_set, placements
+from kvhandoff.spec.config import ConfigError, parse_set, placements
 from kvhandoff.spec.machine import enabled
 from kvhandoff.spec.state import State, evolve
 from kvhandoff.spec.trace import replay
@@ -254,27 +254,50 @@ def test_any_placement_reports_the_violating_placement_and_its_config() -> None:
 
 def test_one_instance_is_every_checker_s_and_keeps_the_small_state_space() -> None:
     config = parse_set(Config(), SMALL)
-    assert instances_unsupported(config) is None
     explicit = parse_set(config, ["prefill_instances=1", "decode_instances=1"])
     assert explicit == config
     assert explore(get_variant("reference"), config).states == 5040  # as on main before instances
 
 
-def test_prove_falls_back_to_the_fixed_configuration_with_several_instances() -> None:
-    """The any-size model has one instance of each; `prove` then proves what it can of each
-    placement's fixed configuration (the invariants that stay inductive), never more."""
-    config = parse_set(Config(), [*SMALL, "prefill_instances=2", "max_crashes=0"])
+def test_prove_proves_the_reference_any_size_on_several_instances() -> None:
+    """The any-size model reads where requests are placed and whose pool a page is in as free
+    functions (any number of instances, any placement, any split of the pool): one proof for
+    every placement of the scenario, scoped so."""
+    config = parse_set(
+        Config(),
+        [*SMALL, "decode_pages=4", "prefill_instances=2", "decode_instances=2", "max_crashes=0"],
+    )
     run = run_engine("prove", get_variant("reference"), config, EngineOptions(timeout=120))
     assert run.result is not None
-    assert run.result.scope == "fixed-config"
-    assert "prefill_instances=2" in run.result.extra["any_size_unavailable"]
-    assert run.result.verdict in ("safe", "unknown")
+    assert run.result.verdict == "safe"
+    assert run.result.scope == "any-size"
+    assert "instances" in run.result.scope_text()
+    assert "any_size_unavailable" not in run.result.extra
+    extra = run.result.extra
+    assert extra["obligations_proved"] == extra["obligations_total"]
+    assert len(extra["placements"]) == 4
+
+
+def test_the_any_size_proof_leans_on_grants_staying_on_their_instance() -> None:
+    """The instances are no constants of the any-size model: without the claim that a grant's
+    pages are one instance's, prefill could count its writes to one instance and send its
+    completion while one to another is in flight, and the proof says so."""
+    from kvhandoff.model_checker import z3_derived
+    from kvhandoff.spec import REFERENCE
+
+    obligations = z3_derived.prove_derived(
+        REFERENCE.design,
+        timeout=30,
+        weaken={"grants_stay_on_their_instance": lambda model, view, tag: True},
+    )
+    failed = {(o.invariant, o.action) for o in obligations if o.verdict == "failed"}
+    assert ("writes_carry_their_grant", "prefill_send_completion") in failed
 
 
 def test_prove_proves_the_reference_with_two_requests_on_two_decode_instances() -> None:
     """Both decode instances grant generation 1 on their own: the claim that generations are
-    unique is one decode instance's (`generations_are_unique`), and what stays inductive of the
-    rest proves every property on the fixed configuration."""
+    unique is one decode instance's (`generations_are_unique`), and the any-size proof covers
+    this placement with the rest."""
     config = parse_set(
         Config(),
         [
@@ -289,7 +312,7 @@ def test_prove_proves_the_reference_with_two_requests_on_two_decode_instances() 
     run = run_engine("prove", get_variant("reference"), config, EngineOptions(timeout=120))
     assert run.result is not None
     assert run.result.verdict == "safe"
-    assert run.result.scope == "fixed-config"
+    assert run.result.scope == "any-size"
 
 
 SHARED_ROOM = "a:1:1:0/0,b:1:1:0/1"
