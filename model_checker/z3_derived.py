@@ -54,7 +54,11 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
   of the pool); `next_gen(i)` is a counter per decode instance; the decode instance of prefill's
   grant (`p_dinst`, the spec's first granted page's) is that of a granted page chosen by a
   function `pick` of the state (`Model.p_dinst`). Restarts and partitions act on every request
-  at once, as the spec writes them for its one instance of each.
+  at once, as the spec writes them for its one instance of each. Under room-keyed matching the
+  model keeps one instance of each (every instance term reads 0): a request may take another
+  decode instance's grant there, and prefill tells that grant's instance by its pages, so the
+  room-keyed claims need "a grant names a page", which the model's loose counts cannot show
+  (`prove` proves room-keyed designs on the fixed configuration anyway).
 * **The scenario's facts** (`over_prefill_limit`, `prompt_pages`, `room`, `tenant`, the fault
   limits, `waits_for`, `truncated_len`) are rigid and unconstrained: every configuration at once.
 * **Derived symbols** are their definitions over the state: `answered`/`answered_ok`/
@@ -170,6 +174,7 @@ _TIMEOUT = "timed out waiting for prefill"
 _NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
 """Rank sets: with one prefill rank the spec keeps them empty (an effect sets one only when not
 every rank has reported, which one rank always has)."""
+_INSTANCE_TERMS = frozenset({"d_inst", "p_inst", "page_inst", "p_dinst"})
 _DERIVED = frozenset(
     {
         "answered",
@@ -434,6 +439,9 @@ class Model:
             self.effects.update({n: h.formula for n, h in variant.formula_effects().items()})
             self.fields = dict(variant.state_fields)
         self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.instances = design.matching == "request"
+        """Whether instances are free functions (see the module's docstring, "Instances"); under
+        room-keyed matching every instance term reads 0: one instance of each."""
         self.counts: dict[str, tuple[Count, list[tuple[Var, Any]]]] = {}
         """Each count's shape: the term and its free variables (with their Z3 sorts)."""
         self._count_fns: dict[tuple[str, str], Any] = {}
@@ -537,6 +545,8 @@ class Model:
         kept = [x for x, s in zip(args, symbol.args, strict=True) if s != RANK]
         if name in _NOT_KEPT:
             return False
+        if name in _INSTANCE_TERMS and not self.instances:
+            return 0
         if name == "p_dinst":
             return self.p_dinst(kept[0], view, tag)
         if name in _BASE:
@@ -575,6 +585,8 @@ class Model:
                 return 0
             if name == "rank_done":
                 return False
+            if name == "dinst" and not self.instances:
+                return 0
             if name == "room":
                 return RIGID.f["room"](m["req"](x))
             if name in ("has_page", "digest_page"):
@@ -742,6 +754,8 @@ class Model:
         return out
 
     def _message_dinst(self, kind: str, r: Any, view: View, tag: str) -> Any:
+        if not self.instances:
+            return 0
         if kind in DECODE_SENDS:
             return RIGID.f["d_inst"](r)
         return self.p_dinst(r, view, tag)
