@@ -50,8 +50,8 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
   at an element chosen with the step: the spec's (the last that qualifies) is one choice.
 * **Page and request order** (`o < q`) are rigid relations with no axioms (any order, or none).
 * **Instances**: where the router placed each request (`d_inst`, `p_inst`) and whose pool each
-  page is in (`page_inst`) are rigid and free (any number of instances, any placement, any split
-  of the pool); `next_gen(i)` is a counter per decode instance; the decode instance of prefill's
+  page is in (`page_inst`) are rigid and free, elements of a sort `Inst` (any number of
+  instances, any placement, any split of the pool); `next_gen(i)` is a counter per decode instance; the decode instance of prefill's
   grant (`p_dinst`, the spec's first granted page's) is that of a granted page chosen by a
   function `pick` of the state (`Model.p_dinst`). Restarts and partitions act on every request
   at once, as the spec writes them for its one instance of each. Under room-keyed matching the
@@ -157,6 +157,39 @@ Page = z3.DeclareSort("Page")
 Tenant = z3.DeclareSort("Tenant")
 Msg = z3.DeclareSort("Msg")
 Wr = z3.DeclareSort("Wr")
+Inst = z3.DeclareSort("Inst")
+"""Instances: the spec numbers them, but only compares them and picks a counter by one, so the
+model gives them a sort of their own (a model of a failing obligation is then found as readily
+as with requests and pages; over the integers Z3 often answered unknown)."""
+INST0 = z3.Const("inst0", Inst)
+"""Instance 0: the one instance of each under room-keyed matching (`Model.instances`), and the
+one a formula names by its number (a restart's `next_gen(0)`)."""
+
+
+NARROW_MS = 2000
+"""How long `prove_derived` looks for a counterexample on one instance of each before it asks
+the general query (milliseconds)."""
+
+
+def _one_instance_facts() -> list[Any]:
+    """Every instance term is `INST0`: one prefill and one decode instance."""
+    r, q, m = z3.Const("oi_r", Req), z3.Const("oi_q", Page), z3.Const("oi_m", Msg)
+    f = RIGID.f
+    return [
+        z3.ForAll([r], z3.And(f["d_inst"](r) == INST0, f["p_inst"](r) == INST0)),
+        z3.ForAll([q], f["page_inst"](q) == INST0),
+        z3.ForAll([m], RIGID.msg["dinst"](m) == INST0),
+    ]
+
+
+def _instance(x: Any) -> Any:
+    """An instance term; the number 0 (the spec's first instance) as `INST0`."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        if x != 0:
+            raise Untranslatable(f"instance {x} named by its number")
+        return INST0
+    return x
+
 
 _Z3_SORT: dict[Sort, Any] = {
     REQ: Req,
@@ -231,7 +264,7 @@ _MSG_FIELDS = {
     "has_digest": z3.BoolSort(),
     "reason": z3.IntSort(),
     "attempt": z3.IntSort(),
-    "dinst": z3.IntSort(),
+    "dinst": Inst,
 }
 _WR_FIELDS = {
     "req": Req,
@@ -253,7 +286,8 @@ class _Rigid:
 
     def __init__(self) -> None:
         self.f = {
-            n: _fn(n, [_Z3_SORT[a] for a in args], _Z3_SORT[r]) for n, (args, r) in _RIGID.items()
+            n: _fn(n, [_Z3_SORT[a] for a in args], Inst if n in _INSTANCE_TERMS else _Z3_SORT[r])
+            for n, (args, r) in _RIGID.items()
         }
         self.msg = {n: z3.Function(f"m_{n}", Msg, s) for n, s in _MSG_FIELDS.items()}
         self.msg_page = {
@@ -294,10 +328,15 @@ def base_view(tag: str, fields: dict[str, Any] | None = None) -> View:
         sort = z3.BoolSort() if isinstance(initial, bool) else z3.IntSort()
         out[f"field:{name}"] = _applier(z3.Const(f"field:{name}{tag}", sort))
     for name, (args, result) in _BASE.items():
-        out[name] = _applier(_fn(f"{name}{tag}", [_Z3_SORT[a] for a in args], _Z3_SORT[result]))
+        out[name] = _applier(_fn(f"{name}{tag}", _arg_sorts(name, args), _Z3_SORT[result]))
     out["sent"] = _applier(z3.Function(f"sent{tag}", Msg, z3.BoolSort()))
     out["inflight"] = _applier(z3.Function(f"inflight{tag}", Wr, z3.BoolSort()))
     return out
+
+
+def _arg_sorts(name: str, args: Sequence[Sort]) -> list[Any]:
+    """The Z3 sorts of a mutable symbol's arguments: `next_gen`'s is an instance."""
+    return [Inst] if name == "next_gen" else [_Z3_SORT[a] for a in args]
 
 
 def _applier(f: Any) -> Callable[..., Any]:
@@ -546,9 +585,11 @@ class Model:
         if name in _NOT_KEPT:
             return False
         if name in _INSTANCE_TERMS and not self.instances:
-            return 0
+            return INST0
         if name == "p_dinst":
             return self.p_dinst(kept[0], view, tag)
+        if name == "next_gen":
+            return view[name](_instance(kept[0]))
         if name in _BASE:
             return view[name](*kept)
         if name in _RIGID:
@@ -586,7 +627,7 @@ class Model:
             if name == "rank_done":
                 return False
             if name == "dinst" and not self.instances:
-                return 0
+                return INST0
             if name == "room":
                 return RIGID.f["room"](m["req"](x))
             if name in ("has_page", "digest_page"):
@@ -755,7 +796,7 @@ class Model:
 
     def _message_dinst(self, kind: str, r: Any, view: View, tag: str) -> Any:
         if not self.instances:
-            return 0
+            return INST0
         if kind in DECODE_SENDS:
             return RIGID.f["d_inst"](r)
         return self.p_dinst(r, view, tag)
@@ -1091,7 +1132,9 @@ def _entry(
                     e[id(t)] = x
         for t, x in zip(targets, xs, strict=True):
             if not (isinstance(t, Var) and id(t) in named):
-                conds.append(tr(t, e) == x)
+                at = tr(t, e)
+                # An instance by its number (`next_gen(0)`: the one instance a restart resets).
+                conds.append((_instance(at) if name == "next_gen" else at) == x)
         conds.append(tr(when, e))
         return _and(conds), tr(value, e)
 
@@ -1223,7 +1266,7 @@ def init(view: View, fields: dict[str, Any] | None = None) -> Any:
         if value is None:
             continue
         args, _result = _BASE[name]
-        xs = [_fresh("i", _Z3_SORT[a]) for a in args]
+        xs = [_fresh("i", sort) for sort in _arg_sorts(name, args)]
         fact = view[name](*xs) == _z(value)
         facts.append(z3.ForAll(xs, fact) if xs else fact)
     m, w = _fresh("im", Msg), _fresh("iw", Wr)
@@ -1439,6 +1482,24 @@ def prove_derived(
         started = time.perf_counter()
         sv.push()
         sv.add(z3.Not(goal))
+        if model.instances:
+            # Free instances make a model harder to find than a proof (over them Z3 may search
+            # long for a counterexample it finds at once with one instance of each). So ask
+            # first, briefly, for a counterexample on one instance of each: that query is the
+            # same one narrowed (each of its models is one of the general query's), so `sat`
+            # there is a real failure; otherwise the general query decides.
+            sv.push()
+            sv.add(*_one_instance_facts())
+            sv.set("timeout", NARROW_MS if timeout is None else min(NARROW_MS, int(timeout * 1000)))
+            if sv.check() == z3.sat:
+                cex = describe(sv.model(), s, after)
+                seconds = time.perf_counter() - started
+                out.append(Obligation(kind, claim, action, "failed", seconds, cex))
+                sv.pop()
+                sv.pop()
+                return
+            sv.pop()
+            sv.set("timeout", 4294967295 if timeout is None else max(1, int(timeout * 1000)))
         answer = sv.check()
         seconds = time.perf_counter() - started
         if answer == z3.unsat:
@@ -1514,8 +1575,8 @@ def describe(model: Any, s: View, s2: View | None) -> dict[str, Any]:
             if z3.is_true(model.eval(_z(st["d_holds"](x, y)), model_completion=True))
         ]
         table["next_gen"] = {
-            i: str(model.eval(_z(st["next_gen"](z3.IntVal(i))), model_completion=True))
-            for i in range(2)  # instance 0, and another where one is in play
+            str(i): str(model.eval(_z(st["next_gen"](i)), model_completion=True))
+            for i in model.get_universe(Inst) or [INST0]
         }
         table["d_inst"] = {
             str(x): str(model.eval(RIGID.f["d_inst"](x), model_completion=True)) for x in reqs
@@ -1592,6 +1653,13 @@ class Simulator:
         ]
         # The scenario's decode instances: where `next_gen` has an entry.
         self._domains = {REQ: range(n), PAGE: range(m), INT: range(config.decode_instances)}
+        k = max(config.prefill_instances, config.decode_instances)
+        self.insts = [z3.Const(f"I{i}", Inst) for i in range(k)]
+        u_i = z3.Const("u_i", Inst)
+        self.axioms += [
+            z3.Distinct(*self.insts) if k > 1 else z3.BoolVal(True),
+            z3.ForAll([u_i], z3.Or([u_i == i for i in self.insts])),
+        ]
         self.with_claims = True
         """Ask that the state before lie inside every claim (off for a variant whose claims
         fail on reachable states: its steps are then checked alone)."""
@@ -1643,6 +1711,12 @@ class Simulator:
             return z3.IntVal(_CODES[sort][value])
         return _z(value)
 
+    def _zargs(self, name: str, entry: tuple[int, ...], args: tuple[Sort, ...]) -> list[Any]:
+        """The terms of an entry's arguments (`next_gen`'s is an instance)."""
+        if name == "next_gen":
+            return [self.insts[i] for i in entry]
+        return [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+
     def _entries(self, args: tuple[Sort, ...]) -> list[tuple[int, ...]]:
         return list(itertools.product(*(self._domains[a] for a in args)))
 
@@ -1688,7 +1762,7 @@ class Simulator:
                 app = _z(view[name]())
             else:
                 args = _BASE[name][0]
-                zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+                zargs = self._zargs(name, entry, args)
                 app = _z(view[name](*zargs))
             self._apps[(id(view), key)] = app
         field = key[0].startswith("field:")
@@ -1728,9 +1802,10 @@ class Simulator:
         for name, (args, result) in _RIGID.items():
             f = RIGID.f[name]
             for entry in self._entries(args):
-                term = self._term(self._value(name, entry, state), result)
+                value = self._value(name, entry, state)
+                term = self.insts[value] if name in _INSTANCE_TERMS else self._term(value, result)
                 if term is not None:
-                    zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+                    zargs = self._zargs(name, entry, args)
                     out.append((f(*zargs) if zargs else f) == term)
         for sort, items in ((Req, self.reqs), (Page, self.pages)):
             for i, a in enumerate(items):
@@ -1748,7 +1823,7 @@ class Simulator:
             f["count"](x) == m.count,
             f["has_digest"](x) == (m.digest is not None),
             f["attempt"](x) == m.attempt,
-            f["dinst"](x) == m.dinst,
+            f["dinst"](x) == self.insts[m.dinst],
         ]
         if m.reason:
             facts.append(f["reason"](x) == FAILURE_REASONS.index(m.reason))
@@ -1788,7 +1863,7 @@ class Simulator:
                     continue
                 args = _BASE[key][0]
                 for entry in self._entries(args):
-                    zargs = [self._term(i, a) for i, a in zip(entry, args, strict=True)]
+                    zargs = self._zargs(key, entry, args)
                     named.append(_z(s1[key](*zargs)) == _z(s2[key](*zargs)))
             counts = model.count_axioms([(s, ""), (s2, "'")])
             self._steps[name] = (_z(guard), s2, [*constraints, *named, *counts], changed)
