@@ -179,7 +179,16 @@ def prove(
         extra["inductive_subset_rounds"] = rounds
     # Every Z3 model shows it can move before a `holds` counts (z3_witnesses).
     if any(p.name in proved for p in ALWAYS):
-        if why_not is None:
+        several = config.prefill_instances > 1 or config.decode_instances > 1
+        if several:
+            # The any-size model's replay of the spec's paths (`Simulator`) pins states of
+            # several instances slowly (on `--scenario instances` its steps time out): the
+            # witnesses are checked on the fixed encoding of the configuration instead, as
+            # before the any-size model took instances. (The any-size model moves on every
+            # one-instance configuration's paths: the same model, whatever the config.)
+            movement = fixed_movement_cached(variant, config, DEFAULT_BMC_DEPTH, timeout=timeout)
+            extra["movement_on"] = "fixed-config (several instances)"
+        elif why_not is None:
             movement = derived_movement_cached(
                 variant, config, timeout=timeout, proved=frozenset(proved)
             )
