@@ -51,9 +51,9 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
 * **Page and request order** (`o < q`) are rigid relations with no axioms (any order, or none).
 * **Instances**: where the router placed each request (`d_inst`, `p_inst`) and whose pool each
   page is in (`page_inst`) are rigid and free, elements of a sort `Inst` (any number of
-  instances, any placement, any split of the pool); `next_gen(i)` is a counter per decode instance; the decode instance of prefill's
-  grant (`p_dinst`, the spec's first granted page's) is that of a granted page chosen by a
-  function `pick` of the state (`Model.p_dinst`). Restarts and partitions act on every request
+  instances, any placement, any split of the pool); `next_gen(i)` is a counter per decode
+  instance; the decode instance of prefill's grant (`p_dinst`, the spec's first granted page's)
+  is that of a granted page chosen by a function `pick` of the state (`Model.p_dinst`). Restarts and partitions act on every request
   at once, as the spec writes them for its one instance of each. Under room-keyed matching the
   model keeps one instance of each (every instance term reads 0): a request may take another
   decode instance's grant there, and prefill tells that grant's instance by its pages, so the
@@ -244,7 +244,7 @@ _BASE: dict[str, tuple[tuple[Sort, ...], Sort]] = {
     **{n: (a, BOOL) for n, a in _ANSWER.items()},
 }
 """The mutable symbols, with their argument sorts (rank dropped) and result sort. The
-generation counters are one function of the decode instance (`next_gen(i)`, an integer)."""
+generation counters are one function of the decode instance (`next_gen(i)`, over `Inst`)."""
 _RIGID: dict[str, tuple[tuple[Sort, ...], Sort]] = {
     n: (_kept_args(s.args), s.result)
     for n, s in _SYMBOLS.items()
