@@ -20,6 +20,10 @@ SMALL = [
     "decode_max_prompt=2",
     "context_window=2",
 ]
+RETRY_TINY = [*SMALL, "requests=a:1:1", "max_retries=1"]
+"""One request and one client retry: the smallest scenario in which the router retries, for the
+tests that need every step taken somewhere (the retry scenarios over `SMALL` are in `make
+test-slow`)."""
 """`--set` values of the small scenario (two requests, two pages) several test modules explore."""
 
 

@@ -63,11 +63,14 @@ def test_the_derived_model_proves_the_reference_for_any_size() -> None:
 
 def _agree(name: str) -> None:
     violated = {r.property for r in explored(name).violated() if r.property in SAFETY}
-    verdict = _verdict(_derived(name))
+    obligations = _derived(name)
     if violated:
-        assert verdict == "failed", name  # never SAFE where the spec has a counterexample
+        # Never SAFE where the spec has a counterexample: some obligation fails. Others may be
+        # unknown within the timeout (retry_reuses_request_id has one): not proved either way.
+        verdicts = {o.verdict for o in obligations}
+        assert "failed" in verdicts, (name, verdicts)
     else:
-        assert verdict == "safe", name
+        assert _verdict(obligations) == "safe", name
     for o in _derived(name):
         if o.verdict == "failed" and o.kind == "consecution":
             assert o.action is not None and o.counterexample is not None
