@@ -82,8 +82,9 @@ class Config:
     run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
     "Instances"). Every engine checks more than one (prove's any-size model: any number and
-    any placement); the conformance harness refuses, with the reason. Not yet with crashes,
-    partitions or several prefill ranks: per-instance restarts are not modelled."""
+    any placement); the conformance harness refuses, with the reason. Each instance may have
+    `prefill_ranks` ranks. Not yet with crashes or partitions: per-instance restarts are not
+    modelled."""
     decode_instances: int = 1
     """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
     can issue the same generation for one room: a hazard only several instances show). Decode's
@@ -188,11 +189,6 @@ class Config:
                         "a restart or a partition of one instance among several is not modelled "
                         f"yet; set {name}=0"
                     )
-            if self.prefill_ranks > 1:
-                raise ConfigError(
-                    f"prefill_ranks={self.prefill_ranks} with several instances: the drain acks "
-                    "ranks keep are not told apart by instance yet; set prefill_ranks=1"
-                )
         if self.max_active < 1:
             raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")
         if not self.requests:

@@ -67,9 +67,11 @@ blocks (page numbers stay global: a page's number says whose pool it is in). How
   vocabulary). Decode looks for the request a message is about only among its own; prefill only
   among the requests of its own instance, which is the one the request a grant or abort names
   was placed on. A page write goes to a page, so to that page's instance.
+* **Ranks.** Every prefill instance has `prefill_ranks` ranks; a rank's completion, shard
+  writes and drain ack belong to its instance's request, and a drain ack names the decode
+  instance its abort came from, so acks of two instances never stand in for each other.
 * **Not yet:** restarts and partitions of one instance among several (each instance's boot
-  epoch), and several prefill ranks with several instances. `Config` refuses those
-  combinations. Every checker takes several instances (the any-size model of `prove` any
+  epoch). `Config` refuses that combination. Every checker takes several instances (the any-size model of `prove` any
   number of them, any placement, any split of the pool); the conformance harness runs one of
   each and refuses more, naming why.
 

@@ -19,6 +19,7 @@ from kvhandoff.conformance.target import UnsupportedScenario, require_one_prefil
 from kvhandoff.model_checker.engines import EngineOptions, run_engine
 from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
 from kvhandoff.model_checker.result import CheckResult
+from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, edge_mismatches
 from kvhandoff.spec import Config, get_variant
 from kvhandoff.spec.actions import PrefillSendAbortAck
 from kvhandoff.spec.config import ConfigError, parse_set, placements
@@ -59,10 +60,6 @@ def _explored(variant: str, requests: str) -> CheckResult:
         (
             ["decode_instances=2", "max_crashes=0", "max_partitions=1"],
             "max_partitions=1 with prefill_instances=1",
-        ),
-        (
-            ["prefill_instances=2", "max_crashes=0", "prefill_ranks=2"],
-            "prefill_ranks=2 with several instances",
         ),
         (["placement=some"], "placement must be one of any, fixed, got 'some'"),
         (
@@ -389,6 +386,36 @@ def test_a_grant_over_two_instances_pools_breaks_its_invariant() -> None:
     assert not invariant.holds(config, broken)
 
 
+def test_two_prefill_ranks_on_each_of_two_prefill_instances() -> None:
+    """Ranks and instances together: each prefill instance's ranks write their own shards and
+    acknowledge their own drains. On every placement the proof's invariants hold on every state
+    of the reference, and the first-rank bug is still caught by the property it names."""
+    config = parse_set(
+        Config(), [*SMALL, "prefill_instances=2", "max_crashes=0", "prefill_ranks=2"]
+    )
+    run = run_engine("explore", get_variant("reference"), config, EngineOptions(invariants=True))
+    assert run.result is not None and run.result.verdict == "safe"
+    assert len(run.result.extra["placements"]) == 2
+    assert run.result.extra["invariants"]["failing"] == {}
+    bug = run_engine(
+        "explore", get_variant("first_rank_completion_accepted"), config, EngineOptions()
+    )
+    assert bug.result is not None and bug.result.verdict == "violated"
+    violated = {r.property for r in bug.result.violated()}
+    assert "accepted_completion_implies_full_coverage" in violated
+
+
+@pytest.mark.slow
+def test_kind_proves_the_reference_with_two_ranks_on_two_instances_of_each() -> None:
+    config = parse_set(
+        Config(), [*SMALL, *TWO_BY_TWO, "decode_pages=2", "max_faults=1", "prefill_ranks=2"]
+    )
+    run = run_engine("kind", get_variant("reference"), config, EngineOptions(timeout=300))
+    assert run.result is not None
+    assert run.result.verdict == "safe"
+    assert {p["verdict"] for p in run.result.extra["placements"]} == {"safe"}
+
+
 def test_kind_proves_the_reference_on_two_prefill_instances_in_every_placement() -> None:
     config = parse_set(Config(), [*SMALL, "prefill_instances=2", "max_crashes=0"])
     run = run_engine("kind", get_variant("reference"), config, EngineOptions(timeout=120))
@@ -419,6 +446,40 @@ def test_bmc_finds_the_explorer_s_counterexamples_across_decode_instances() -> N
         "no_cross_tenant_read",
         "no_late_write_lands_in_reallocated_page",
     }
+
+
+@pytest.mark.parametrize(
+    ("name", "sets"),
+    [
+        # Two decode instances issue generation 1 on room 1 to requests sharing a prefill.
+        ("reference", ["requests=a:1:1:0/0,b:2:1:0/1"]),
+        # Drain acks from two prefill instances to two decode instances, each its own abort.
+        ("one_sided_fenced", ["requests=a:1:1:0/1,b:2:1:1/0"]),
+        # Two prefill ranks on each of two prefill instances: per-rank acks and completions.
+        ("one_sided_fenced", ["requests=a:1:1:0/0,b:2:2:1/1", "prefill_ranks=2"]),
+    ],
+)
+def test_z3_takes_exactly_the_explorers_edges_across_instances(name: str, sets: list[str]) -> None:
+    """The fixed-configuration encoding (bmc, kind, spacer) against the spec, edge by edge, on
+    the states where an instance other than 0 is in play: a message or write addressed to
+    it, or its generation counter moved."""
+    variant = get_variant(name)
+    config = parse_set(
+        Config(), [*SMALL, *TWO_BY_TWO, "decode_pages=2", "placement=fixed", "max_faults=1", *sets]
+    )
+    graph, _, _ = build_graph(variant, config)
+
+    def apart(state: State) -> bool:
+        return (
+            any(m.dinst for m in state.network)
+            or any(w.page >= 1 for w in state.writes)
+            or state.next_generations != (1,)
+        )
+
+    picks = [s for s in graph.states if apart(s)]
+    assert len(picks) > 50
+    assert edge_mismatches(variant, config, picks[:: max(1, len(picks) // 25)]) == []
+    assert accepted_non_edges(variant, config, picks, samples=3, seed=2) == []
 
 
 def test_conformance_refuses_several_instances() -> None:
