@@ -109,12 +109,21 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
     The search allocates millions of small objects and keeps most of them, none in a reference
     cycle (states are trees of frozen values): the collector's passes walk every live state and
-    find nothing. Reference counting still frees everything the search drops."""
+    find nothing. Reference counting still frees everything the search drops. At the end, what
+    the search allocated is handed to the oldest generation unwalked (see below)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            # What the search allocated is still in the youngest generation, and the first
+            # collection after the pause would walk all of it (a few percent of the search)
+            # only to find it alive. Freezing and at once unfreezing moves every tracked
+            # object to the oldest generation without walking any. Not done when the program
+            # froze objects of its own (`gc.freeze`): unfreezing would let go of those too.
+            gc.freeze()
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 
@@ -237,13 +246,11 @@ def _search(
         if improvable:
             improvable = [p for p in improvable if _improve(p, i, s)]
         if pending_witnesses:
-            still = []
-            for w in pending_witnesses:
-                if w.reached(config, s):
+            reached = [w for w in pending_witnesses if w.reached(config, s)]
+            if reached:
+                for w in reached:
                     witnesses[w.name] = True
-                else:
-                    still.append(w)
-            pending_witnesses = still
+                pending_witnesses = [w for w in pending_witnesses if not witnesses[w.name]]
 
     # The properties that are a claim about each request (page) on its own (`each_request`,
     # `each_page`: `holds` is that claim for every request, page) are evaluated once per
@@ -255,25 +262,41 @@ def _search(
     whole = [p for p in ALWAYS if p.each_request is None and p.each_page is None]
     request_claims: list[dict[ReqState, bool]] = [{} for _ in s0.requests]
     page_claims: dict[PageState, bool] = {}
+    # The same answers, where they are yes, by the identity of the request (page) object: the
+    # ids of the parts of stored states, which stay alive as long as the search, so an id names
+    # one object throughout. Most states are made of parts already known good, and looking
+    # their ids up, in C, asks no part for its hash.
+    good_requests: list[set[int]] = [set() for _ in s0.requests]
+    good_pages: set[int] = set()
+    known_good, page_known_good = set.__contains__, good_pages.__contains__
 
     def claims_hold(s: State) -> bool:
-        for r, req in enumerate(s.requests):
+        requests, pages = s.requests, s.pages
+        if all(map(known_good, good_requests, map(id, requests))) and all(
+            map(page_known_good, map(id, pages))
+        ):
+            return True
+        for r, req in enumerate(requests):
             known = request_claims[r].get(req)
             if known is None:
                 known = request_claims[r][req] = all(c(config, r, req) for c in per_request)
             if not known:
                 return False
-        for page in s.pages:
+            good_requests[r].add(id(req))
+        for page in pages:
             known = page_claims.get(page)
             if known is None:
                 known = page_claims[page] = all(c(config, page) for c in per_page)
             if not known:
                 return False
+            good_pages.add(id(page))
         return True
 
+    whole_holds = tuple(p.holds for p in whole)
+
     def whole_hold(s: State) -> bool:
-        for prop in whole:
-            if not prop.holds(config, s):
+        for holds in whole_holds:
+            if not holds(config, s):
                 return False
         return True
 
@@ -296,11 +319,10 @@ def _search(
     index_setdefault, adopt = index.setdefault, shared.adopt
     # Whether an action is a fault depends on its kind alone (`is_fault`): asked once per kind.
     fault_kind: dict[type, bool] = {}
-    while head < len(states):
+    stored = len(states)  # len(states), kept as the loop appends
+    while head < stored:
         if not head & 1023:  # often enough for Ctrl-C to report a recent count
-            progress.report(
-                "explore", states=len(states), depth=depth_of[head], transitions=transitions
-            )
+            progress.report("explore", states=stored, depth=depth_of[head], transitions=transitions)
         s = states[head]
         succ: list[int] = []
         edges: list[tuple[int, Action]] = []
@@ -315,14 +337,15 @@ def _search(
             if fault is None:
                 fault = fault_kind[kind] = is_fault(action)
             # One lookup that also stores t, under the next index, if it is new.
-            j = index_setdefault(t, len(states))
-            if j == len(states):
+            j = index_setdefault(t, stored)
+            if j == stored:
                 if max_states is not None and j >= max_states:
                     del index[t]
                     complete = False
                     continue
                 adopt(t, s)
                 states.append(t)
+                stored += 1
                 parent.append(head)
                 via.append(action)
                 faults_on_path.append(spent + fault)
@@ -419,7 +442,7 @@ def _termination(variant: Variant, config: Config, graph: StateGraph) -> tuple[P
                     ),
                     -1,
                 )
-            longest[node] = 1 + max(longest[c] for c in succ)
+            longest[node] = 1 + max(map(longest.__getitem__, succ))
     bound = max(longest) if longest else 0
     if config.response_bound and bound > config.response_bound:
         worst = longest.index(bound)

@@ -84,8 +84,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from itertools import compress, count
-from operator import attrgetter, is_not
-from typing import Any, Literal, TypeVar, get_args
+from operator import attrgetter, is_not, itemgetter
+from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 from kvhandoff.spec.config import Config
 
@@ -122,22 +122,34 @@ _new_object = object.__new__
 _set_attribute = object.__setattr__  # past the frozen dataclass's own __setattr__
 
 
-_FIELD_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+_FIELD_VALUES: dict[type, Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
 
 
 def _cached_hash(self: Any) -> int:
-    """Hash a state object once: states are hashed every time the explorer looks them up."""
-    data = self.__dict__
-    cached: int | None = data.get("_hash")
+    """Hash a state object once: states are hashed every time the explorer looks them up.
+
+    The hash is kept in the object's `__dict__` as `_hash`; the class's own `_hash` (None)
+    answers for an object not hashed yet. Reading `self._hash` is cheaper than asking the dict
+    for a key it may not have, and most calls only read it."""
+    cached: int | None = self._hash
     if cached is None:
+        data = self.__dict__
         cls = type(self)
         values = _FIELD_VALUES.get(cls)
         if values is None:
-            # The tuple of the object's field values, gathered in C (`attrgetter`).
-            values = _FIELD_VALUES.setdefault(cls, attrgetter(*(f.name for f in fields(cls))))
-        cached = hash(values(self))
-        data["_hash"] = cached
+            # The tuple of the object's field values, gathered in C from its dict (`itemgetter`:
+            # cheaper than `attrgetter`, which looks each name up on the class first).
+            values = _FIELD_VALUES.setdefault(cls, itemgetter(*(f.name for f in fields(cls))))
+        try:
+            cached = data["_hash"] = hash(values(data))
+        except KeyError:  # a field not in the object's dict (never so after `__init__`,
+            cached = data["_hash"] = hash(_attributes(self))  # `evolve` or pickle)
     return cached
+
+
+def _attributes(obj: Any) -> tuple[Any, ...]:
+    """The tuple of `obj`'s field values, read as attributes."""
+    return tuple(getattr(obj, f.name) for f in fields(obj))
 
 
 def _state_hash(self: State) -> int:
@@ -145,13 +157,16 @@ def _state_hash(self: State) -> int:
 
     Hashing the requests and pages means hashing every request and page; a step changes one
     request or a few pages, and the trace validator's states have dozens of each."""
-    data = self.__dict__
-    cached: int | None = data.get("_hash")
+    cached: int | None = self._hash
     if cached is None:
+        data = self.__dict__
         requests, pages = self.requests, self.pages
         if len(requests) <= _FEW_ITEMS and len(pages) <= _FEW_ITEMS:
             # The explorer's states: every field in one tuple (see `_items_hash`).
-            cached = data["_hash"] = hash(_STATE_FIELDS(self))
+            try:
+                cached = data["_hash"] = hash(_STATE_FIELD_ITEMS(data))
+            except KeyError:  # see `_cached_hash`
+                cached = data["_hash"] = hash(_attributes(self))
             return cached
         requests_hash = _items_hash(data, "_requests_hashes", requests)
         pages_hash = _items_hash(data, "_pages_hashes", pages)
@@ -251,6 +266,7 @@ class Tag:
     """
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     request: int
     generation: int
@@ -270,6 +286,7 @@ class Message:
     """
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     kind: MessageKind
     room: int
@@ -294,6 +311,7 @@ class Write:
     """A page write in flight from prefill to decode: destination page, and the data it carries."""
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     room: int
     generation: int
@@ -313,6 +331,7 @@ class PageState:
     """
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     owner: tuple[int, int] | None = None  # (request, generation)
     content: Tag | None = None  # None: zeroed; nothing readable
@@ -341,6 +360,7 @@ class Answer:
     """What the client got: output generated from pages (their data tags), or an error."""
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     ok: bool
     tags: tuple[Tag | None, ...] = ()
@@ -352,6 +372,7 @@ class ReqState:
     """One request, as the router, prefill and decode each see it (plus ghost fields)."""
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     submitted: bool = False
     answer: Answer | None = None
@@ -393,6 +414,7 @@ class Faults:
     """Fault budget spent so far (each bounded by the config)."""
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     crashes: int = 0
     drops: int = 0
@@ -425,6 +447,7 @@ class Ghost:
     """Whole-system ghost facts, used by properties and witnesses only. All monotone flags."""
 
     __hash__ = _cached_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     late_landing: bool = False  # a write landed on a page not owned by its (room, generation)
     refused_write: bool = False  # decode's ownership check (or a revoked key) refused a write
@@ -440,6 +463,7 @@ class Ghost:
 @dataclass(frozen=True)
 class State:
     __hash__ = _state_hash
+    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     requests: tuple[ReqState, ...]
     pages: tuple[PageState, ...]
@@ -469,7 +493,7 @@ class State:
 _STATE_OTHER_FIELDS = attrgetter(
     *(f.name for f in fields(State) if f.name not in ("requests", "pages"))
 )
-_STATE_FIELDS = attrgetter(*(f.name for f in fields(State)))
+_STATE_FIELD_ITEMS = itemgetter(*(f.name for f in fields(State)))
 
 
 def _equal_by_fields(cls: type) -> Callable[[Any, Any], Any]:
@@ -527,6 +551,10 @@ def all_done(config: Config, state: State) -> bool:
     """Quiescence: every request ended, every page free, prefill holds no orphan transfer state."""
     if state.orphans:
         return False
-    if any(p.owner is not None for p in state.pages):
-        return False
-    return all(request_done(config, state, r) for r in range(len(state.requests)))
+    for page in state.pages:  # loops, not any()/all() of generators: asked of every state
+        if page.owner is not None:
+            return False
+    for r in range(len(state.requests)):
+        if not request_done(config, state, r):
+            return False
+    return True
