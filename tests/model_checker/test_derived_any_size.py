@@ -17,14 +17,15 @@ import pytest
 import z3
 
 from kvhandoff.model_checker import z3_derived
+from kvhandoff.model_checker.engines import EngineOptions, run_engine
 from kvhandoff.model_checker.explore import build_graph
 from kvhandoff.model_checker.logic_z3 import Untranslatable
 from kvhandoff.model_checker.prove import _derived_why_not
 from kvhandoff.spec.actions import action_name
-from kvhandoff.spec.config import Config
+from kvhandoff.spec.config import Config, parse_set
 from kvhandoff.spec.properties import ALWAYS
 from kvhandoff.spec.variants import REFERENCE, VARIANTS, Design, get_variant
-from tests.explored import edges_by_kind, explored, sample_edges
+from tests.explored import RETRY_TINY, edges_by_kind, explored, sample_edges
 
 SAFETY = {p.name for p in ALWAYS}
 
@@ -84,6 +85,16 @@ def _agree(name: str) -> None:
         if o.verdict == "failed" and o.kind == "consecution":
             assert o.action is not None and o.counterexample is not None
             assert o.counterexample["before"] and o.counterexample["after"]
+
+
+@pytest.mark.parametrize("name", sorted(NOT_INDUCTIVE))
+def test_the_exceptions_break_the_claim_on_a_reachable_state(name: str) -> None:
+    """What `NOT_INDUCTIVE` says, checked: the claim fails on a reachable state of the variant
+    (one request, one retry), so no proof leaning on it may say SAFE."""
+    config = parse_set(get_variant(name).scenario(Config()), RETRY_TINY)
+    run = run_engine("explore", get_variant(name), config, EngineOptions(invariants=True))
+    assert run.result is not None
+    assert NOT_INDUCTIVE[name] in run.result.extra["invariants"]["failing"]
 
 
 @pytest.mark.parametrize("name", FAST)
