@@ -495,7 +495,9 @@ def _stuck_detail(config: Config, state: State) -> str:
         if parts:
             waiting.append(f"request {r}: " + ", ".join(parts))
     if state.orphans:
-        waiting.append(f"prefill holds orphan transfer state {list(state.orphans)}")
+        # (room, generation), and the prefill instance holding it where there are several.
+        held = [o if any(i for _, _, i in state.orphans) else o[:2] for o in state.orphans]
+        waiting.append(f"prefill holds orphan transfer state {held}")
     return "stuck: no protocol step is enabled, but " + "; ".join(waiting)
 
 

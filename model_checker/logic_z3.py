@@ -36,6 +36,7 @@ from kvhandoff.model_checker.z3_encoding import (
     P,
     SymState,
     att,
+    epoch_var,
     read_shard,
     shard,
     slot,
@@ -47,8 +48,10 @@ from kvhandoff.model_checker.z3_encoding import (
 )
 from kvhandoff.spec.logic import (
     D_PHASE,
+    DINST,
     P_PHASE,
     PAGE,
+    PINST,
     RANK,
     REQ,
     App,
@@ -241,6 +244,8 @@ class FixedReading(Reading):
             REQ: range(enc.n),
             PAGE: range(enc.np),
             RANK: range(enc.ranks),
+            PINST: range(enc.config.prefill_instances),
+            DINST: range(enc.config.decode_instances),
         }
 
     def domain(self, sort: Sort) -> Sequence[Any]:
@@ -559,9 +564,9 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "p_len": _r("p_len"),
     "d_cancel": _r("d_cancel"),
     "p_cancel": _r("p_cancel"),
-    "prefill_epoch": lambda f: f.s["prefill_epoch"],
-    "decode_seen_prefill_epoch": lambda f: f.s["dsp"],
-    "prefill_seen_decode_epoch": lambda f: f.s["psd"],
+    "prefill_epoch": lambda f, i: f.s[epoch_var("prefill_epoch", i)],
+    "decode_seen_prefill_epoch": lambda f, j, i: f.s[epoch_var("dsp", j, i)],
+    "prefill_seen_decode_epoch": lambda f, i, j: f.s[epoch_var("psd", i, j)],
     "prompt_pages": lambda f, r: f.enc.lens[r],
     "over_decode_limit": lambda f, r: f.enc.lens[r] > f.enc.config.decode_max_prompt,
     "max_active": lambda f: f.enc.config.max_active,
@@ -598,7 +603,7 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "p_inst": lambda f, r: f.enc.config.requests[r].prefill_instance,
     "page_inst": lambda f, j: f.enc.config.page_instance(j),
     "p_dinst": lambda f, r: _p_dinst(f, r),
-    "decode_epoch": lambda f: f.s["decode_epoch"],
+    "decode_epoch": lambda f, j: f.s[epoch_var("decode_epoch", j)],
     "prefill_ranks": lambda f: f.enc.ranks,
     "drain_fence": lambda f: f.drain,
     # A client's retry: variables only where the scenario allows retries (without them no retry
@@ -673,12 +678,12 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
     "duplicates_spent": lambda: "f.duplicates",
     "partitions_spent": lambda: "f.partitions",
     "next_gen": lambda i: _counter(i),
-    "prefill_epoch": lambda: "prefill_epoch",
-    "decode_epoch": lambda: "decode_epoch",
+    "prefill_epoch": lambda i: epoch_var("prefill_epoch", i),
+    "decode_epoch": lambda j: epoch_var("decode_epoch", j),
     "retries_spent": lambda: "f.retries",
     "attempt": lambda r: f"r{r}.attempt",
-    "decode_seen_prefill_epoch": lambda: "dsp",
-    "prefill_seen_decode_epoch": lambda: "psd",
+    "decode_seen_prefill_epoch": lambda j, i: epoch_var("dsp", j, i),
+    "prefill_seen_decode_epoch": lambda i, j: epoch_var("psd", i, j),
     "late_landing": lambda: "gh.late_landing",
     **{flag: (lambda f: lambda: f"gh.{f}")(flag) for flag in _GHOST_FLAGS},
 }
@@ -824,12 +829,11 @@ def fixed_effect(enc: Encoding, s: SymState, eff: Any, args: tuple[Any, ...]) ->
                 put(f"r{r}.orph", when, True)
                 put(f"r{r}.orph_gen", when, tr(u.gen))
             elif isinstance(u, Forget):
+                # The orphans of the instance's requests (an instance is a constant here).
+                inst = tr(u.inst)
                 for r in range(enc.n):
-                    put(f"r{r}.pa", when, False)
-                    put(f"r{r}.orph", when, False)
-                    if enc.ranks > 1:  # the ranks that had acknowledged a drain
-                        for rank in range(enc.ranks):
-                            put(f"r{r}.pak{rank}", when, False)
+                    if enc.config.requests[r].prefill_instance == inst:
+                        put(f"r{r}.orph", when, False)
             elif isinstance(u, Move) and write is not None:
                 put(write_var(*write), when, False)  # it arrived: off the wire
             elif isinstance(u, Move):

@@ -123,10 +123,12 @@ from kvhandoff.spec.effects import (
 from kvhandoff.spec.logic import (
     BOOL,
     D_PHASE,
+    DINST,
     FAILURE_REASONS,
     INT,
     P_PHASE,
     PAGE,
+    PINST,
     RANK,
     REQ,
     TENANT,
@@ -199,6 +201,8 @@ _Z3_SORT: dict[Sort, Any] = {
     BOOL: z3.BoolSort(),
     P_PHASE: z3.IntSort(),
     D_PHASE: z3.IntSort(),
+    PINST: Inst,
+    DINST: Inst,
 }
 _CODES: dict[Sort, dict[str, int]] = {P_PHASE: P, D_PHASE: D}
 _KINDS = ("grant", "completion", "failure", "abort", "abort_ack")
@@ -208,6 +212,16 @@ _NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
 """Rank sets: with one prefill rank the spec keeps them empty (an effect sets one only when not
 every rank has reported, which one rank always has)."""
 _INSTANCE_TERMS = frozenset({"d_inst", "p_inst", "page_inst", "p_dinst"})
+_INSTANCE_INDEXED = frozenset(
+    {
+        "next_gen",
+        "prefill_epoch",
+        "decode_epoch",
+        "decode_seen_prefill_epoch",
+        "prefill_seen_decode_epoch",
+    }
+)
+"""State symbols of an instance or a pair of instances: functions over `Inst`."""
 _DERIVED = frozenset(
     {
         "answered",
@@ -335,7 +349,8 @@ def base_view(tag: str, fields: dict[str, Any] | None = None) -> View:
 
 
 def _arg_sorts(name: str, args: Sequence[Sort]) -> list[Any]:
-    """The Z3 sorts of a mutable symbol's arguments: `next_gen`'s is an instance."""
+    """The Z3 sorts of a mutable symbol's arguments: `next_gen`'s is an instance (as are the
+    epochs', by their sorts)."""
     return [Inst] if name == "next_gen" else [_Z3_SORT[a] for a in args]
 
 
@@ -588,8 +603,8 @@ class Model:
             return INST0
         if name == "p_dinst":
             return self.p_dinst(kept[0], view, tag)
-        if name == "next_gen":
-            return view[name](_instance(kept[0]))
+        if name in _INSTANCE_INDEXED:
+            return view[name](*(_instance(x) for x in kept))
         if name in _BASE:
             return view[name](*kept)
         if name in _RIGID:
@@ -825,6 +840,8 @@ class Model:
                 value = ("write", w)
             elif v.sort == RANK:
                 value = 0
+            elif v.sort in (PINST, DINST) and not self.instances:
+                value = INST0  # the one instance of each (room-keyed matching)
             else:
                 value = _fresh(f"a_{v.name}", _Z3_SORT[v.sort])
             env[id(v)] = value
@@ -1133,8 +1150,8 @@ def _entry(
         for t, x in zip(targets, xs, strict=True):
             if not (isinstance(t, Var) and id(t) in named):
                 at = tr(t, e)
-                # An instance by its number (`next_gen(0)`: the one instance a restart resets).
-                conds.append((_instance(at) if name == "next_gen" else at) == x)
+                # An instance by its number (`next_gen(0)`).
+                conds.append((_instance(at) if name in _INSTANCE_INDEXED else at) == x)
         conds.append(tr(when, e))
         return _and(conds), tr(value, e)
 
@@ -1652,7 +1669,13 @@ class Simulator:
             z3.ForAll([q], z3.Or([q == p for p in self.pages])),
         ]
         # The scenario's decode instances: where `next_gen` has an entry.
-        self._domains = {REQ: range(n), PAGE: range(m), INT: range(config.decode_instances)}
+        self._domains = {
+            REQ: range(n),
+            PAGE: range(m),
+            INT: range(config.decode_instances),
+            PINST: range(config.prefill_instances),
+            DINST: range(config.decode_instances),
+        }
         k = max(config.prefill_instances, config.decode_instances)
         self.insts = [z3.Const(f"I{i}", Inst) for i in range(k)]
         u_i = z3.Const("u_i", Inst)
@@ -1713,7 +1736,7 @@ class Simulator:
 
     def _zargs(self, name: str, entry: tuple[int, ...], args: tuple[Sort, ...]) -> list[Any]:
         """The terms of an entry's arguments (`next_gen`'s is an instance)."""
-        if name == "next_gen":
+        if name in _INSTANCE_INDEXED:
             return [self.insts[i] for i in entry]
         return [self._term(i, a) for i, a in zip(entry, args, strict=True)]
 

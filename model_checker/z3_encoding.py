@@ -103,6 +103,17 @@ from kvhandoff.spec.state import (
 from kvhandoff.spec.variants import Variant
 
 
+def epoch_var(name: str, *instances: int) -> str:
+    """The variable of an instance's boot epoch (`prefill_epoch`, `decode_epoch`) or of one
+    worker's view of a peer's (`dsp`: decode instance j's of prefill i; `psd`: prefill i's of
+    decode j). Instance 0's (pair (0, 0)'s) keeps the one-instance name; the instances are
+    constants of the encoding, like a generation counter's (`logic_z3.FixedReading.apply`
+    splits a symbolic one into cases before asking)."""
+    if not any(instances):
+        return name
+    return name + "_".join(str(i) for i in instances)
+
+
 class EncodingError(AssertionError):
     """The Z3 encoding disagrees with the spec: a bug in this module, never a verdict."""
 
@@ -301,6 +312,7 @@ class Encoding:
         # where a request is placed is the scenario's, so every instance a step names is a
         # constant of the encoding (`logic_z3.FixedReading`).
         self.decode_instances = config.decode_instances
+        self.prefill_instances = config.prefill_instances
         if self.retries and config.prefill_ranks > 1:
             raise CannotEncode(
                 f"max_retries={config.max_retries} with {config.prefill_ranks} prefill ranks: "
@@ -446,10 +458,10 @@ class Encoding:
         out += [
             ("next_gen", "I"),
             *((f"next_gen{i}", "I") for i in range(1, self.decode_instances)),
-            ("prefill_epoch", "I"),
-            ("decode_epoch", "I"),
-            ("dsp", "I"),
-            ("psd", "I"),
+            *((epoch_var("prefill_epoch", i), "I") for i in range(self.prefill_instances)),
+            *((epoch_var("decode_epoch", j), "I") for j in range(self.decode_instances)),
+            *((epoch_var("dsp", j, i), "I") for j, i in self._pairs()),
+            *((epoch_var("psd", i, j), "I") for j, i in self._pairs()),
         ]
         out += [(f"f.{f}", "I") for f in FAULT_FIELDS]
         if self.retries:
@@ -574,6 +586,10 @@ class Encoding:
     def act_width(self) -> int:
         return max(8, len(self.instances).bit_length() + 1)
 
+    def _pairs(self) -> list[tuple[int, int]]:
+        """Every (decode instance, prefill instance), in the spec's order (decode's first)."""
+        return [(j, i) for j in range(self.decode_instances) for i in range(self.prefill_instances)]
+
     def minimum(self, name: str) -> int:
         """The least value an integer variable holds: 0, but -1 for the request of a content tag
         on the pull path (`Tag(-1, 0, OTHER_TENANT)`: data from outside the scenario)."""
@@ -688,8 +704,11 @@ class Encoding:
         if d.release_fence == "ack_or_timeout":
             for r in reqs:
                 add("decode_release_timeout", (r,))
-        add("decode_detect_prefill_restart")
-        add("prefill_detect_decode_restart")
+        for j, i in self._pairs():
+            add("decode_detect_prefill_restart", (j, i))
+        for i in range(self.prefill_instances):
+            for j in range(self.decode_instances):
+                add("prefill_detect_decode_restart", (i, j))
         for kind in kinds:
             for r in reqs:
                 add("retransmit_message", (kind, r))
@@ -704,9 +723,12 @@ class Encoding:
             add("decode_waiting_timeout", (r,), True)
         for r in reqs:
             add("prefill_abort_request", (r,), True)
-        add("prefill_restart", (), True)
-        add("decode_restart", (), True)
-        add("decode_suspect_prefill_dead", (), True)
+        for i in range(self.prefill_instances):
+            add("prefill_restart", (i,), True)
+        for j in range(self.decode_instances):
+            add("decode_restart", (j,), True)
+        for j, i in self._pairs():
+            add("decode_suspect_prefill_dead", (j, i), True)
         if self.pull:
             for r in reqs:
                 add("prefill_lease_expire", (r,), True)
@@ -1012,10 +1034,14 @@ class Encoding:
                 raise EncodingError(f"acked rank {(room, gen, rank)} names no ack a request owes")
             for r in owing:
                 v[f"r{r}.pak{rank}"] = True
-        for room, gen in state.orphans:
+        for room, gen, pinst in state.orphans:
             # The encoding keeps an orphan with the request whose grant it came from: the one of
-            # that room that decode reserved under that generation (generations are unique).
-            rs = [r for r in range(self.n) if self.rooms[r] == room]
+            # that room, on that prefill instance, that decode reserved under that generation.
+            rs = [
+                r
+                for r in range(self.n)
+                if self.rooms[r] == room and self.config.requests[r].prefill_instance == pinst
+            ]
             owner = [r for r in rs if state.requests[r].d_gen == gen] or rs[:1]
             if v[f"r{owner[0]}.orph"]:
                 raise EncodingError(f"two orphan grants for request {owner[0]}: {state.orphans}")
@@ -1038,8 +1064,15 @@ class Encoding:
         v["next_gen"] = state.next_generation
         for i, counter in enumerate(state.next_generations, start=1):
             v[f"next_gen{i}"] = counter
-        v["prefill_epoch"], v["decode_epoch"] = state.prefill_epoch, state.decode_epoch
-        v["dsp"], v["psd"] = state.decode_sees_prefill_epoch, state.prefill_sees_decode_epoch
+        for i, epoch in enumerate((state.prefill_epoch, *state.prefill_epochs)):
+            v[epoch_var("prefill_epoch", i)] = epoch
+        for j, epoch in enumerate((state.decode_epoch, *state.decode_epochs)):
+            v[epoch_var("decode_epoch", j)] = epoch
+        dsp = (state.decode_sees_prefill_epoch, *state.decode_sees_prefill_epochs)
+        psd = (state.prefill_sees_decode_epoch, *state.prefill_sees_decode_epochs)
+        for j, i in self._pairs():
+            v[epoch_var("dsp", j, i)] = dsp[j * self.prefill_instances + i]
+            v[epoch_var("psd", i, j)] = psd[i * self.decode_instances + j]
         for f in FAULT_FIELDS:
             v[f"f.{f}"] = getattr(state.faults, f)
         if self.retries:
@@ -1204,7 +1237,11 @@ class Encoding:
             (self.rooms[r], v[f"r{r}.pa_gen"], r) for r in range(self.n) if v[f"r{r}.pa"]
         )
         orphans = sorted(
-            {(self.rooms[r], v[f"r{r}.orph_gen"]) for r in range(self.n) if v[f"r{r}.orph"]}
+            {
+                (self.rooms[r], v[f"r{r}.orph_gen"], self.config.requests[r].prefill_instance)
+                for r in range(self.n)
+                if v[f"r{r}.orph"]
+            }
         )
         acked = sorted(
             {
@@ -1232,6 +1269,20 @@ class Encoding:
             decode_epoch=v["decode_epoch"],
             decode_sees_prefill_epoch=v["dsp"],
             prefill_sees_decode_epoch=v["psd"],
+            prefill_epochs=tuple(
+                v[epoch_var("prefill_epoch", i)] for i in range(1, self.prefill_instances)
+            ),
+            decode_epochs=tuple(
+                v[epoch_var("decode_epoch", j)] for j in range(1, self.decode_instances)
+            ),
+            decode_sees_prefill_epochs=tuple(v[epoch_var("dsp", j, i)] for j, i in self._pairs())[
+                1:
+            ],
+            prefill_sees_decode_epochs=tuple(
+                v[epoch_var("psd", i, j)]
+                for i in range(self.prefill_instances)
+                for j in range(self.decode_instances)
+            )[1:],
             pending_acks=tuple(pending),
             acked_ranks=tuple(acked),
             orphans=tuple(orphans),

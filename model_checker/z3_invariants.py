@@ -22,6 +22,7 @@ from kvhandoff.model_checker.z3_encoding import (
     Encoding,
     SymState,
     att,
+    epoch_var,
     shard,
     write_var,
 )
@@ -65,13 +66,22 @@ def well_formed(enc: Encoding) -> InvariantFormula:
 
     def holds(s: SymState) -> Any:
         out = [enc.in_range(s), s["next_gen"] >= 1]
+        decode_epochs = [s[epoch_var("decode_epoch", j)] for j in range(enc.decode_instances)]
+
+        def some_decode_epoch(x: Any) -> Any:
+            # Read from a grant, of the request's decode instance or (room-keyed matching)
+            # another's: never ahead of that instance.
+            return z3.Or([x <= e for e in decode_epochs])
+
         for r in range(n):
+            placed = enc.config.requests[r]
             out += [s[f"r{r}.p"] < len(P_PHASES), s[f"r{r}.d"] < len(D_PHASES)]
             out.append(s[f"r{r}.ans_reason"] < len(REASONS))
             # Epochs come from the peers' health checks: never ahead of the peer.
-            out.append(s[f"r{r}.p_epoch"] <= s["decode_epoch"])
-            out.append(s[f"r{r}.g_epoch"] <= s["decode_epoch"])
-            out.append(s[f"r{r}.d_epoch"] <= s["prefill_epoch"])
+            own_decode = s[epoch_var("decode_epoch", placed.decode_instance)]
+            out.append(some_decode_epoch(s[f"r{r}.p_epoch"]))
+            out.append(s[f"r{r}.g_epoch"] <= own_decode)
+            out.append(s[f"r{r}.d_epoch"] <= s[epoch_var("prefill_epoch", placed.prefill_instance)])
             for a in range(enc.attempts):
                 # With retries, only the current attempt's writes: a retry resets prefill's
                 # grant while the attempt before may still have writes in flight.
@@ -100,10 +110,10 @@ def well_formed(enc: Encoding) -> InvariantFormula:
                                 z3.Implies(s[f"r{r}.attempt"] < a, z3.Not(s[write_var(r, j, k, a)]))
                             )
                 if a:
-                    out.append(s[f"{att(r, a)}g_epoch"] <= s["decode_epoch"])
+                    out.append(s[f"{att(r, a)}g_epoch"] <= own_decode)
                 if enc.retries:
                     # The epoch a write was issued under came from a grant: never ahead.
-                    out.append(s[f"{att(r, a)}wepoch"] <= s["decode_epoch"])
+                    out.append(some_decode_epoch(s[f"{att(r, a)}wepoch"]))
             if enc.retries:
                 out.append(s[f"r{r}.attempt"] <= s["f.retries"])
         if enc.retries:

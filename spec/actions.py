@@ -176,12 +176,20 @@ class DecodeReleaseTimeout:
 
 @dataclass(frozen=True)
 class DecodeDetectPrefillRestart:
-    """Decode's health check sees a new prefill boot epoch: requests waiting on it fail."""
+    """Decode instance `dinst`'s health check sees a new boot epoch of prefill instance `pinst`:
+    its requests waiting on that instance fail."""
+
+    dinst: int = 0
+    pinst: int = 0
 
 
 @dataclass(frozen=True)
 class PrefillDetectDecodeRestart:
-    """Prefill's health check sees a new decode boot epoch: its transfers to decode stop."""
+    """Prefill instance `pinst`'s health check sees a new boot epoch of decode instance `dinst`:
+    its transfers to that instance stop."""
+
+    pinst: int = 0
+    dinst: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,7 +233,8 @@ class PrefillAbortRequest:
 
 @dataclass(frozen=True)
 class PrefillRestart:
-    """Prefill crashes and restarts: it forgets every request; writes already issued may land.
+    """Prefill instance `pinst` crashes and restarts: it forgets every request it worked on;
+    writes already issued may land.
 
     With several ranks the whole instance restarts: its ranks are processes of one server that
     run every forward pass together (a collective with a dead rank cannot finish), and SGLang's
@@ -233,18 +242,27 @@ class PrefillRestart:
     epoch for the instance. So ranks crash together, and a lone rank crash is not modelled.
     """
 
+    pinst: int = 0
+
 
 @dataclass(frozen=True)
 class DecodeRestart:
-    """Decode crashes and restarts: it forgets every request; its pool memory survives."""
+    """Decode instance `dinst` crashes and restarts: it forgets every request it held; its pool
+    memory survives."""
+
+    dinst: int = 0
 
 
 @dataclass(frozen=True)
 class DecodeSuspectPrefillDead:
-    """A network partition: decode's health check of prefill misses, so decode takes prefill for
-    dead, though it is alive and keeps working (SGLang: `HEARTBEAT_MAX_FAILURE` misses ->
-    `_handle_node_failure`). Decode fails the requests it waits on from prefill; prefill, cut
-    off but running, may keep writing and later send completions. Spends the partition budget."""
+    """A network partition: decode instance `dinst`'s health check of prefill instance `pinst`
+    misses, so it takes that prefill for dead, though it is alive and keeps working (SGLang:
+    `HEARTBEAT_MAX_FAILURE` misses -> `_handle_node_failure`). Decode fails the requests it
+    waits on from that prefill; prefill, cut off but running, may keep writing and later send
+    completions. Spends the partition budget."""
+
+    dinst: int = 0
+    pinst: int = 0
 
 
 @dataclass(frozen=True)
@@ -425,8 +443,10 @@ def action_to_json(action: object) -> dict[str, Any]:
                 if value.get(name_of_zero, 1) == 0:
                     del value[name_of_zero]
         args[name] = value
-    if args.get("dinst", 1) == 0:
-        del args["dinst"]  # a drain ack's decode instance, as a rank of 0
+    for name_of_zero in ("dinst", "pinst"):
+        # A drain ack's decode instance, a restarted or watched instance: as a rank of 0.
+        if args.get(name_of_zero, 1) == 0:
+            del args[name_of_zero]
     return {"action": action_name(action), "args": _without_rank_0(args)}
 
 

@@ -247,9 +247,13 @@ class _Writer:
 def _shape(formula: GuardFormula, kind: type) -> str:
     """How the guard's arguments range: over nothing, requests, (request, rank) pairs, drain acks
     owed, writes in flight, or messages."""
+    from kvhandoff.spec.variants import is_instance_step
+
     fields = [f.name for f in dataclasses.fields(kind)]
     if not formula.params:
         return "none"
+    if is_instance_step(formula):
+        return "instances"
     if formula.source == "writes":
         return "writes"
     if formula.source:
@@ -310,6 +314,50 @@ def _emit_unrolled(
                     out.emit(depth, f"add({action})")
 
 
+def _emit_instances(
+    out: _Writer,
+    depth: int,
+    entries: list[tuple[GuardFormula, type]],
+    config: Any,
+    drain: bool,
+) -> None:
+    """The actions of steps of one instance (or pair): for one configuration, each instance's
+    guard with the instance folded in (one instance of each: the one-instance model's guard);
+    otherwise a loop over the instances the configuration has."""
+    from kvhandoff.spec.logic import PINST
+    from kvhandoff.spec.variants import instance_arguments
+    from kvhandoff.spec.vocabulary import CONCRETE
+
+    for f, kind in entries:
+        if config is not None:
+            for values in instance_arguments(f, config):
+                env = {id(p): v for p, v in zip(f.params, values, strict=True)}
+                test = fold(f.formula, config, drain, env)
+                if isinstance(test, Lit) and not test.value:
+                    continue
+                action = out.bind(kind(*values), "A")
+                source = python_source(test, CONCRETE)
+                if source == "True":
+                    out.emit(depth, f"add({action})")
+                else:
+                    out.emit(depth, f"if {source}:")
+                    out.emit(depth + 1, f"add({action})")
+            continue
+        k = out.bind(kind, "K")
+        test = python_source(f.formula, CONCRETE)
+        d = depth
+        names = []
+        for p in f.params:
+            name = out.local("i")
+            count = "C.prefill_instances" if p.sort == PINST else "C.decode_instances"
+            out.emit(d, f"for {name} in range({count}):")
+            test = re.sub(rf"\b{p.name}\b", name, test)
+            names.append(name)
+            d += 1
+        out.emit(d, f"if {test}:")
+        out.emit(d + 1, f"add({k}({', '.join(names)}))")
+
+
 def _emit_loop(
     out: _Writer,
     depth: int,
@@ -320,6 +368,9 @@ def _emit_loop(
 ) -> None:
     """The actions of `entries` (formulas of the same shape), argument by argument, each kind in
     turn."""
+    if shape == "instances":
+        _emit_instances(out, depth, entries, config, drain)
+        return
     if (
         config is not None
         and shape in ("requests", "ranks")
@@ -746,6 +797,8 @@ def _bind_arguments(kind: type | None, params: tuple[Var, ...]) -> list[str]:
         return [f"{names[0]} = A.request", f"{names[1]} = A.rank"]
     if fields == ["request"]:
         return [f"{names[0]} = A.request"] if names else []
+    if set(fields) <= {"pinst", "dinst"}:  # a step of one instance or pair: its fields in order
+        return [f"{n} = A.{f}" for n, f in zip(names, fields, strict=True)]
     if not fields:
         return []
     return [f"{', '.join(names)}{',' if len(names) == 1 else ''} = _arguments(A, S)"]
@@ -973,8 +1026,9 @@ def compile_effect(
             page_symbols.add(symbol.name)
             key = f"({symbol.name!r}, {args[1]})" if len(args) > 1 else repr(symbol.name)
             out.emit(d, f"PG.setdefault({args[0]}, {{}})[{key}] = {value}")
-        elif category == "global" and symbol.name == "next_gen":
-            out.emit(d, f"_set_counter(S, GL, {args[0]}, {value})")
+        elif category == "global" and symbol.name in e.INDEXED:
+            key = "".join(f"{a}, " for a in args)
+            out.emit(d, f"_set_indexed(C, S, GL, {symbol.name!r}, ({key}), {value})")
         elif category == "global":
             out.emit(d, f"GL[{e._GLOBALS[symbol.name]!r}] = {value}")
         elif category == "ghost":
@@ -1092,10 +1146,11 @@ def compile_effect(
                 used.add("RP")
                 out.emit(d, f"RP.setdefault({_source(u.req)}, {out.bind(u, 'U')})")
             elif isinstance(u, Forget):
-                out.emit(d, "FG = True")
+                out.emit(d, f"FG.append({_source(u.inst)})")
             elif isinstance(u, Adopt):
                 used.add("AD")
-                out.emit(d, f"AD.append((C.requests[{_source(u.req)}].room, {_source(u.gen)}))")
+                req = f"C.requests[{_source(u.req)}]"
+                out.emit(d, f"AD.append(({req}.room, {_source(u.gen)}, {req}.prefill_instance))")
             elif isinstance(u, Move) and fast:
                 m = u.m.name
                 if getattr(u.m, "what_of", "") == "write":  # a write arrives: it leaves the wire
@@ -1136,7 +1191,7 @@ def compile_effect(
 
     if not fast:
         out.lines.insert(
-            body_start, "    A = {}; M = []; RP = {}; W = []; MV = []; AD = []; FV = {}; FG = False"
+            body_start, "    A = {}; M = []; RP = {}; W = []; MV = []; AD = []; FV = {}; FG = []"
         )
         out.emit(1, "return finish(C, S, A, M, RP, W, MV, FG, AD, FV)")
     else:
@@ -1209,7 +1264,7 @@ def compile_effect(
         "_rebuilt": _rebuilt,
         "_dinst": e.message_dinst,
         "_ack_dinst": e.ack_dinst,
-        "_set_counter": e.set_counter,
+        "_set_indexed": e.set_indexed,
         "_arguments": arguments,
         "_shard": _shard,
         "_read_pages": _read_pages,

@@ -83,8 +83,8 @@ class Config:
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
     "Instances"). Every engine checks more than one (prove's any-size model: any number and
     any placement); the conformance harness refuses, with the reason. Each instance may have
-    `prefill_ranks` ranks. Not yet with crashes or partitions: per-instance restarts are not
-    modelled."""
+    `prefill_ranks` ranks. A crash restarts one instance, and a partition cuts one decode
+    instance off one prefill instance (see `spec/state.py`, "Instances")."""
     decode_instances: int = 1
     """Decode instances, 1 to 3, each with its own pool and generation counter (two instances
     can issue the same generation for one room: a hazard only several instances show). Decode's
@@ -177,18 +177,6 @@ class Config:
             raise ConfigError(
                 f"placement must be one of {', '.join(get_args(Placement))}, got {self.placement!r}"
             )
-        several = self.prefill_instances > 1 or self.decode_instances > 1
-        if several:
-            # Restarts and suspicions act on one instance among several: not modelled yet (see
-            # `spec/state.py`, "Instances"), so refused rather than run as whole-tier restarts.
-            for name in ("max_crashes", "max_partitions"):
-                if getattr(self, name):
-                    raise ConfigError(
-                        f"{name}={getattr(self, name)} with prefill_instances="
-                        f"{self.prefill_instances}, decode_instances={self.decode_instances}: "
-                        "a restart or a partition of one instance among several is not modelled "
-                        f"yet; set {name}=0"
-                    )
         if self.max_active < 1:
             raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")
         if not self.requests:

@@ -126,23 +126,26 @@ class IssueWrites:
 
 @dataclass(eq=False)
 class Forget:
-    """Prefill's transfer bookkeeping is lost (a crash): the drain acks it owed, the ranks that
-    had acknowledged, and the transfer state of grants it adopted for unknown rooms."""
+    """The transfer state prefill instance `inst` kept for grants of rooms it no longer served
+    (the orphan-grant design, M18) is lost (a crash). Like the orphans, this is prefill's
+    bookkeeping, not a symbol (the drain acks it owed are the symbols `pending_ack` and
+    `p_acked`, cleared by assignment)."""
 
+    inst: Term
     when: Term = TRUE
     over: tuple[Var, ...] = ()
 
 
-def forget_prefill_transfers() -> list[Update]:
-    return [Forget()]
+def forget_orphans(inst: Term) -> list[Update]:
+    return [Forget(inst)]
 
 
 @dataclass(eq=False)
 class Adopt:
     """Prefill keeps transfer state for a grant of a room it no longer knows (the orphan-grant
-    design, M18): the grant's room (that of request `req`) and its generation `gen`. Like the
-    drain acks owed, orphans are prefill's bookkeeping, not a symbol: nothing reads them but the
-    bound on what prefill keeps."""
+    design, M18): the grant's room (that of request `req`), its generation `gen`, at the prefill
+    instance `req` is placed on. Orphans are prefill's bookkeeping, not a symbol: nothing reads
+    them but the bound on what prefill keeps."""
 
     req: Term
     gen: Term
@@ -327,6 +330,17 @@ def effect(body: Callable[..., Updates]) -> EffectFormula:
     return EffectFormula(params, updates, written)
 
 
+def instance_effect(sorts: Any, body: Callable[..., Updates]) -> EffectFormula:
+    """The effect of a step of one instance (or pair), whose guard is `spec.logic.instance_guard`
+    over the same `sorts`: `instance_effect((PINST,), lambda ip: [...])`."""
+    from kvhandoff.spec.logic import INSTANCE_PARAM_NAMES
+
+    params = tuple(Var(sort, INSTANCE_PARAM_NAMES[sort]) for sort in sorts)
+    updates = tuple(_flatten(body(*params)))
+    written = frozenset(u.target.symbol.name for u in updates if isinstance(u, Assign))
+    return EffectFormula(params, updates, written)
+
+
 def terms_of(u: Update) -> list[Term]:
     """The terms an update reads (for the symbols a reading must know)."""
     if isinstance(u, Assign):
@@ -336,8 +350,10 @@ def terms_of(u: Update) -> list[Term]:
         return [x for x in parts if x is not None]
     if isinstance(u, Reply):
         return [u.req, u.when]
-    if isinstance(u, (Move, Forget)):
+    if isinstance(u, Move):
         return [u.when]
+    if isinstance(u, Forget):
+        return [u.inst, u.when]
     if isinstance(u, Adopt):
         return [u.req, u.gen, u.when]
     return [u.req, u.cond]
@@ -495,6 +511,8 @@ def _compiled(eff: EffectFormula) -> list[_CompiledUpdate]:
         elif isinstance(u, (Reply, Move, Forget)):
             if isinstance(u, Reply):
                 parts["req"] = _compile(u.req, params)
+            if isinstance(u, Forget):
+                parts["inst"] = _compile(u.inst, params)
             when = u.when
         else:
             parts["req"] = _compile(u.req, params)
@@ -531,8 +549,8 @@ def run_effect(
     writes: list[Write] = []
     fields_of_variant: dict[str, tuple[Any, Any]] = {}
     moves: list[tuple[str, Any]] = []
-    forget = False
-    adopted: list[tuple[int, int]] = []
+    forget: list[int] = []
+    adopted: list[tuple[int, int, int]] = []
     for cu in _compiled(eff):
         u = cu.update
         for binding in itertools.product(*(_domain(v.sort, C, S) for v in u.over)):
@@ -580,11 +598,10 @@ def run_effect(
             elif isinstance(u, Reply):
                 replies.setdefault(p["req"](S, C, drain, *a), u)
             elif isinstance(u, Forget):
-                forget = True
+                forget.append(p["inst"](S, C, drain, *a))
             elif isinstance(u, Adopt):
-                adopted.append(
-                    (C.requests[p["req"](S, C, drain, *a)].room, p["gen"](S, C, drain, *a))
-                )
+                req = C.requests[p["req"](S, C, drain, *a)]
+                adopted.append((req.room, p["gen"](S, C, drain, *a), req.prefill_instance))
             elif isinstance(u, Move):
                 moves.append((u.op, a[next(i for i, v in enumerate(cu.params) if v is u.m)]))
             else:
@@ -624,16 +641,47 @@ def ack_dinst(C: Config, S: State, r: int) -> int:
     return message_dinst(C, S, "abort_ack", r)
 
 
-def set_counter(S: State, changes: dict[str, Any], instance: int, value: int) -> None:
-    """Record in `changes` (a state's changed fields) decode instance `instance`'s generation
-    counter set to `value`: `next_generation` for instance 0, an entry of `next_generations`
-    for the others."""
-    if instance == 0:
-        changes["next_generation"] = value
+INDEXED: dict[str, tuple[str, str, str]] = {
+    "next_gen": ("next_generation", "next_generations", ""),
+    "prefill_epoch": ("prefill_epoch", "prefill_epochs", ""),
+    "decode_epoch": ("decode_epoch", "decode_epochs", ""),
+    "decode_seen_prefill_epoch": (
+        "decode_sees_prefill_epoch",
+        "decode_sees_prefill_epochs",
+        "prefill_instances",
+    ),
+    "prefill_seen_decode_epoch": (
+        "prefill_sees_decode_epoch",
+        "prefill_sees_decode_epochs",
+        "decode_instances",
+    ),
+}
+"""The state symbols of an instance (or a pair of instances): the `State` field of entry 0 (of
+(0, 0)), the tuple field of the others, and for a pair the `Config` field counting the second
+argument's instances (entry (j, i) is at `j * width + i - 1` of the tuple)."""
+
+
+def indexed_position(C: Config, name: str, key: tuple[int, ...]) -> int:
+    """Where entry `key` of the instance symbol `name` is kept: 0 for the scalar field, else
+    one more than its position in the tuple field."""
+    width = INDEXED[name][2]
+    return key[0] if not width else key[0] * getattr(C, width) + key[1]
+
+
+def set_indexed(
+    C: Config, S: State, changes: dict[str, Any], name: str, key: tuple[int, ...], value: int
+) -> None:
+    """Record in `changes` (a state's changed fields) entry `key` of the instance symbol `name`
+    (`next_gen(i)`, `prefill_epoch(i)`, `decode_seen_prefill_epoch(j, i)`, ...) set to
+    `value`."""
+    scalar, rest, _ = INDEXED[name]
+    at = indexed_position(C, name, key)
+    if at == 0:
+        changes[scalar] = value
         return
-    counters = list(changes.get("next_generations", S.next_generations))
-    counters[instance - 1] = value
-    changes["next_generations"] = tuple(counters)
+    entries = list(changes.get(rest, getattr(S, rest)))
+    entries[at - 1] = value
+    changes[rest] = tuple(entries)
 
 
 def finish(
@@ -644,19 +692,19 @@ def finish(
     replies: dict[int, Reply],
     writes: list[Write],
     moves: list[tuple[str, Any]],
-    forget: bool,
-    adopted: list[tuple[int, int]],
+    forget: list[int],
+    adopted: list[tuple[int, int, int]],
     fields_of_variant: dict[str, tuple[Any, Any]],
 ) -> State:
     """The next state from what an effect's updates computed in the old state `S`: the values
     assigned (by symbol and arguments), the messages sent, the answers given, the writes issued,
-    what happened to the step's own message or write, whether prefill forgot its transfers, the
-    grants it adopted, and a variant's own fields. Shared by `run_effect` and the effects
+    what happened to the step's own message or write, the prefill instances that forgot the
+    grants they had adopted, the grants adopted, and a variant's own fields. Shared by `run_effect` and the effects
     compiled to Python (`spec/compiled.py`), so both build states one way."""
     if moves:
         S = _moved(S, moves)
     if forget:
-        S = evolve(S, pending_acks=(), acked_ranks=(), orphans=())
+        S = evolve(S, orphans=tuple(o for o in S.orphans if o[2] not in forget))
     out = _build(C, S, assigned, messages, replies, writes)
     if adopted:
         out = evolve(out, orphans=tuple(sorted({*out.orphans, *adopted})))
@@ -715,8 +763,8 @@ def _build(
             by_req.setdefault(key[0], {})[name, key[1:]] = value  # type: ignore[index]
         elif name in _PAGE or name in _SHARD:
             by_page.setdefault(key[0], {})[name, key[1:]] = value
-        elif name == "next_gen":
-            set_counter(S, glob, key[0], value)
+        elif name in INDEXED:
+            set_indexed(C, S, glob, name, key, value)
         elif name in _GLOBALS:
             glob[_GLOBALS[name]] = value
         elif name in _GHOSTS:

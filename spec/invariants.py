@@ -947,12 +947,13 @@ def fenced_writes_land_in_held_pages() -> Term:
     live = ("received", "admitted", "granted")
 
     def current(r: Term) -> Term:
-        return p_epoch(r) == decode_epoch()
+        # (Of the decode instance its transfer goes to: p_epoch is that instance's epoch.)
+        return p_epoch(r) == decode_epoch(p_dinst(r))
 
     def current_write(w: Bound) -> Term:
         # A write carries the epoch of the grant it was issued under (the key it writes with),
         # which after a client's retry need not be its request's `p_epoch` any more.
-        stale: Term = w.epoch == decode_epoch()
+        stale: Term = w.epoch == decode_epoch(page_inst(w.page))
         return stale
 
     def held(r: Term) -> Term:
@@ -996,7 +997,7 @@ def fenced_writes_land_in_held_pages() -> Term:
             ["grant"],
             lambda m: Implies(
                 And(
-                    m.epoch == decode_epoch(),
+                    m.epoch == decode_epoch(m.dinst),
                     # (A retry's earlier attempt's grant is fenced by its attempt.)
                     Not(_stale_message(m)),
                     p(m.req).is_in("received", "admitted"),

@@ -54,6 +54,12 @@ TENANT = Sort("Tenant")
 quantify over them, so no reading needs to list the tenants."""
 INT = Sort("Int")
 BOOL = Sort("Bool")
+PINST = Sort("PrefillInstance")
+DINST = Sort("DecodeInstance")
+"""A prefill (decode) instance, as the argument of a step of one instance (a restart) or of
+one pair (decode instance j's view of prefill instance i): a number 0, 1, 2 like the rigid
+`p_inst(r)` and `d_inst(r)` it is compared with, read by the any-size model as an element of its
+sort of instances. The two sorts say only over which instances a step ranges."""
 P_PHASE = Sort("PrefillPhase", PREFILL_PHASES)
 D_PHASE = Sort("DecodePhase", DECODE_PHASES)
 
@@ -158,7 +164,8 @@ class Symbol:
         # A number stands for itself (`next_gen(0)`, decode instance 0's counter).
         args = tuple(lift(a) for a in given)
         for want, got in zip(self.args, args, strict=True):
-            if got.sort != want:
+            # An instance is a number: `decode_epoch(d_inst(r))` names r's decode instance.
+            if got.sort != want and not (want in (PINST, DINST) and got.sort == INT):
                 raise TypeError(f"{self.name}: argument of sort {got.sort.name}, want {want.name}")
         return App(self, args)
 
@@ -395,6 +402,22 @@ def rank_guard(body: Callable[[Var, Var], Term]) -> GuardFormula:
     (`r` a request, `k` a rank); enabled for each (request, rank) for which the body holds."""
     r, k = Var(REQ, "r"), Var(RANK, "k")
     return GuardFormula((r, k), body(r, k))
+
+
+INSTANCE_PARAM_NAMES = {PINST: "ip", DINST: "jd"}
+"""The variable of a step's prefill (decode) instance argument in its formulas."""
+
+
+def instance_guard(sorts: Sequence[Sort], body: Callable[..., Term]) -> GuardFormula:
+    """The guard of a step of one instance, or of one pair of instances:
+    `instance_guard((PINST,), lambda ip: ...)` (a prefill instance), `instance_guard((DINST,
+    PINST), lambda jd, ip: ...)` (decode instance jd's view of prefill instance ip); enabled for
+    each instance (pair) for which the body holds. The arguments are the action's instance
+    fields, in order."""
+    if len(set(sorts)) != len(sorts) or not set(sorts) <= set(INSTANCE_PARAM_NAMES):
+        raise ValueError(f"instance_guard: at most one PINST and one DINST argument, got {sorts}")
+    params = tuple(Var(s, INSTANCE_PARAM_NAMES[s]) for s in sorts)
+    return GuardFormula(params, body(*params))
 
 
 def guard(body: Callable[..., Term]) -> GuardFormula:

@@ -127,7 +127,8 @@ from kvhandoff.spec.effects import (
     copy,
     each,
     effect,
-    forget_prefill_transfers,
+    forget_orphans,
+    instance_effect,
     issue_writes,
     lose,
     message_effect,
@@ -136,9 +137,11 @@ from kvhandoff.spec.effects import (
     write_effect,
 )
 from kvhandoff.spec.logic import (
+    DINST,
     FAILURE_REASONS,
     FALSE,
     PAGE,
+    PINST,
     RANK,
     REQ,
     TRUE,
@@ -156,6 +159,7 @@ from kvhandoff.spec.logic import (
     exists,
     forall,
     guard,
+    instance_guard,
     message_guard,
     rank_guard,
     write_guard,
@@ -357,8 +361,8 @@ def _router_submit_effect(design: Design) -> EffectFormula:
             assign(not_as_is(r), True, when=over),
             assign(p(r), "received", when=fits),
             assign(d(r), "received", when=fits),
-            assign(p_epoch(r), decode_epoch(), when=fits),
-            assign(d_epoch(r), prefill_epoch(), when=fits),
+            assign(p_epoch(r), decode_epoch(d_inst(r)), when=fits),
+            assign(d_epoch(r), prefill_epoch(p_inst(r)), when=fits),
         ]
 
     return effect(body)
@@ -513,7 +517,7 @@ def _decode_reserve_effect(design: Design) -> EffectFormula:
             ),
             assign(d(r), "reserved"),
             assign(d_gen(r), gen),
-            send("grant", r, gen=gen, epoch=decode_epoch(), pages=chosen),
+            send("grant", r, gen=gen, epoch=decode_epoch(d_inst(r)), pages=chosen),
             assign(next_gen(d_inst(r)), gen + 1),
         ]
 
@@ -635,7 +639,8 @@ def _decode_receive_write_effect(design: Design) -> EffectFormula:
         if design.write_path == "receiver_checked":
             refused: Term = Not(owns)
         elif design.release_fence != "none":
-            refused = w.epoch != decode_epoch()
+            # (The key of the decode instance whose pool the page is in.)
+            refused = w.epoch != decode_epoch(page_inst(q))
         else:
             refused = FALSE
         lands = Not(refused)
@@ -1132,44 +1137,65 @@ def _decode_release_timeout_effect(design: Design) -> EffectFormula:
 # --- decode_detect_prefill_restart ---------------------------------------------------------------
 #
 # A worker learns of its peer's restart from the health check: the epoch it reports differs from
-# the one last seen. (The restart itself is a fault; noticing it is a protocol step.) Decode fails
-# the requests it still waits on from the old prefill, which will never finish them.
+# the one last seen. (The restart itself is a fault; noticing it is a protocol step.) Each decode
+# instance watches each prefill instance on its own (`decode_seen_prefill_epoch(jd, ip)`): it
+# fails its requests placed on that prefill that it still waits on from the old incarnation,
+# which will never finish them; requests on another prefill instance, and another decode
+# instance's, are not its business.
 
 
 def _decode_detect_prefill_restart_guard(design: Design) -> GuardFormula:
-    return guard(lambda: decode_seen_prefill_epoch() != prefill_epoch())
+    return instance_guard(
+        (DINST, PINST), lambda jd, ip: decode_seen_prefill_epoch(jd, ip) != prefill_epoch(ip)
+    )
 
 
 def _decode_detect_prefill_restart_effect(design: Design) -> EffectFormula:
-    def request(r: Var) -> Updates:
-        stale = And(d(r).is_in("received", "admitted", "reserved"), d_epoch(r) != prefill_epoch())
+    def body(jd: Var, ip: Var) -> Updates:
+        def request(r: Var) -> Updates:
+            mine = And(d_inst(r) == jd, p_inst(r) == ip)
+            waiting = d(r).is_in("received", "admitted", "reserved")
+            stale = And(mine, waiting, d_epoch(r) != prefill_epoch(ip))
+            return [
+                _decode_fail_effect(design, r, "prefill restarted", stale, TRUE),
+                # The restarted prefill forgot the abort; ask again so it acks once drained.
+                send("abort", r, gen=d_gen(r), when=And(mine, Not(stale), d_awaiting_ack(r))),
+            ]
+
         return [
-            _decode_fail_effect(design, r, "prefill restarted", stale, TRUE),
-            # The restarted prefill forgot the abort; ask again so it acks once drained.
-            send("abort", r, gen=d_gen(r), when=And(Not(stale), d_awaiting_ack(r))),
+            assign(decode_seen_prefill_epoch(jd, ip), prefill_epoch(ip)),
+            each(REQ, request),
         ]
 
-    return effect(
-        lambda: [assign(decode_seen_prefill_epoch(), prefill_epoch()), each(REQ, request)]
-    )
+    return instance_effect((DINST, PINST), body)
 
 
 # --- prefill_detect_decode_restart ---------------------------------------------------------------
 #
-# Prefill stops the requests it was serving for the old decode: their grants (and the pages they
-# point into) are gone.
+# Prefill instance ip stops the requests it was serving for the old incarnation of decode
+# instance jd: their grants (and the pages they point into) are gone. The decode instance a
+# request's transfer goes to is that of the grant prefill holds (`p_dinst`).
 
 
 def _prefill_detect_decode_restart_guard(design: Design) -> GuardFormula:
-    return guard(lambda: prefill_seen_decode_epoch() != decode_epoch())
+    return instance_guard(
+        (PINST, DINST), lambda ip, jd: prefill_seen_decode_epoch(ip, jd) != decode_epoch(jd)
+    )
 
 
 def _prefill_detect_decode_restart_effect(design: Design) -> EffectFormula:
-    def request(r: Var) -> Updates:
-        live = p(r).is_in("received", "admitted", "granted")
-        return _stop_prefill_effect(r, And(live, p_epoch(r) != decode_epoch()))
+    def body(ip: Var, jd: Var) -> Updates:
+        def request(r: Var) -> Updates:
+            live = p(r).is_in("received", "admitted", "granted")
+            mine = And(p_inst(r) == ip, p_dinst(r) == jd)
+            return _stop_prefill_effect(r, And(mine, live, p_epoch(r) != decode_epoch(jd)))
 
-    return effect(lambda: [assign(prefill_seen_decode_epoch(), decode_epoch()), each(REQ, request)])
+        return [
+            assign(prefill_seen_decode_epoch(ip, jd), decode_epoch(jd)),
+            each(REQ, request),
+        ]
+
+    return instance_effect((PINST, DINST), body)
 
 
 # --- retransmit_message --------------------------------------------------------------------------
@@ -1253,13 +1279,13 @@ def _router_retry_effect(design: Design) -> EffectFormula:
             assign(p_len(r), 0),
             assign(p_gen(r), 0),
             assign(p_wrote(r), 0),
-            assign(p_epoch(r), decode_epoch()),
+            assign(p_epoch(r), decode_epoch(d_inst(r))),
             assign(p_lease_expired(r), False),
             each(PAGE, lambda q: assign(p_granted(r, q), False)),
             each(RANK, lambda k: assign(p_rank_done(r, k), False)),
             assign(d(r), "received"),
             assign(d_gen(r), 0),
-            assign(d_epoch(r), prefill_epoch()),
+            assign(d_epoch(r), prefill_epoch(p_inst(r))),
             assign(d_awaiting_ack(r), False),
             each(
                 RANK,
@@ -1378,27 +1404,32 @@ def _prefill_abort_effect(design: Design) -> EffectFormula:
 
 
 def _prefill_restart_guard(design: Design) -> GuardFormula:
-    return guard(lambda: _within_budget(crashes_spent(), max_crashes()))
+    return instance_guard((PINST,), lambda ip: _within_budget(crashes_spent(), max_crashes()))
 
 
 def _prefill_restart_effect(design: Design) -> EffectFormula:
-    # All ranks of the instance go down together: every request prefill was working on is lost,
-    # and with it what prefill owed (drain acks) or held (adopted grants).
-    def request(r: Var) -> Updates:
-        working = Not(p(r).is_in("none", "rejected", "completed", "aborted", "lost"))
-        return [
-            assign(p(r), "lost", when=working),
-            each(RANK, lambda k: assign(p_rank_done(r, k), False, when=working)),
-        ]
+    # All ranks of the instance go down together: every request the instance was working on is
+    # lost, and with it what it owed (drain acks) or held (adopted grants). Other instances'
+    # requests are untouched.
+    def body(ip: Var) -> Updates:
+        def request(r: Var) -> Updates:
+            here = p_inst(r) == ip
+            working = And(here, Not(p(r).is_in("none", "rejected", "completed", "aborted", "lost")))
+            return [
+                assign(p(r), "lost", when=working),
+                each(RANK, lambda k: assign(p_rank_done(r, k), False, when=working)),
+                assign(pending_ack(r), False, when=here),
+                each(RANK, lambda k: assign(p_acked(r, k), False, when=here)),
+            ]
 
-    return effect(
-        lambda: [
+        return [
             assign(crashes_spent(), crashes_spent() + 1),
             each(REQ, request),
-            forget_prefill_transfers(),
-            assign(prefill_epoch(), prefill_epoch() + 1),
+            forget_orphans(ip),
+            assign(prefill_epoch(ip), prefill_epoch(ip) + 1),
         ]
-    )
+
+    return instance_effect((PINST,), body)
 
 
 # --- decode_restart ------------------------------------------------------------------------------
@@ -1407,49 +1438,51 @@ def _prefill_restart_effect(design: Design) -> EffectFormula:
 
 
 def _decode_restart_guard(design: Design) -> GuardFormula:
-    return guard(lambda: _within_budget(crashes_spent(), max_crashes()))
+    return instance_guard((DINST,), lambda jd: _within_budget(crashes_spent(), max_crashes()))
 
 
 def _decode_restart_effect(design: Design) -> EffectFormula:
-    # Decode loses everything but its generation counter (unless the design resets it): every
-    # request it still held is lost (its client gets an error), every page is free again, zeroed
-    # where the design scrubs.
-    def request(r: Var) -> Updates:
-        idle = d(r).is_in("none", "rejected", "released", "lost")
-        lost = Not(And(idle, Not(exists(PAGE, lambda q: d_holds(r, q)))))
-        return [
-            answer_error(r, "decode restarted", when=lost),
-            assign(d(r), "lost", when=lost),
-            each(PAGE, lambda q: assign(d_holds(r, q), False, when=lost)),
-            assign(d_awaiting_ack(r), False, when=lost),
-            each(
-                RANK,
-                lambda k: [
-                    assign(d_rank(r, k), False, when=lost),
-                    assign(d_ack(r, k), False, when=lost),
-                ],
-            ),
-        ]
+    # The instance loses everything but its generation counter (unless the design resets it):
+    # every request it still held is lost (its client gets an error), every page of its pool is
+    # free again, zeroed where the design scrubs. Other instances' requests and pages are
+    # untouched.
+    def body(jd: Var) -> Updates:
+        def request(r: Var) -> Updates:
+            idle = d(r).is_in("none", "rejected", "released", "lost")
+            held = Not(And(idle, Not(exists(PAGE, lambda q: d_holds(r, q)))))
+            lost = And(d_inst(r) == jd, held)
+            return [
+                answer_error(r, "decode restarted", when=lost),
+                assign(d(r), "lost", when=lost),
+                each(PAGE, lambda q: assign(d_holds(r, q), False, when=lost)),
+                assign(d_awaiting_ack(r), False, when=lost),
+                each(
+                    RANK,
+                    lambda k: [
+                        assign(d_rank(r, k), False, when=lost),
+                        assign(d_ack(r, k), False, when=lost),
+                    ],
+                ),
+            ]
 
-    def page(q: Var) -> Updates:
-        out: list[Any] = [assign(owned(q), False)]
-        if design.scrub:
-            out += [each(RANK, lambda k: assign(shard_has(q, k), False))]
-        return out
+        def page(q: Var) -> Updates:
+            here = page_inst(q) == jd
+            out: list[Any] = [assign(owned(q), False, when=here)]
+            if design.scrub:
+                out += [each(RANK, lambda k: assign(shard_has(q, k), False, when=here))]
+            return out
 
-    def body() -> Updates:
         out: list[Any] = [
             assign(crashes_spent(), crashes_spent() + 1),
             each(REQ, request),
             each(PAGE, page),
-            assign(decode_epoch(), decode_epoch() + 1),
+            assign(decode_epoch(jd), decode_epoch(jd) + 1),
         ]
         if not design.generations_persist:
-            # (A restart of the one decode instance: `Config` refuses restarts with several.)
-            out += [assign(next_gen(0), 1)]
+            out += [assign(next_gen(jd), 1)]
         return out
 
-    return effect(body)
+    return instance_effect((DINST,), body)
 
 
 # --- decode_suspect_prefill_dead -----------------------------------------------------------------
@@ -1482,29 +1515,38 @@ def _decode_restart_effect(design: Design) -> EffectFormula:
 
 
 def _decode_suspect_prefill_dead_guard(design: Design) -> GuardFormula:
-    # Only while some request waits on prefill: a suspicion with nothing to fail changes nothing
-    # but the budget (leaving it out keeps the state space small).
-    return guard(
-        lambda: And(
+    # Decode instance jd takes prefill instance ip for dead, only while one of its requests
+    # waits on that prefill: a suspicion with nothing to fail changes nothing but the budget
+    # (leaving it out keeps the state space small).
+    return instance_guard(
+        (DINST, PINST),
+        lambda jd, ip: And(
             _within_budget(partitions_spent(), max_partitions()),
-            exists(REQ, lambda r: d(r) == "reserved"),
-        )
+            exists(REQ, lambda r: _waits_on(r, jd, ip)),
+        ),
     )
 
 
-def _decode_suspect_prefill_dead_effect(design: Design) -> EffectFormula:
-    def request(r: Var) -> Updates:
-        waiting = d(r) == "reserved"
-        return _decode_fail_effect(
-            design,
-            r,
-            "prefill stopped answering health checks",
-            waiting,
-            TRUE,
-            fence=design.fence_survives_suspicion,
-        )
+def _waits_on(r: Var, jd: Var, ip: Var) -> Term:
+    """Decode instance jd waits on prefill instance ip's transfer for request r."""
+    return And(d(r) == "reserved", d_inst(r) == jd, p_inst(r) == ip)
 
-    return effect(lambda: [assign(partitions_spent(), partitions_spent() + 1), each(REQ, request)])
+
+def _decode_suspect_prefill_dead_effect(design: Design) -> EffectFormula:
+    def body(jd: Var, ip: Var) -> Updates:
+        def request(r: Var) -> Updates:
+            return _decode_fail_effect(
+                design,
+                r,
+                "prefill stopped answering health checks",
+                _waits_on(r, jd, ip),
+                TRUE,
+                fence=design.fence_survives_suspicion,
+            )
+
+        return [assign(partitions_spent(), partitions_spent() + 1), each(REQ, request)]
+
+    return instance_effect((DINST, PINST), body)
 
 
 # --- prefill_lease_expire ------------------------------------------------------------------------

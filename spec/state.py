@@ -70,12 +70,23 @@ blocks (page numbers stay global: a page's number says whose pool it is in). How
 * **Ranks.** Every prefill instance has `prefill_ranks` ranks; a rank's completion, shard
   writes and drain ack belong to its instance's request, and a drain ack names the decode
   instance its abort came from, so acks of two instances never stand in for each other.
-* **Not yet:** restarts and partitions of one instance among several (each instance's boot
-  epoch). `Config` refuses that combination. Every checker takes several instances (the any-size model of `prove` any
-  number of them, any placement, any split of the pool); the conformance harness runs one of
-  each and refuses more, naming why.
+* **Restarts and partitions are of one instance.** Each instance has its own boot epoch
+  (`prefill_epoch(i)`, `decode_epoch(j)` in the vocabulary). A restart (`prefill_restart` of
+  instance `pinst`, `decode_restart` of `dinst`) loses what that instance held and nothing of
+  another's: the requests placed on it, the drain acks it owed, its pages. Every worker watches
+  every peer's health check on its own: decode instance j keeps the epoch it last saw of each
+  prefill instance i (`decode_seen_prefill_epoch(j, i)`), notices i's restart when it next
+  looks (`decode_detect_prefill_restart(dinst=j, pinst=i)`) and fails only its own requests
+  placed on i, while another decode instance may not have looked yet; prefill likewise. A
+  partition cuts one pair: decode instance j takes prefill instance i for dead
+  (`decode_suspect_prefill_dead(dinst=j, pinst=i)`) and fails only the requests it waits on
+  from i; i keeps running and writing. A request carries the epochs of its own two instances.
+  The conformance harness runs one instance of each and refuses more, naming why; every
+  checker takes several (the any-size model of `prove` any number of them, any placement, any
+  split of the pool).
 
-With one instance of each, every instance is 0, `next_generations` is empty and every message's
+With one instance of each, every instance is 0, `next_generations` and the per-instance epoch
+tuples are empty, every action's instance is 0 (and left out of traces) and every message's
 `dinst` is 0: the states are exactly those of the one-instance model.
 """
 
@@ -478,9 +489,21 @@ class State:
     decode_epoch: int = 0
     decode_sees_prefill_epoch: int = 0  # the epoch decode last saw in prefill's health check
     prefill_sees_decode_epoch: int = 0
+    # With several instances, the boot epochs of instances 1, 2, ... (instance 0's are the
+    # fields above), and each worker's view of each peer's: `decode_sees_prefill_epochs` holds
+    # decode instance j's view of prefill instance i at `j * prefill_instances + i - 1` (entry
+    # (0, 0) is `decode_sees_prefill_epoch`), `prefill_sees_decode_epochs` prefill i's view of
+    # decode j at `i * decode_instances + j - 1`. Empty with one instance of each, so its states
+    # are the one-instance model's (see "Instances" above).
+    prefill_epochs: tuple[int, ...] = ()
+    decode_epochs: tuple[int, ...] = ()
+    decode_sees_prefill_epochs: tuple[int, ...] = ()
+    prefill_sees_decode_epochs: tuple[int, ...] = ()
     # (room, generation, request) of aborts prefill must acknowledge once their writes drained.
     pending_acks: tuple[tuple[int, int, int], ...] = ()
-    orphans: tuple[tuple[int, int], ...] = ()  # transfer state prefill holds for unknown rooms
+    # Transfer state prefill holds for grants of rooms it no longer serves (M18): (room,
+    # generation, the prefill instance that holds it).
+    orphans: tuple[tuple[int, int, int], ...] = ()
     # Rank set of `pending_acks`: (room, generation, rank) of ranks that already acknowledged.
     acked_ranks: tuple[tuple[int, int, int], ...] = ()
     faults: Faults = Faults()
@@ -530,6 +553,10 @@ def initial_state(config: Config) -> State:
             for _ in range(config.decode_pages)
         ),
         next_generations=(1,) * (config.decode_instances - 1),
+        prefill_epochs=(0,) * (config.prefill_instances - 1),
+        decode_epochs=(0,) * (config.decode_instances - 1),
+        decode_sees_prefill_epochs=(0,) * (config.prefill_instances * config.decode_instances - 1),
+        prefill_sees_decode_epochs=(0,) * (config.prefill_instances * config.decode_instances - 1),
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -28,7 +29,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from kvhandoff.spec.actions import ACTIONS_BY_NAME, FAULT_ACTIONS, snake_case
 from kvhandoff.spec.config import SCENARIOS, Config, ConfigError
 from kvhandoff.spec.effects import EffectFormula, ack_dinst
-from kvhandoff.spec.logic import GuardFormula
+from kvhandoff.spec.logic import DINST, PINST, GuardFormula, Var
 from kvhandoff.spec.properties import ALL_PROPERTY_NAMES
 from kvhandoff.spec.state import MessageKind, State, evolve
 
@@ -217,6 +218,12 @@ class FormulaGuard:
         fn, drain = self._fn, self.drain
         if not self.formula.params:
             return [self.kind()] if fn(state, config, drain) else []
+        if is_instance_step(self.formula):  # a step of one instance (or pair): each of them
+            return [
+                self.kind(*values)
+                for values in instance_arguments(self.formula, config)
+                if fn(state, config, drain, *values)
+            ]
         if len(self.formula.params) == 2 and "generation" in _field_names(self.kind):
             # A drain ack: each (room, generation) owed, by the requests that owe it, per rank.
             return [
@@ -278,6 +285,7 @@ _GUARD_SHAPES = {
     "drain_acks": "the drain acks prefill owes, per rank",
     "writes": "page writes in flight",
     "messages": "messages",
+    "instances": "instances (one, or a decode and a prefill instance)",
 }
 _GUARD_FORMS = {
     "none": "guard(lambda: ...)",
@@ -286,6 +294,7 @@ _GUARD_FORMS = {
     "drain_acks": "rank_guard(lambda r, k: ...) over the request owing the ack and the rank",
     "writes": "write_guard(lambda w: ...)",
     "messages": 'message_guard("network", (KIND,), lambda m: ...)',
+    "instances": "instance_guard((PINST or DINST, ...), lambda ...: ...), in the action's field order",
 }
 _EFFECT_SHAPES = {
     "none": "nothing",
@@ -293,6 +302,7 @@ _EFFECT_SHAPES = {
     "rank": "a request and a prefill rank",
     "message": "a message",
     "write": "a page write",
+    "instances": "instances (one, or a decode and a prefill instance)",
 }
 _EFFECT_FORMS = {
     "none": "effect(lambda: [...])",
@@ -300,6 +310,7 @@ _EFFECT_FORMS = {
     "rank": "effect(lambda r, k: [...])",
     "message": "message_effect(lambda m: [...])",
     "write": "write_effect(lambda w: [...])",
+    "instances": "instance_effect((PINST or DINST, ...), lambda ...: [...])",
 }
 FAULT_COUNTS = frozenset(
     {
@@ -325,6 +336,8 @@ def _effect_shape(formula: EffectFormula) -> str:
     first = formula.params[0]
     if isinstance(first, Bound):
         return "write" if first.what_of == "write" else "message"
+    if first.sort in (PINST, DINST):
+        return "instances"
     return "rank" if len(formula.params) == 2 else "request"
 
 
@@ -354,7 +367,26 @@ def arguments(action: Any, state: State, config: Config | None = None) -> tuple[
         return (owing, action.rank)
     if hasattr(action, "rank") and hasattr(action, "request"):
         return (action.request, action.rank)
+    if hasattr(action, "pinst") or hasattr(action, "dinst"):
+        # A step of one instance or pair: its instance fields, in order.
+        return tuple(getattr(action, f.name) for f in dataclasses.fields(action))
     return (action.request,) if hasattr(action, "request") else ()
+
+
+def is_instance_step(formula: GuardFormula) -> bool:
+    """Does the guard range over instances (`spec.logic.instance_guard`)?"""
+    return bool(formula.params) and all(
+        isinstance(v, Var) and v.sort in (PINST, DINST) for v in formula.params
+    )
+
+
+def instance_arguments(formula: GuardFormula, config: Config) -> list[tuple[int, ...]]:
+    """Every value of an instance step's arguments in `config`, in order."""
+    counts = [
+        config.prefill_instances if v.sort == PINST else config.decode_instances
+        for v in formula.params
+    ]
+    return list(itertools.product(*(range(n) for n in counts)))
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from kvhandoff.spec.logic import (
     BOOL,
     D_PHASE,
+    DINST,
     INT,
     P_PHASE,
     PAGE,
+    PINST,
     RANK,
     REQ,
     TENANT,
@@ -199,18 +201,18 @@ d_cancel = _sym("d_cancel", (REQ,), BOOL, "the router's word of r's cancel is on
 p_cancel = _sym(
     "p_cancel", (REQ,), BOOL, "the router's word of r's cancel is on its way to prefill"
 )
-prefill_epoch = _sym("prefill_epoch", (), INT, "prefill's boot epoch")
+prefill_epoch = _sym("prefill_epoch", (PINST,), INT, "prefill instance i's boot epoch")
 decode_seen_prefill_epoch = _sym(
     "decode_seen_prefill_epoch",
-    (),
+    (DINST, PINST),
     INT,
-    "the prefill epoch decode last saw in prefill's health check",
+    "the epoch decode instance j last saw in prefill instance i's health check",
 )
 prefill_seen_decode_epoch = _sym(
     "prefill_seen_decode_epoch",
-    (),
+    (PINST, DINST),
     INT,
-    "the decode epoch prefill last saw in decode's health check",
+    "the epoch prefill instance i last saw in decode instance j's health check",
 )
 # Rigid facts of the scenario (`Config`), like `tenant` and `over_prefill_limit`: the guards of
 # admission and submission compare the state with them.
@@ -327,7 +329,7 @@ attempt = _sym(
 
 next_gen = _sym(
     "next_gen",
-    (INT,),
+    (DINST,),
     INT,
     "decode instance i's generation counter (persists across restarts; with one instance, i is 0)",
 )
@@ -348,7 +350,7 @@ p_dinst = _sym(
     "the decode instance prefill's transfer for r goes to: the one whose pages the grant it "
     "holds names, or before any grant the one the router placed r on",
 )
-decode_epoch = _sym("decode_epoch", (), INT, "decode's boot epoch")
+decode_epoch = _sym("decode_epoch", (DINST,), INT, "decode instance j's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
 drain_fence = _sym(
     "drain_fence", (), BOOL, "the design fences release on prefill's drain ack (rigid)"
@@ -448,9 +450,11 @@ CONCRETE = PythonReading(
         "p_len": _REQ + ".p_len",
         "d_cancel": _REQ + ".d_cancel",
         "p_cancel": _REQ + ".p_cancel",
-        "prefill_epoch": "S.prefill_epoch",
-        "decode_seen_prefill_epoch": "S.decode_sees_prefill_epoch",
-        "prefill_seen_decode_epoch": "S.prefill_sees_decode_epoch",
+        "prefill_epoch": "(S.prefill_epoch if ({0}) == 0 else S.prefill_epochs[({0}) - 1])",
+        "decode_seen_prefill_epoch": "(S.decode_sees_prefill_epoch if ({0}) == 0 and ({1}) == 0"
+        " else S.decode_sees_prefill_epochs[({0}) * C.prefill_instances + ({1}) - 1])",
+        "prefill_seen_decode_epoch": "(S.prefill_sees_decode_epoch if ({0}) == 0 and ({1}) == 0"
+        " else S.prefill_sees_decode_epochs[({0}) * C.decode_instances + ({1}) - 1])",
         "prompt_pages": "C.requests[{0}].pages",
         "over_decode_limit": "C.requests[{0}].pages > C.decode_max_prompt",
         "max_active": "C.max_active",
@@ -490,7 +494,7 @@ CONCRETE = PythonReading(
         "page_inst": "({0} * C.decode_instances // C.decode_pages)",
         "p_dinst": "(C.page_instance(" + _REQ + ".p_pages[0]) if " + _REQ + ".p_pages else "
         "C.requests[{0}].decode_instance)",
-        "decode_epoch": "S.decode_epoch",
+        "decode_epoch": "(S.decode_epoch if ({0}) == 0 else S.decode_epochs[({0}) - 1])",
         "prefill_ranks": "C.prefill_ranks",
         "drain_fence": "DRAIN",
     },

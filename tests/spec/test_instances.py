@@ -5,12 +5,14 @@ of its own pool under its own generation counter, and every message names the de
 at its decode end (spec/state.py, "Instances"). The explorer and the fixed-configuration Z3
 encoding (bmc, spacer, k-induction) check them, a router that places as it likes as every fixed
 placement, and the any-size `prove` any number of them; the conformance targets refuse, with
-the reason. With one instance of each nothing changes.
+the reason. A crash restarts one instance, and a partition cuts one decode instance off one
+prefill instance. With one instance of each nothing changes.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,16 @@ from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
 from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, edge_mismatches
 from kvhandoff.spec import Config, get_variant
-from kvhandoff.spec.actions import PrefillSendAbortAck
+from kvhandoff.spec.actions import (
+    DecodeRestart,
+    DecodeSuspectPrefillDead,
+    PrefillDetectDecodeRestart,
+    PrefillRestart,
+    PrefillSendAbortAck,
+    action_from_json,
+    action_name,
+    action_to_json,
+)
 from kvhandoff.spec.config import ConfigError, parse_set, placements
 from kvhandoff.spec.machine import enabled
 from kvhandoff.spec.state import State, evolve
@@ -29,7 +40,11 @@ from kvhandoff.spec.trace import replay
 from tests.explored import SMALL
 
 TWO_BY_TWO = ["prefill_instances=2", "decode_instances=2", "max_crashes=0", "decode_pages=4"]
-"""Two of each, two pages each, no restarts (not modelled with several instances)."""
+"""Two of each, two pages each, no restarts (kept small; restarts are checked below)."""
+
+
+RESTARTS = ["max_crashes=1", "max_partitions=1"]
+"""A crash (of any one instance) and a partition (between any decode and prefill instance)."""
 
 
 def _fixed(requests: str) -> Config:
@@ -56,11 +71,6 @@ def _explored(variant: str, requests: str) -> CheckResult:
         (["prefill_instances=4"], "prefill_instances must be an integer from 1 to 3"),
         (["decode_instances=-1"], "decode_instances must be an integer from 1 to 3"),
         (["decode_instances=3", "decode_pages=2"], "decode_pages=2 is fewer than"),
-        (["decode_instances=2"], "max_crashes=1 with prefill_instances=1, decode_instances=2"),
-        (
-            ["decode_instances=2", "max_crashes=0", "max_partitions=1"],
-            "max_partitions=1 with prefill_instances=1",
-        ),
         (["placement=some"], "placement must be one of any, fixed, got 'some'"),
         (
             [*TWO_BY_TWO, "placement=fixed", "requests=a:2:1:0/2"],
@@ -457,6 +467,11 @@ def test_bmc_finds_the_explorer_s_counterexamples_across_decode_instances() -> N
         ("one_sided_fenced", ["requests=a:1:1:0/1,b:2:1:1/0"]),
         # Two prefill ranks on each of two prefill instances: per-rank acks and completions.
         ("one_sided_fenced", ["requests=a:1:1:0/0,b:2:2:1/1", "prefill_ranks=2"]),
+        # A restart or a partition of one instance among several, each worker's own view of
+        # each peer's epoch, and a counter reset of one decode instance.
+        ("reference", ["requests=a:1:1:0/0,b:2:1:1/1", *RESTARTS]),
+        ("one_sided_fenced", ["requests=a:1:1:0/1,b:2:1:1/0", *RESTARTS]),
+        ("generation_reset_on_restart", ["requests=a:1:1:0/0,b:2:1:1/1", *RESTARTS]),
     ],
 )
 def test_z3_takes_exactly_the_explorers_edges_across_instances(name: str, sets: list[str]) -> None:
@@ -474,6 +489,7 @@ def test_z3_takes_exactly_the_explorers_edges_across_instances(name: str, sets: 
             any(m.dinst for m in state.network)
             or any(w.page >= 1 for w in state.writes)
             or state.next_generations != (1,)
+            or any(state.prefill_epochs + state.decode_epochs)
         )
 
     picks = [s for s in graph.states if apart(s)]
@@ -498,3 +514,128 @@ def test_the_cli_checks_several_instances_with_the_explorer(
     assert code == 1
     assert "placement" in out
     assert "p0/d1" in out
+
+
+# --- restarts and partitions of one instance among several --------------------------------------
+
+
+@cache
+def _restart_edges(variant: str, requests: str) -> list[tuple[State, Any, State]]:
+    config = parse_set(
+        Config(), [*SMALL, *TWO_BY_TWO, "placement=fixed", f"requests={requests}", *RESTARTS]
+    )
+    graph, _, _ = build_graph(get_variant(variant), config, keep_edges=True)
+    assert graph.all_edges is not None
+    return [
+        (graph.states[i], action, graph.states[j])
+        for i, out in enumerate(graph.all_edges)
+        for j, action in out
+    ]
+
+
+def _prefill_side(r: Any) -> tuple[Any, ...]:
+    return (r.p, r.p_gen, r.p_pages, r.p_wrote, r.p_epoch, r.p_ranks_done, r.p_lease_expired)
+
+
+@pytest.mark.parametrize(
+    ("variant", "requests"),
+    [
+        ("reference", "a:1:1:0/0,b:2:2:1/1"),  # each request on its own pair of instances
+        ("one_sided_fenced", "a:1:1:0/1,b:2:2:1/0"),  # crossed: a fault touches one side of each
+    ],
+)
+def test_a_restart_or_partition_touches_only_its_own_instances(variant: str, requests: str) -> None:
+    """On every edge of a two-by-two scenario with a crash and a partition: a prefill restart
+    changes only the prefill side of the requests placed on it, and only its epoch; a decode
+    restart only the requests and pages of its own pool, and only its epoch; a detection or a
+    suspicion by decode instance j of prefill instance i only the requests placed on both.
+    Each kind is taken at a nonzero instance somewhere, so none of this is vacuous."""
+    config = parse_set(Config(), [*TWO_BY_TWO, "placement=fixed", f"requests={requests}"])
+    p_of = [r.prefill_instance for r in config.requests]
+    d_of = [r.decode_instance for r in config.requests]
+    seen: set[tuple[str, int, int]] = set()
+    for before, action, after in _restart_edges(variant, requests):
+        name = action_name(action)
+        pinst, dinst = getattr(action, "pinst", None), getattr(action, "dinst", None)
+        pairs = zip(before.requests, after.requests, strict=True)
+        if name == "prefill_restart":
+            assert after.prefill_epochs == tuple(
+                e + (pinst == i) for i, e in enumerate(before.prefill_epochs, 1)
+            )
+            for r, (old, new) in enumerate(pairs):
+                if p_of[r] != pinst:
+                    assert _prefill_side(old) == _prefill_side(new), (action, r)
+            assert before.decode_epochs == after.decode_epochs and before.pages == after.pages
+        elif name == "decode_restart":
+            assert after.decode_epochs == tuple(
+                e + (dinst == j) for j, e in enumerate(before.decode_epochs, 1)
+            )
+            for r, (old, new) in enumerate(pairs):
+                if d_of[r] != dinst:
+                    assert old == new, (action, r)
+            for q, (old_page, new_page) in enumerate(zip(before.pages, after.pages, strict=True)):
+                if config.page_instance(q) != dinst:
+                    assert old_page == new_page, (action, q)
+            assert before.prefill_epochs == after.prefill_epochs
+        elif name in ("decode_detect_prefill_restart", "decode_suspect_prefill_dead"):
+            for r, (old, new) in enumerate(pairs):
+                if (d_of[r], p_of[r]) != (dinst, pinst):
+                    assert old == new, (action, r)
+        elif name == "prefill_detect_decode_restart":
+            for r, (old, new) in enumerate(pairs):
+                if p_of[r] != pinst:
+                    assert old == new, (action, r)
+        else:
+            continue
+        seen.add((name, pinst or 0, dinst or 0))
+    for name in ("prefill_restart", "decode_detect_prefill_restart"):
+        assert any(n == name and p for n, p, _ in seen), name
+    for name in ("decode_restart", "prefill_detect_decode_restart"):
+        assert any(n == name and d for n, _, d in seen), name
+    assert any(n == "decode_suspect_prefill_dead" for n, _, _ in seen)
+
+
+def test_restarts_of_one_instance_read_and_write_as_in_traces() -> None:
+    """An instance of 0 is left out of a trace step (one-instance traces read as before); any
+    other is written, and read back."""
+    assert action_to_json(PrefillRestart()) == {"action": "prefill_restart", "args": {}}
+    step = action_to_json(DecodeSuspectPrefillDead(dinst=1, pinst=0))
+    assert step == {"action": "decode_suspect_prefill_dead", "args": {"dinst": 1}}
+    assert action_from_json(step) == DecodeSuspectPrefillDead(dinst=1)
+    for action in (DecodeRestart(dinst=2), PrefillDetectDecodeRestart(pinst=1, dinst=1)):
+        assert action_from_json(action_to_json(action)) == action
+
+
+@pytest.mark.parametrize(
+    ("variant", "requests", "caught"),
+    [
+        ("reference", "a:1:1:0/0,b:2:2:1/1", None),
+        ("one_sided_fenced", "a:1:1:0/1,b:2:1:1/0", None),
+        # Releasing on suspicion: the suspected prefill is a live writer of another instance.
+        (
+            "release_on_suspected_death",
+            "a:1:1:0/0,b:2:2:1/1",
+            "no_late_write_lands_in_reallocated_page",
+        ),
+        # One decode instance's counter reset by its restart: a late write of a prefill
+        # instance's old grant lands in the page the restarted decode granted again.
+        (
+            "generation_reset_on_restart",
+            "a:1:1:0/1,b:2:1:1/1",
+            "no_late_write_lands_in_reallocated_page",
+        ),
+    ],
+)
+def test_per_instance_faults_keep_the_catalogue_verdicts(
+    variant: str, requests: str, caught: str | None
+) -> None:
+    """Restarts and partitions of one instance among two of each: the safe designs stay safe,
+    and the catalogue's restart and partition bugs are still caught."""
+    config = parse_set(
+        Config(), [*SMALL, *TWO_BY_TWO, "placement=fixed", f"requests={requests}", *RESTARTS]
+    )
+    result = explore(get_variant(variant), config)
+    if caught is None:
+        assert result.verdict == "safe", [r for r in result.results if r.verdict != "holds"]
+    else:
+        assert result.result_for(caught).verdict == "violated"
