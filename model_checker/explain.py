@@ -208,7 +208,9 @@ def action_text(action: Action, config: Config) -> str:
         if f.name == "rank" and config.prefill_ranks == 1:
             continue
         if f.name == "dinst" and config.decode_instances == 1:
-            continue  # a drain ack's decode instance: said only where there are several
+            continue  # a decode instance: said only where there are several
+        if f.name == "pinst" and config.prefill_instances == 1:
+            continue
         if f.name == "request" and isinstance(value, int):
             args.append(request_label(config, value))
         elif isinstance(value, Message):

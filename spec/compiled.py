@@ -332,11 +332,11 @@ def _emit_instances(
         if config is not None:
             for values in instance_arguments(f, config):
                 env = {id(p): v for p, v in zip(f.params, values, strict=True)}
-                test = fold(f.formula, config, drain, env)
-                if isinstance(test, Lit) and not test.value:
+                folded = fold(f.formula, config, drain, env)
+                if isinstance(folded, Lit) and not folded.value:
                     continue
                 action = out.bind(kind(*values), "A")
-                source = python_source(test, CONCRETE)
+                source = python_source(folded, CONCRETE)
                 if source == "True":
                     out.emit(depth, f"add({action})")
                 else:

@@ -339,13 +339,27 @@ SCENARIOS: dict[str, tuple[str, Config]] = {
     ),
     "instances": (
         "wide, on two prefill and two decode instances of three pages each, the router "
-        "placing each request anywhere (every placement checked); no restarts (not modelled "
-        "with several instances); explore, bmc, spacer and prove (per placement) check it",
+        "placing each request anywhere (every placement checked); no restarts (kept small: "
+        "see instance_faults); explore, bmc, spacer and prove (per placement) check it",
         Config(
             requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
             max_active=2,
             max_faults=2,
             max_crashes=0,
+            decode_pages=6,
+            prefill_instances=2,
+            decode_instances=2,
+        ),
+    ),
+    "instance_faults": (
+        "instances with one fault per run, which may be a crash of any one instance or a "
+        "partition between any decode and any prefill instance (decode takes a live prefill "
+        "for dead)",
+        Config(
+            requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
+            max_active=2,
+            max_faults=1,
+            max_partitions=1,
             decode_pages=6,
             prefill_instances=2,
             decode_instances=2,

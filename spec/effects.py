@@ -600,8 +600,8 @@ def run_effect(
             elif isinstance(u, Forget):
                 forget.append(p["inst"](S, C, drain, *a))
             elif isinstance(u, Adopt):
-                req = C.requests[p["req"](S, C, drain, *a)]
-                adopted.append((req.room, p["gen"](S, C, drain, *a), req.prefill_instance))
+                placed = C.requests[p["req"](S, C, drain, *a)]
+                adopted.append((placed.room, p["gen"](S, C, drain, *a), placed.prefill_instance))
             elif isinstance(u, Move):
                 moves.append((u.op, a[next(i for i, v in enumerate(cu.params) if v is u.m)]))
             else:

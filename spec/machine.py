@@ -271,7 +271,9 @@ def init(config: Config) -> State:
 # ...)` for a step of one request (enabled for each request where it holds), `guard(lambda: ...)`
 # for a step of none, `rank_guard(lambda r, k: ...)` for a step each prefill rank takes for a
 # request, `message_guard(...)` and `write_guard(...)` for a step that takes a message or a page
-# write in flight (enabled for each distinct one for which the body holds).
+# write in flight (enabled for each distinct one for which the body holds), and
+# `instance_guard((DINST, PINST), lambda jd, ip: ...)` for a step of one instance or one pair of
+# instances (a restart, a health check, a partition: enabled for each of them).
 #
 # An effect is a list of updates over the same vocabulary (`spec/effects.py`): `assign(d(r),
 # "reserved")`, `send("grant", r, ...)`, `answer_error(r, reason)`, ..., each value read in the

@@ -86,6 +86,7 @@ def _sample(cls: type) -> Any:
         "room": 7,
         "generation": 3,
         "dinst": 0,
+        "pinst": 0,
         "message": Message("grant", 7, 3, 1, pages=(2,)),
         "write": Write(7, 3, 2, tag),
     }

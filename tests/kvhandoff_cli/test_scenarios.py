@@ -49,7 +49,7 @@ def test_the_wide_scenario_has_two_in_flight_and_two_faults_on_one_room() -> Non
 
 def test_an_unknown_scenario_names_the_known_ones() -> None:
     with pytest.raises(
-        ConfigError, match="unknown scenario 'huge'; known scenarios: wide, instances, sequential"
+        ConfigError, match="unknown scenario 'huge'; known scenarios: wide, instances, instance_faults, sequential"
     ):
         scenario_config("huge")
 
@@ -71,6 +71,15 @@ def test_the_instances_scenario_is_wide_on_two_instances_of_each(
     assert code == 0
     assert "2 prefill and 2 decode instances" in out
     assert "placements searched: 4" in out
+
+
+def test_instance_faults_is_instances_with_a_crash_or_partition_of_any_one_instance() -> None:
+    """The scenario the notes' per-instance figures are for: the instances scenario, one fault
+    per run, which may be a restart of one instance or a partition of one pair."""
+    faults = scenario_config("instance_faults")
+    instances = scenario_config("instances")
+    assert parse_set(faults, ["max_crashes=0", "max_partitions=0", "max_faults=2"]) == instances
+    assert (faults.max_faults, faults.max_crashes, faults.max_partitions) == (1, 1, 1)
 
 
 def test_every_scenario_has_a_description() -> None:

@@ -85,17 +85,23 @@ def test_a_tenant_b_request_that_fits_restores_the_catalogue_property(variant: s
     assert set(v.breaks) <= broken, sorted(broken)
 
 
-def _needs_what_instances_lack(v: object) -> str | None:
-    """Why variant `v`'s catalogue bug cannot show on the instances scenario: it needs a
-    restart, a partition or a second prefill rank, none of which is modelled with several
-    instances yet (`Config` refuses them), or a client retry (millions of states there)."""
+def _not_run_on_instances(v: object, faults: bool = False) -> str | None:
+    """Why variant `v` is not run on the instances scenario (`faults`: on instance_faults):
+    its bug needs a restart or a partition, which `instances` leaves out to stay small
+    (`instance_faults` has them), or its own scenario adds what would take millions of states
+    over two instances of each (a second prefill rank: checked on the small scenario in
+    tests/spec/test_instances.py; a client retry)."""
     config = getattr(v, "config", {})
-    if config.get("max_partitions") or config.get("prefill_ranks"):
-        return "needs a partition or a second prefill rank: refused with several instances"
+    if config.get("prefill_ranks"):
+        return "a second prefill rank on two instances of each: see tests/spec/test_instances.py"
     if config.get("max_retries"):
         return "a retry over two instances of each: millions of states"
+    if faults:
+        return None
+    if config.get("max_partitions"):
+        return "needs a partition: checked on instance_faults"
     if getattr(v, "name", "") == "generation_reset_on_restart":
-        return "needs a decode restart: not modelled with several instances (safe there)"
+        return "needs a decode restart: checked on instance_faults (safe on instances)"
     return None
 
 
@@ -105,7 +111,7 @@ def _needs_what_instances_lack(v: object) -> str | None:
     "variant",
     [
         pytest.param(v.name, marks=pytest.mark.skip(reason=why))
-        if (why := _needs_what_instances_lack(v))
+        if (why := _not_run_on_instances(v))
         else v.name
         for v in VARIANTS
     ],
@@ -122,3 +128,28 @@ def test_every_catalogue_verdict_holds_on_the_instances_scenario(variant: str) -
     if not v.breaks:
         # Every witness but a restart's: the scenario has none.
         assert [k for k, ok in result.witnesses.items() if not ok] == ["can_recover_from_crash"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(v.name, marks=pytest.mark.skip(reason=why))
+        if (why := _not_run_on_instances(v, faults=True))
+        else v.name
+        for v in VARIANTS
+    ],
+)
+def test_every_catalogue_verdict_holds_on_the_instance_faults_scenario(variant: str) -> None:
+    """`--scenario instance_faults` (instances, one fault per run, which may restart any one
+    instance or cut any decode instance off any prefill instance): every variant keeps its
+    verdict, the restart and partition bugs included, caught by the properties it breaks on
+    `wide` (docs/spec.md, "Several instances")."""
+    v = get_variant(variant)
+    result = explore(v, v.scenario(scenario_config("instance_faults")))
+    broken = {r.property for r in result.violated()}
+    assert bool(broken) == bool(v.breaks), sorted(broken)
+    assert WIDE_CAUGHT_OTHERWISE.get(variant, set(v.breaks)) <= broken, sorted(broken)
+    if not v.breaks:
+        assert all(result.witnesses.values()), result.witnesses

@@ -116,7 +116,7 @@ def test_z3_keeps_two_orphan_grants_of_one_room_apart() -> None:
     requests' generations) must both survive the abstraction (a sampled state once lost one)."""
     variant = get_variant("m18_orphan_grant_accepted")
     graph, _, _ = build_graph(variant, SMALL)
-    picks = [s for s in graph.states if len({room for room, _ in s.orphans}) < len(s.orphans)]
+    picks = [s for s in graph.states if len({room for room, _, _ in s.orphans}) < len(s.orphans)]
     assert picks
     assert edge_mismatches(variant, SMALL, _sample(picks, 10)) == []
 

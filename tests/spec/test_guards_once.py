@@ -67,7 +67,10 @@ Seen = dict[str, set[bool]]
 
 
 def _one_request_or_none(kind: type) -> bool:
-    return [f.name for f in dataclasses.fields(kind)] in (["request"], [])
+    """One request, nothing, or instances (a restart, a health check, a partition: an instance
+    of 0 when there is one of each, so nothing)."""
+    names = [f.name for f in dataclasses.fields(kind)]
+    return names in (["request"], []) or (bool(names) and set(names) <= {"pinst", "dinst"})
 
 
 MESSAGE_STEPS = {
