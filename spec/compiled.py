@@ -245,8 +245,8 @@ class _Writer:
 
 
 def _shape(formula: GuardFormula, kind: type) -> str:
-    """How the guard's arguments range: over nothing, requests, (request, rank) pairs, drain acks
-    owed, writes in flight, or messages."""
+    """How the guard's arguments range: over nothing, instances (one, or a pair), requests,
+    (request, rank) pairs, drain acks owed, writes in flight, or messages."""
     from kvhandoff.spec.variants import is_instance_step
 
     fields = [f.name for f in dataclasses.fields(kind)]
