@@ -225,9 +225,10 @@ class FormulaGuard:
                 if fn(state, config, drain, *values)
             ]
         if len(self.formula.params) == 2 and "generation" in _field_names(self.kind):
-            # A drain ack: each (room, generation) owed, by the requests that owe it, per rank.
+            # A drain ack: each (room, generation) owed, by the requests that owe it, per rank,
+            # named with the decode instance its abort came from (as `enabled` names it).
             return [
-                self.kind(room, gen, k)
+                self.kind(room, gen, k, ack_dinst(config, state, r))
                 for room, gen, r in state.pending_acks
                 for k in range(config.prefill_ranks)
                 if fn(state, config, drain, r, k)

@@ -24,17 +24,22 @@ from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, edge_mismatches
 from kvhandoff.spec import Config, get_variant
 from kvhandoff.spec.actions import (
+    DecodeAdmitRequest,
+    DecodeReservePages,
     DecodeRestart,
     DecodeSuspectPrefillDead,
+    DecodeWaitingTimeout,
     PrefillDetectDecodeRestart,
+    PrefillReceiveAbort,
     PrefillRestart,
     PrefillSendAbortAck,
+    RouterSubmitRequest,
     action_from_json,
     action_name,
     action_to_json,
 )
 from kvhandoff.spec.config import ConfigError, parse_set, placements
-from kvhandoff.spec.machine import enabled
+from kvhandoff.spec.machine import checked_step, enabled, init
 from kvhandoff.spec.state import State, evolve
 from kvhandoff.spec.trace import replay
 from tests.explored import SMALL
@@ -201,6 +206,31 @@ def test_room_keyed_matching_crosses_decode_instances_where_prefill_is_shared() 
     assert set(final.requests[0].p_pages) <= {2, 3}
     apart = _explored("room_keyed_matching", "a:2:1:0/0,b:2:1:1/1")
     assert apart.verdict == "safe"
+
+
+def test_a_drain_ack_to_a_second_decode_instance_replays() -> None:
+    """A trace step acknowledging decode instance 1's abort is enabled when a trace is replayed
+    or a step checked (`is_enabled` asks the drain-ack guard alone), as it is in `enabled`.
+    (It was not: that guard listed every ack as decode instance 0's, so a bmc or kind path
+    with one, found by the Z3 witness check, failed to replay.)"""
+    config = parse_set(
+        Config(), [*SMALL, *TWO_BY_TWO, "placement=fixed", "requests=a:1:1:0/1,b:2:2:1/0"]
+    )
+    variant = get_variant("one_sided_fenced")
+    state = init(config)
+    for action in (
+        RouterSubmitRequest(0),
+        DecodeAdmitRequest(0),
+        DecodeReservePages(0),
+        DecodeWaitingTimeout(0),
+    ):
+        state = checked_step(variant, config, state, action)
+    (abort,) = [m for m in state.network if m.kind == "abort"]
+    state = checked_step(variant, config, state, PrefillReceiveAbort(abort))
+    ack = PrefillSendAbortAck(room=1, generation=1, rank=0, dinst=1)
+    assert ack in enabled(variant, config, state)
+    after = checked_step(variant, config, state, ack)
+    assert not after.pending_acks
 
 
 def test_a_drain_ack_names_the_decode_instance_its_abort_came_from() -> None:
@@ -639,3 +669,31 @@ def test_per_instance_faults_keep_the_catalogue_verdicts(
         assert result.verdict == "safe", [r for r in result.results if r.verdict != "holds"]
     else:
         assert result.result_for(caught).verdict == "violated"
+
+
+@pytest.mark.slow
+def test_kind_proves_the_reference_with_a_restart_or_partition_of_any_one_instance() -> None:
+    """k-induction with the proof's invariants, over restarts and partitions of one instance
+    among two of each, in every placement of the small scenario (19 s)."""
+    config = parse_set(Config(), [*SMALL, *TWO_BY_TWO, *RESTARTS])
+    run = run_engine("kind", get_variant("reference"), config, EngineOptions(timeout=300))
+    assert run.result is not None
+    assert run.result.verdict == "safe"
+    assert [p["verdict"] for p in run.result.extra["placements"]] == ["safe"] * 4
+
+
+def test_bmc_finds_the_counter_reset_of_one_decode_instance_at_the_explorer_s_length() -> None:
+    """The fixed encoding's per-instance restart: bmc's counterexample for the counter reset of
+    one decode instance has the explorer's length and replays on the spec."""
+    requests = "a:1:1:0/1,b:2:1:1/1"
+    config = parse_set(
+        Config(), [*SMALL, *TWO_BY_TWO, "placement=fixed", f"requests={requests}", *RESTARTS]
+    )
+    variant = get_variant("generation_reset_on_restart")
+    run = run_engine("bmc", variant, config, EngineOptions(depth=12, timeout=120))
+    assert run.result is not None
+    found = run.result.result_for("no_late_write_lands_in_reallocated_page")
+    assert found.verdict == "violated" and found.trace is not None
+    assert found.depth == explore(variant, config).result_for(found.property).depth
+    assert any(action_name(a) == "decode_restart" and a.dinst == 1 for a in found.trace)
+    replay(variant, config, found.trace)
