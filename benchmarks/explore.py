@@ -56,6 +56,19 @@ LADDER: list[tuple[str, str, list[str]]] = [
             "decode_instances=2",
         ],
     ),
+    (
+        "instance_faults: instances, 1 fault (a crash or partition of any one instance)",
+        "reference",
+        [
+            "requests=a:2:1,b:3:1",
+            "max_active=2",
+            "max_faults=1",
+            "max_partitions=1",
+            "decode_pages=6",
+            "prefill_instances=2",
+            "decode_instances=2",
+        ],
+    ),
 ]
 
 CHILD = r"""
