@@ -327,6 +327,17 @@ def default_config() -> Config:
 # the docs' counterexamples, the pinned state counts (71,075 for the reference) and the
 # catalogue's `breaks=` are stated on it, and a variant whose search is slow on `wide` names it as
 # its own (`Variant.scenario_name`).
+_INSTANCES = Config(
+    requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
+    max_active=2,
+    max_faults=2,
+    max_crashes=0,
+    decode_pages=6,
+    prefill_instances=2,
+    decode_instances=2,
+)
+"""`wide` on two prefill and two decode instances (the `instances` scenario)."""
+
 SCENARIOS: dict[str, tuple[str, Config]] = {
     "wide": (
         "two requests of two tenants sharing room 1 (b's too long for prefill), both in flight "
@@ -341,29 +352,13 @@ SCENARIOS: dict[str, tuple[str, Config]] = {
         "wide, on two prefill and two decode instances of three pages each, the router "
         "placing each request anywhere (every placement checked); no restarts (kept small: "
         "see instance_faults); explore, bmc, spacer and prove (per placement) check it",
-        Config(
-            requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
-            max_active=2,
-            max_faults=2,
-            max_crashes=0,
-            decode_pages=6,
-            prefill_instances=2,
-            decode_instances=2,
-        ),
+        _INSTANCES,
     ),
     "instance_faults": (
         "instances with one fault per run, which may be a crash of any one instance or a "
         "partition between any decode and any prefill instance (decode takes a live prefill "
         "for dead)",
-        Config(
-            requests=(RequestSpec("a", 2, 1), RequestSpec("b", 3, 1)),
-            max_active=2,
-            max_faults=1,
-            max_partitions=1,
-            decode_pages=6,
-            prefill_instances=2,
-            decode_instances=2,
-        ),
+        replace(_INSTANCES, max_faults=1, max_crashes=1, max_partitions=1),
     ),
     "sequential": (
         "three requests of two tenants (one too long for prefill, two sharing room 1), "
