@@ -49,7 +49,8 @@ def test_the_wide_scenario_has_two_in_flight_and_two_faults_on_one_room() -> Non
 
 def test_an_unknown_scenario_names_the_known_ones() -> None:
     with pytest.raises(
-        ConfigError, match="unknown scenario 'huge'; known scenarios: wide, instances, instance_faults, sequential"
+        ConfigError,
+        match="unknown scenario 'huge'; known scenarios: wide, instances, instance_faults, sequential",
     ):
         scenario_config("huge")
 
