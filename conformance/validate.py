@@ -848,10 +848,11 @@ class Validator:
                 self.ids.generations[int(ev["args"]["generation"])] = after.requests[r].d_gen
 
     def _explain(
-        self, ev: Event, frontier: dict[State, tuple[Action, ...]], base: dict[State, State]
+        self, ev: Event, frontier: dict[State, tuple[Action, ...]], base: dict[int, State]
     ) -> dict[State, tuple[Action, ...]]:
-        """The states explaining `ev` after `frontier`; `base` maps each state of `frontier` to
-        the frontier state it was reached from, and is extended to the new states."""
+        """The states explaining `ev` after `frontier`; `base` maps each state of `frontier` (by
+        its identity) to the frontier state it was reached from, and is extended to the new
+        states."""
         new: dict[State, tuple[Action, ...]] = {}
         # Reserve binds the generation from the state it is matched in.
         for s, hist in frontier.items():
@@ -861,10 +862,10 @@ class Validator:
                     continue
                 if not new:
                     new = {after: _extend(hist, match.actions)}
-                    base.setdefault(after, base[s])
+                    base[id(after)] = base[id(s)]
                 elif after not in new:
                     new[after] = _extend(hist, match.actions)
-                    base.setdefault(after, base[s])
+                    base[id(after)] = base[id(s)]
                 if ev.get("event") == "decode_reserve_pages":
                     self._bind(ev, s, after)
                 if len(new) >= MAX_FRONTIER:
@@ -872,7 +873,7 @@ class Validator:
         return new
 
     def _silent_successors(
-        self, frontier: dict[State, tuple[Action, ...]], base: dict[State, State]
+        self, frontier: dict[State, tuple[Action, ...]], base: dict[int, State]
     ) -> dict[State, tuple[Action, ...]]:
         out: dict[State, tuple[Action, ...]] = {}
         for s, hist in frontier.items():
@@ -881,7 +882,7 @@ class Validator:
                     t = step(self.variant, self.config, s, a)
                     if t not in frontier and t not in out:
                         out[t] = _extend(hist, (a,))
-                        base.setdefault(t, base[s])
+                        base[id(t)] = base[id(s)]
         return out
 
     def take_silent(self, action: Action) -> None:
@@ -899,21 +900,25 @@ class Validator:
         """The states explaining `ev` after `frontier` (trying up to two unlogged spec steps
         first when nothing explains it directly), and the properties violated if every such
         state breaks one."""
-        base = {s: s for s in frontier}
+        # By identity: a state's hash is not kept, and every state here stays alive (in
+        # `frontier`, a layer or `new`) while `base` is used.
+        base = {id(s): s for s in frontier}
         new = self._explain(ev, frontier, base)
         layer = frontier
+        layers = [layer]  # alive until `base` is done with, so that no id names two states
         for _ in range(2):
             if new:
                 break
             layer = self._silent_successors(layer, base)
+            layers.append(layer)
             if not layer:
                 break
             new = self._explain(ev, layer, base)
         if new and self.check_properties:
-            violated = {s: self._violated(s, base[s]) for s in new}
-            bad = [s for s in new if violated[s]]
+            violated = {id(s): self._violated(s, base[id(s)]) for s in new}
+            bad = [s for s in new if violated[id(s)]]
             if len(bad) == len(new):
-                return {}, violated[bad[0]]
+                return {}, violated[id(bad[0])]
             for s in bad:
                 del new[s]
             if len(self._good) > 4096:

@@ -33,7 +33,17 @@ from kvhandoff.spec.actions import (
 )
 from kvhandoff.spec.config import Config
 from kvhandoff.spec.properties import ALWAYS, TERMINATION, Property
-from kvhandoff.spec.state import Message, PageState, ReqState, State, Tag, Write
+from kvhandoff.spec.state import (
+    Faults,
+    Ghost,
+    Message,
+    PageState,
+    ReqState,
+    State,
+    Tag,
+    Write,
+    field_names,
+)
 from kvhandoff.spec.trace import Trace, replay
 from kvhandoff.spec.variants import Variant
 
@@ -334,20 +344,20 @@ def state_changes(config: Config, a: State, b: State) -> list[str]:
             x, y = before.get(name, "(initial)"), after.get(name, "(initial)")
             out.append(f"variant state {name}: {_value(x)} -> {_value(y)}")
     skip = {"requests", "pages", "network", "lost", "writes", "faults", "ghost", "variant_fields"}
-    for f in fields(State):
-        if f.name in skip:
+    for name in field_names(State):
+        if name in skip:
             continue
-        x, y = getattr(a, f.name), getattr(b, f.name)
+        x, y = getattr(a, name), getattr(b, name)
         if x != y:
-            out.append(f"{f.name}: {_value(x)} -> {_value(y)}")
-    for f in fields(a.faults):
-        x, y = getattr(a.faults, f.name), getattr(b.faults, f.name)
+            out.append(f"{name}: {_value(x)} -> {_value(y)}")
+    for name in Faults._fields:
+        x, y = getattr(a.faults, name), getattr(b.faults, name)
         if x != y:
-            out.append(f"fault budget spent: {f.name} {x} -> {y}")
-    for f in fields(a.ghost):
-        x, y = getattr(a.ghost, f.name), getattr(b.ghost, f.name)
+            out.append(f"fault budget spent: {name} {x} -> {y}")
+    for name in Ghost._fields:
+        x, y = getattr(a.ghost, name), getattr(b.ghost, name)
         if x != y:
-            out.append(f"(ghost) {f.name}: {x} -> {y}")
+            out.append(f"(ghost) {name}: {x} -> {y}")
     return out
 
 

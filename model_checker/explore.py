@@ -53,6 +53,7 @@ from kvhandoff.spec.state import (
     ReqState,
     State,
     all_done,
+    evolved,
 )
 from kvhandoff.spec.trace import replay
 from kvhandoff.spec.variants import Variant
@@ -144,19 +145,21 @@ class _Shared:
         self.ghosts: dict[Ghost, Ghost] = {}
         self.faults: dict[Faults, Faults] = {}
 
-    def adopt(self, t: State, parent: State) -> None:
-        """Replace the parts of `t` (a new state, not yet stored or shared) that differ from
-        `parent`'s by equal ones already stored. Equal values: `t`'s hash and equality stay."""
+    def adopt(self, t: State, parent: State) -> State:
+        """`t` (a new state, not yet stored) with the parts that differ from `parent`'s
+        replaced by equal ones already stored: an equal state."""
+        changes: dict[str, Any] = {}
         if t.requests is not parent.requests:
             setdefault = self.requests.setdefault
-            object.__setattr__(t, "requests", tuple(map(setdefault, t.requests, t.requests)))
+            changes["requests"] = tuple(map(setdefault, t.requests, t.requests))
         if t.pages is not parent.pages:
             setdefault_page = self.pages.setdefault
-            object.__setattr__(t, "pages", tuple(map(setdefault_page, t.pages, t.pages)))
+            changes["pages"] = tuple(map(setdefault_page, t.pages, t.pages))
         if t.ghost is not parent.ghost:
-            object.__setattr__(t, "ghost", self.ghosts.setdefault(t.ghost, t.ghost))
+            changes["ghost"] = self.ghosts.setdefault(t.ghost, t.ghost)
         if t.faults is not parent.faults:
-            object.__setattr__(t, "faults", self.faults.setdefault(t.faults, t.faults))
+            changes["faults"] = self.faults.setdefault(t.faults, t.faults)
+        return evolved(t, changes) if changes else t
 
 
 def invariants_of(variant: Variant) -> tuple[Invariant, ...]:
@@ -343,7 +346,12 @@ def _search(
                     del index[t]
                     complete = False
                     continue
-                adopt(t, s)
+                shared_t = adopt(t, s)
+                if shared_t is not t:
+                    # The index keeps the key it was given: store the shared one instead.
+                    del index[t]
+                    index[shared_t] = j
+                    t = shared_t
                 states.append(t)
                 stored += 1
                 parent.append(head)

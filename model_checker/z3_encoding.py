@@ -1113,7 +1113,7 @@ class Encoding:
         pages = [j for j in range(self.np) if v[f"r{r}.p_pages{j}"]]
         if out.kind not in ("grant", "abort") and pages:
             dinst = self.config.page_instance(pages[0])
-        return replace(out, dinst=dinst)
+        return out._replace(dinst=dinst)
 
     def _message(self, v: dict[str, Any], kind: str, r: int, a: int = 0) -> Message:
         k, room, rank, pre = slot(kind), self.rooms[r], slot_rank(kind), att(r, a)

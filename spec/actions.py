@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kvhandoff.spec.state import Message, Tag, Write
+from kvhandoff.spec.state import Message, Tag, Write, field_names
 
 # --- Protocol steps -----------------------------------------------------------------------------
 
@@ -468,7 +468,7 @@ def _field_names(cls: type) -> tuple[str, ...]:
     for every action of a long trace)."""
     names = _FIELD_NAMES.get(cls)
     if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+        names = _FIELD_NAMES[cls] = field_names(cls)
     return names
 
 

@@ -424,7 +424,7 @@ _WITHDRAW = ("answered",)
 """The client's answer, which an effect may only withdraw (`assign(answered(r), False)`: a retry
 sets the first attempt's error aside). Giving an answer is `answer_error` / `answer_ok`, which
 keep the first one given."""
-_GHOSTS = frozenset(f.name for f in __import__("dataclasses").fields(Ghost))
+_GHOSTS = frozenset(Ghost._fields)
 
 WRITABLE: frozenset[str] = frozenset(
     [

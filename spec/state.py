@@ -18,6 +18,14 @@ Two kinds of fields live here, and the difference matters:
 Every collection is a tuple so that states are hashable; multisets (messages, writes) are kept
 sorted so that two states with the same contents compare equal.
 
+A state, and each of its parts (a request, a page, a message, a write, a data tag, an answer, the
+fault budget, the ghost flags), is a *record*: a named tuple, immutable, whose fields are read by
+name. Records rather than frozen dataclasses because the explorer makes, hashes and compares a
+state for every transition and keeps every state it finds: a tuple is hashed and compared in C,
+field by field, and carries no dictionary of its own (benchmarks/results/explore.txt has what
+that saved). A changed copy is `evolve(record, field=value)`; `dataclasses.replace` and
+`dataclasses.fields` accept records too.
+
 Prefill ranks
 -------------
 A prefill instance may run on several *ranks* (`Config.prefill_ranks`, tensor-parallel workers,
@@ -92,11 +100,12 @@ tuples are empty, every action's instance is 0 (and left out of traces) and ever
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, field, fields
 from itertools import compress, count
-from operator import attrgetter, is_not, itemgetter
-from typing import Any, ClassVar, Literal, TypeVar, get_args
+from operator import is_not
+from typing import Any, Literal, NamedTuple, TypeVar, get_args
 
 from kvhandoff.spec.config import Config
 
@@ -104,111 +113,68 @@ _T = TypeVar("_T")
 
 
 def evolve(obj: _T, **changes: Any) -> _T:
-    """A copy of a frozen state dataclass with some fields changed.
-
-    The same as `dataclasses.replace`, without re-running `__init__`: the explorer builds hundreds
-    of thousands of states and `replace` was more than half of its time. The cached hash (see
-    `_cached_hash`) is not copied; the hashes a state keeps of its requests and pages are (see
-    `_items_hash`).
-    """
-    data = obj.__dict__ | changes
-    data.pop("_hash", None)
-    new = _new_object(type(obj))
-    _set_attribute(new, "__dict__", data)
-    return new
+    """A copy of a state value (a `State` or one of its parts) with some fields changed: what
+    `obj._replace(**changes)` does, in a third of the time (`evolved`)."""
+    return evolved(obj, changes)
 
 
 def evolved(obj: _T, changes: dict[str, Any]) -> _T:
     """`evolve(obj, **changes)` with the changes given as a dict: what the compiled effects
     call (they gather their changes in a dict, and unpacking it into keywords only to pack them
     again cost a third of the call)."""
-    data = obj.__dict__ | changes
-    data.pop("_hash", None)
-    new = _new_object(obj.__class__)
-    _set_attribute(new, "__dict__", data)
-    return new
+    cls = obj.__class__
+    values = list(obj)  # type: ignore[call-overload]
+    positions = _POSITIONS[cls]
+    for name, value in changes.items():
+        values[positions[name]] = value
+    result: _T = _new_tuple(cls, values)
+    return result
 
 
-_new_object = object.__new__
-_set_attribute = object.__setattr__  # past the frozen dataclass's own __setattr__
+_new_tuple: Callable[..., Any] = tuple.__new__
+_POSITIONS: dict[type, dict[str, int]] = {}
+"""Each state record's field positions by name (filled in below, once the classes exist)."""
 
 
-_FIELD_VALUES: dict[type, Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
+def field_names(cls: type) -> tuple[str, ...]:
+    """The names of the fields of a state record or of a dataclass, in order."""
+    names: tuple[str, ...] | None = getattr(cls, "_fields", None)
+    if names is not None:
+        return names
+    return tuple(f.name for f in fields(cls))
 
 
-def _cached_hash(self: Any) -> int:
-    """Hash a state object once: states are hashed every time the explorer looks them up.
-
-    The hash is kept in the object's `__dict__` as `_hash`; the class's own `_hash` (None)
-    answers for an object not hashed yet. Reading `self._hash` is cheaper than asking the dict
-    for a key it may not have, and most calls only read it."""
-    cached: int | None = self._hash
-    if cached is None:
-        data = self.__dict__
-        cls = type(self)
-        values = _FIELD_VALUES.get(cls)
-        if values is None:
-            # The tuple of the object's field values, gathered in C from its dict (`itemgetter`:
-            # cheaper than `attrgetter`, which looks each name up on the class first).
-            values = _FIELD_VALUES.setdefault(cls, itemgetter(*(f.name for f in fields(cls))))
-        try:
-            cached = data["_hash"] = hash(values(data))
-        except KeyError:  # a field not in the object's dict (never so after `__init__`,
-            cached = data["_hash"] = hash(_attributes(self))  # `evolve` or pickle)
-    return cached
-
-
-def _attributes(obj: Any) -> tuple[Any, ...]:
-    """The tuple of `obj`'s field values, read as attributes."""
-    return tuple(getattr(obj, f.name) for f in fields(obj))
-
-
-def _state_hash(self: State) -> int:
-    """`_cached_hash` for a `State`, which hashes its requests and pages apart (`_items_hash`).
-
-    Hashing the requests and pages means hashing every request and page; a step changes one
-    request or a few pages, and the trace validator's states have dozens of each."""
-    cached: int | None = self._hash
-    if cached is None:
-        data = self.__dict__
-        requests, pages = self.requests, self.pages
-        if len(requests) <= _FEW_ITEMS and len(pages) <= _FEW_ITEMS:
-            # The explorer's states: every field in one tuple (see `_items_hash`).
-            try:
-                cached = data["_hash"] = hash(_STATE_FIELD_ITEMS(data))
-            except KeyError:  # see `_cached_hash`
-                cached = data["_hash"] = hash(_attributes(self))
-            return cached
-        requests_hash = _items_hash(data, "_requests_hashes", requests)
-        pages_hash = _items_hash(data, "_pages_hashes", pages)
-        cached = data["_hash"] = hash((requests_hash, pages_hash, _STATE_OTHER_FIELDS(self)))
-    return cached
-
-
-def _items_hash(data: dict[str, Any], key: str, items: tuple[Any, ...]) -> int:
-    """The hash of `items` (a state's requests or pages), kept in `data[key]` with the hash of
-    each item. `evolve` hands the entry on to the next state, where only the items that are not
-    the very same objects are hashed again."""
-    if len(items) <= _FEW_ITEMS:
-        # A few items: hashing the tuple (each item keeps its own hash) is cheaper than the
-        # bookkeeping, and keeps the explorer's many small states small.
-        return hash(items)
-    known: tuple[tuple[Any, ...], tuple[int, ...], int] | None = data.get(key)
-    if known is not None and known[0] is items:
-        return known[2]
-    if known is not None and len(known[0]) == len(items):
-        hashes = list(known[1])
-        for i in changed_positions(known[0], items):
-            hashes[i] = hash(items[i])
-    else:
-        hashes = [hash(item) for item in items]
-    item_hashes = tuple(hashes)
-    combined = hash(item_hashes)
-    data[key] = (items, item_hashes, combined)
-    return combined
-
-
+_tuple_hash = tuple.__hash__
 _FEW_ITEMS = 8
+_ITEM_HASHES: dict[int, tuple[Any, int]] = {}
+
+
+def _remember_hash(obj: Any, value: int) -> None:
+    if len(_ITEM_HASHES) >= 1 << 16:
+        _ITEM_HASHES.clear()
+    _ITEM_HASHES[id(obj)] = (obj, value)
+
+
+def _items_hash(items: tuple[Any, ...]) -> int:
+    """The hash of a state's many requests or pages, each item's own hash looked up by its
+    identity where it was hashed before.
+
+    A step changes one request or a few pages and hands the others on as the very same objects,
+    so the next state's items are nearly all known; a record's hash is not kept by the record (a
+    tuple has nowhere to keep it), so it is kept here, with the item, for as long as the table
+    is not full."""
+    hashes = []
+    table = _ITEM_HASHES
+    for item in items:
+        known = table.get(id(item))
+        if known is None or known[0] is not item:
+            value = hash(item)
+            _remember_hash(item, value)
+        else:
+            value = known[1]
+        hashes.append(value)
+    return hash(tuple(hashes))
+
 
 _CHANGED: dict[int, tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]]] = {}
 
@@ -267,8 +233,7 @@ DECODE_LIVE: frozenset[str] = frozenset(
 )
 
 
-@dataclass(frozen=True, order=True)
-class Tag:
+class Tag(NamedTuple):
     """Ghost label of a page's data: written by `request`'s prefill for `generation`, for `tenant`.
 
     Generation 0 marks data that was not written for any decode generation. Request -1 stands
@@ -276,16 +241,12 @@ class Tag:
     the pull path), with tenant `OTHER_TENANT`.
     """
 
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
-
     request: int
     generation: int
     tenant: str
 
 
-@dataclass(frozen=True, order=True)
-class Message:
+class Message(NamedTuple):
     """A control message between prefill and decode.
 
     `room` and `generation` are what every receiver matches on. `request` is the request id the
@@ -296,15 +257,12 @@ class Message:
     message was made for.
     """
 
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
-
     kind: MessageKind
     room: int
     generation: int
     request: int
     pages: tuple[int, ...] = ()
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # (a field, over `tuple.count`)
     digest: tuple[tuple[int, int, int], ...] | None = None
     reason: str = ""
     epoch: int = 0  # on a grant: decode's boot epoch, i.e. which registration of its pool
@@ -317,12 +275,8 @@ class Message:
     dinst: int = 0
 
 
-@dataclass(frozen=True, order=True)
-class Write:
+class Write(NamedTuple):
     """A page write in flight from prefill to decode: destination page, and the data it carries."""
-
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     room: int
     generation: int
@@ -332,17 +286,13 @@ class Write:
     rank: int = 0  # the prefill rank writing its shard of the page
 
 
-@dataclass(frozen=True)
-class PageState:
+class PageState(NamedTuple):
     """One decode page. `owner` is protocol state (decode's page table); `content` is the data.
 
     With several prefill ranks the page is made of one shard per rank: `content` is rank 0's
     shard (the whole page when there is one rank) and `rank_shards` holds ranks 1, 2, ...
     (always `prefill_ranks - 1` entries). Read them together as `shards`.
     """
-
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     owner: tuple[int, int] | None = None  # (request, generation)
     content: Tag | None = None  # None: zeroed; nothing readable
@@ -366,24 +316,16 @@ class PageState:
         return evolve(self, owner=None, content=None, rank_shards=(None,) * len(self.rank_shards))
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     """What the client got: output generated from pages (their data tags), or an error."""
-
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     ok: bool
     tags: tuple[Tag | None, ...] = ()
     reason: str = ""
 
 
-@dataclass(frozen=True)
-class ReqState:
+class ReqState(NamedTuple):
     """One request, as the router, prefill and decode each see it (plus ghost fields)."""
-
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     submitted: bool = False
     answer: Answer | None = None
@@ -420,12 +362,8 @@ class ReqState:
     attempt: int = 0
 
 
-@dataclass(frozen=True)
-class Faults:
+class Faults(NamedTuple):
     """Fault budget spent so far (each bounded by the config)."""
-
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     crashes: int = 0
     drops: int = 0
@@ -453,12 +391,8 @@ class Faults:
         )
 
 
-@dataclass(frozen=True)
-class Ghost:
+class Ghost(NamedTuple):
     """Whole-system ghost facts, used by properties and witnesses only. All monotone flags."""
-
-    __hash__ = _cached_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
 
     late_landing: bool = False  # a write landed on a page not owned by its (room, generation)
     refused_write: bool = False  # decode's ownership check (or a revoked key) refused a write
@@ -471,11 +405,7 @@ class Ghost:
     ok_after_loss: bool = False
 
 
-@dataclass(frozen=True)
-class State:
-    __hash__ = _state_hash
-    _hash: ClassVar[int | None] = None  # see `_cached_hash`
-
+class State(NamedTuple):
     requests: tuple[ReqState, ...]
     pages: tuple[PageState, ...]
     network: tuple[Message, ...] = ()  # sorted multiset
@@ -512,37 +442,42 @@ class State:
     # values, as sorted (name, value) pairs: empty for the rulebook's protocols.
     variant_fields: tuple[tuple[str, Any], ...] = ()
 
-
-_STATE_OTHER_FIELDS = attrgetter(
-    *(f.name for f in fields(State) if f.name not in ("requests", "pages"))
-)
-_STATE_FIELD_ITEMS = itemgetter(*(f.name for f in fields(State)))
-
-
-def _equal_by_fields(cls: type) -> Callable[[Any, Any], Any]:
-    """`__eq__` for the state dataclass `cls`: the dataclass's own (the tuples of field values
-    compared, for objects of the very same class), with a shortcut taken first.
-
-    The explorer compares every successor it has seen before with its stored twin, and that
-    twin's parts with the successor's. Two such objects have the same `__dict__`: the same
-    fields with equal values, and the same cached hash (`_cached_hash`: both were hashed when
-    the search looked them up). Comparing the dicts is done in C, without gathering two tuples
-    of twenty-odd attributes. Where the dicts differ the objects may still be equal (one not
-    hashed yet, a `State` keeping its items' hashes, or a hash cached by another process and
-    brought here by pickle), so the fields decide: the cached hashes are never trusted to tell
-    two objects apart."""
-    values = attrgetter(*(f.name for f in fields(cls)))
-
-    def __eq__(self: Any, other: Any) -> Any:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self.__dict__ == other.__dict__ or values(self) == values(other)
-
-    return __eq__
+    def __hash__(self) -> int:
+        """The tuple's own hash (in C), except for a state of many requests or pages (the log
+        validator's: dozens of each), whose parts are hashed once each (`_items_hash`), and
+        whose own hash is kept the same way: the validator looks its states up again and
+        again."""
+        requests, pages = self.requests, self.pages
+        if len(requests) <= _FEW_ITEMS and len(pages) <= _FEW_ITEMS:
+            return _tuple_hash(self)
+        known = _ITEM_HASHES.get(id(self))
+        if known is not None and known[0] is self:
+            return known[1]
+        value = hash((_items_hash(requests), _items_hash(pages), self[2:]))
+        _remember_hash(self, value)
+        return value
 
 
-for _cls in (Tag, Message, Write, PageState, Answer, ReqState, Faults, Ghost, State):
-    _cls.__eq__ = _equal_by_fields(_cls)  # type: ignore[method-assign]
+def _dataclass_compatible(cls: type) -> None:
+    """Let `dataclasses.fields` and `dataclasses.replace` take the record `cls` as they take a
+    dataclass. The state values were frozen dataclasses until they became records, and a
+    variant's Python effect (`tests/data/python_variants/override_reject.py`) may build its next
+    state with `replace(req, p="rejected")`: such files keep working."""
+    table = {}
+    defaults: dict[str, Any] = cls._field_defaults  # type: ignore[attr-defined]
+    for name in field_names(cls):
+        f: Any = field(default=defaults.get(name, MISSING))
+        f.name, f.type = name, cls.__annotations__[name]
+        f._field_type = _DATACLASS_FIELD
+        table[name] = f
+    setattr(cls, "__dataclass_fields__", table)  # noqa: B010 (mypy: not a field of `type`)
+
+
+_DATACLASS_FIELD = getattr(dataclasses, "_FIELD")  # noqa: B009 (private to dataclasses); what marks a Field as a field proper
+
+for _record in (Tag, Message, Write, PageState, Answer, ReqState, Faults, Ghost, State):
+    _POSITIONS[_record] = {name: i for i, name in enumerate(field_names(_record))}
+    _dataclass_compatible(_record)
 
 
 def initial_state(config: Config) -> State:

@@ -74,8 +74,10 @@ def test_states_and_actions_are_frozen_and_hashable() -> None:
     config = default_config()
     s = init(config)
     assert hash(s) == hash(init(config))
-    with pytest.raises(FrozenInstanceError):
+    with pytest.raises(AttributeError):  # a record: its fields cannot be set
         s.next_generation = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        s.requests[0].p = "granted"  # type: ignore[misc]
     action = enabled(REFERENCE, config, s)[0]
     with pytest.raises(FrozenInstanceError):
         action.request = 2  # type: ignore[misc]
