@@ -76,6 +76,12 @@ def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
             "decode server, so conformance runs only scenarios with one instance of each; "
             "check several-instance designs with `kvhandoff check --scenario instances`"
         )
+    if config.rooms != "fixed":
+        raise UnsupportedScenario(
+            f"rooms={config.rooms}: conformance plays each request with the room the scenario "
+            "gives it; set rooms=fixed, and give two requests one room in --set requests= to play "
+            "a collision (`kvhandoff check --set rooms=any` checks every choice of rooms)"
+        )
     # Checked here too, so that every caller refuses it unless its target plays a client's
     # retry under the same request id (`Target.retries`; the registry's row for
     # `router_retry_request`).

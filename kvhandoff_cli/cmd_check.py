@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set decode_pages=4 --set requests=a:2:1,b:3:2 "
         "(TENANT:PAGES:ROOM; with placement=fixed and several instances TENANT:PAGES:ROOM:P/D "
-        "places a request on prefill instance P and decode instance D)",
+        "places a request on prefill instance P and decode instance D; rooms=any checks every "
+        "choice of rooms a client could make instead of the rooms given)",
     )
     add_scenario_argument(p)
     p.add_argument("--depth", type=int, help="depth for bounded engines")
@@ -242,13 +243,20 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
             )
     placed = result.extra.get("placements")
     if placed:
-        # A router that places as it likes: every placement was searched (spec.config.placements).
-        print(f"  placements searched: {len(placed)} (request:tenant:prefill/decode instance)")
+        # A router that places as it likes, or clients that choose rooms: every choice was
+        # searched (spec.config.placements).
+        rooms = ":room " in placed[0]["placement"]
+        several = result.config.prefill_instances > 1 or result.config.decode_instances > 1
+        label = ("placements and room choices" if several else "room choices") if rooms else ""
+        what = "request:tenant" + (":room" if rooms else "")
+        if several:
+            what += ":prefill/decode instance"
+        print(f"  {label or 'placements'} searched: {len(placed)} ({what})")
         for item in placed:
             states = "" if item["states"] is None else f", {item['states']:,} states"
             print(f"    {item['placement']}: {item['verdict']}{states}")
         if result.verdict == "violated":
-            print(f"  counterexample on the placement {placement_text(result.config)}")
+            print(f"  counterexample on {placement_text(result.config, rooms=rooms)}")
     if result.witnesses:
         missing = [k for k, ok in result.witnesses.items() if not ok]
         reached = len(result.witnesses) - len(missing)

@@ -517,9 +517,10 @@ def explore(
     (what the Z3 engines check) beside their Python functions, on every state
     (`extra["invariants"]`).
 
-    Where the router places requests as it likes on several instances (`placement="any"`),
-    each fixed placement is searched (`spec.config.placements`: every run of such a router is a
-    run of one of them). A violation is reported from the placement with the shortest
+    Where the router places requests as it likes on several instances (`placement="any"`), or
+    clients choose the rooms (`rooms="any"`), each fixed choice is searched
+    (`spec.config.placements`: every run of such a router or such clients is a run of one of
+    them). A violation is reported from the placement with the shortest
     counterexample, with that placement's configuration (what its trace replays on); otherwise
     the placements' results are one: a property holds when it holds on every placement, a
     witness is reached when some placement reaches it, and the states are the placements'
@@ -531,17 +532,25 @@ def explore(
     return union_of_placements(config, runs)
 
 
-def placement_text(config: Config) -> str:
-    """Where `config` places its requests, `a:p0/d1, b:p0/d0`, by tenant and request order."""
-    return ", ".join(
-        f"{i}:{r.tenant}:p{r.prefill_instance}/d{r.decode_instance}"
-        for i, r in enumerate(config.requests)
-    )
+def placement_text(config: Config, rooms: bool = False) -> str:
+    """Where `config` places its requests, `0:a:p0/d1, 1:b:p0/d0`, by request and tenant; with
+    `rooms`, each request's room too (`0:a:room 1, 1:b:room 1`), and the placement only where
+    there are several instances."""
+    several = config.prefill_instances > 1 or config.decode_instances > 1
+    items = []
+    for i, r in enumerate(config.requests):
+        item = f"{i}:{r.tenant}"
+        if rooms:
+            item += f":room {r.room}"
+        if several or not rooms:
+            item += f":p{r.prefill_instance}/d{r.decode_instance}"
+        items.append(item)
+    return ", ".join(items)
 
 
 def union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
-    """One result for a router that may place requests anywhere (`config`), from each fixed
-    placement's (any engine's: see `explore`)."""
+    """One result for a router that may place requests anywhere, or clients that choose rooms
+    (`config`), from each fixed choice's (any engine's: see `explore`)."""
 
     def severity(run: CheckResult) -> tuple[int, int]:
         depths = [r.depth or 0 for r in run.results if r.verdict == "violated"]
@@ -556,7 +565,11 @@ def union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
     states = sum(counted) if counted else None  # the Z3 engines count no states
     seconds = sum(run.seconds for run in runs)
     summary = [
-        {"placement": placement_text(run.config), "verdict": run.verdict, "states": run.states}
+        {
+            "placement": placement_text(run.config, rooms=config.rooms == "any"),
+            "verdict": run.verdict,
+            "states": run.states,
+        }
         for run in runs
     ]
     extra = dict(worst.extra)

@@ -50,8 +50,12 @@ def config_summary(config: Config) -> str:
             f"{config.prefill_instances} prefill and {config.decode_instances} decode instances"
             f" ({'every placement' if config.placement == 'any' else 'placed as given'}), "
         )
+    # Said only when the clients choose, so the scopes of scenarios with given rooms read as
+    # they always have.
+    rooms = "rooms chosen by the client (every choice), " if config.rooms == "any" else ""
     return (
         f"{config.decode_pages} decode page{'s' * (config.decode_pages != 1)}, {instances}"
+        f"{rooms}"
         f"{n} request{'s' * (n != 1)}, {in_flight}"
         f"{tenants} tenant{'s' * (tenants != 1)}, {ranks} prefill rank{'s' * (ranks != 1)}, "
         f"at most {config.max_faults} fault{'s' * (config.max_faults != 1)}{retries}"

@@ -26,6 +26,7 @@ Generation = NewType("Generation", int)
 Room = NewType("Room", int)
 TenantId = NewType("TenantId", str)
 Placement = Literal["any", "fixed"]
+RoomChoice = Literal["fixed", "any"]
 
 
 class ConfigError(ValueError):
@@ -98,6 +99,14 @@ class Config:
     `fixed`: where each request says (`RequestSpec.prefill_instance`, `decode_instance`; in
     `--set requests=` as `TENANT:PAGES:ROOM:P/D`). With one instance of each the two are one
     scenario."""
+    rooms: RoomChoice = "fixed"
+    """Who picks each request's room. `fixed`: the scenario, as each request says
+    (`RequestSpec.room`). `any`: the client, as it likes (SGLang takes a client's
+    `bootstrap_room`; fan-outs share one): every run of such clients is a run of one fixed
+    choice of rooms, since a request keeps the room it was submitted with, and the rules only
+    ever ask whether two rooms are equal, so the checkers search every way of sharing rooms
+    among the requests (the requests' own rooms ignored; see `placements`) and a verdict covers
+    them all."""
     max_active: int = 1
     """Requests the router lets be in progress at once (submitted and not yet answered)."""
     submit_in_order: bool = True
@@ -177,6 +186,11 @@ class Config:
             raise ConfigError(
                 f"placement must be one of {', '.join(get_args(Placement))}, got {self.placement!r}"
             )
+        if self.rooms not in get_args(RoomChoice):
+            raise ConfigError(
+                f"rooms must be one of {', '.join(get_args(RoomChoice))} (fixed: as each request "
+                f"says; any: chosen by the client, every choice checked), got {self.rooms!r}"
+            )
         if self.max_active < 1:
             raise ConfigError(f"max_active must be at least 1, got {self.max_active!r}")
         if not self.requests:
@@ -229,6 +243,8 @@ class Config:
                 del data[name]
         if data["placement"] == "any":
             del data["placement"]
+        if data["rooms"] == "fixed":
+            del data["rooms"]
         requests = []
         for r in self.requests:
             item = asdict(r)
@@ -267,44 +283,66 @@ class Config:
 
 
 def placements(config: Config) -> list[Config]:
-    """The fixed placements a router that places as it likes (`placement="any"`) can make of
-    `config`'s requests, one per class of placements equal up to renaming the instances.
+    """The fixed scenarios that together make up `config`'s choices: where a router that places
+    as it likes (`placement="any"`) puts each request, and which rooms clients that choose them
+    (`rooms="any"`) give the requests; one per class of choices equal up to renaming.
 
-    A request is placed when it is submitted and stays there, so every run of such a router is a
-    run of one fixed placement, and checking each fixed placement checks the router. Prefill
-    instances are interchangeable (nothing in the model orders them), and so are decode
-    instances with pools of the same size: renaming them maps one placement's runs onto the
-    other's, page block onto page block, keeping the order of pages within each block (the only
-    order the rules read). So a placement is kept only in its canonical form: each instance is
-    first used by a request after every lower-numbered one (for decode instances only where all
-    pools are the same size). With one instance of each, or `placement="fixed"`, the list is
-    `[config]`."""
-    if config.placement == "fixed" or (
-        config.prefill_instances == 1 and config.decode_instances == 1
-    ):
+    A request is placed, and has its room, when it is submitted, and keeps both, so every run of
+    such a router and such clients is a run of one fixed choice, and checking each fixed choice
+    checks them. Prefill instances are interchangeable (nothing in the model orders them), and so
+    are decode instances with pools of the same size: renaming them maps one placement's runs
+    onto the other's, page block onto page block, keeping the order of pages within each block
+    (the only order the rules read). Rooms are only ever compared for equality, so what matters
+    of a choice of rooms is which requests share one. So a choice is kept only in its canonical
+    form: each instance (each room, numbered from 1) is first used by a request after every
+    lower-numbered one (for decode instances only where all pools are the same size): two
+    requests give 2 choices of rooms, three give 5. With one instance of each and the rooms as
+    given (`placement="fixed"` or one instance; `rooms="fixed"`), the list is `[config]`."""
+    place = config.placement == "any" and (
+        config.prefill_instances > 1 or config.decode_instances > 1
+    )
+    if not place and config.rooms == "fixed":
         return [config]
+    n = len(config.requests)
     sizes = [
         sum(1 for q in range(config.decode_pages) if config.page_instance(q) == i)
         for i in range(config.decode_instances)
     ]
     decode_symmetric = len(set(sizes)) == 1
 
-    def choices(n: int, symmetric: bool) -> list[tuple[int, ...]]:
+    def choices(k: int, symmetric: bool) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []
-        for combo in itertools.product(range(n), repeat=len(config.requests)):
+        for combo in itertools.product(range(k), repeat=n):
             if symmetric and any(x > max(combo[:i], default=-1) + 1 for i, x in enumerate(combo)):
                 continue
             out.append(combo)
         return out
 
+    given = config.requests
+    rooms = (
+        [tuple(r.room for r in given)]
+        if config.rooms == "fixed"
+        else [tuple(x + 1 for x in combo) for combo in choices(n, True)]
+    )
+    prefill = (
+        choices(config.prefill_instances, True)
+        if place
+        else [tuple(r.prefill_instance for r in given)]
+    )
+    decode = (
+        choices(config.decode_instances, decode_symmetric)
+        if place
+        else [tuple(r.decode_instance for r in given)]
+    )
     out = []
-    for ps in choices(config.prefill_instances, True):
-        for ds in choices(config.decode_instances, decode_symmetric):
-            requests = tuple(
-                replace(r, prefill_instance=p, decode_instance=d)
-                for r, p, d in zip(config.requests, ps, ds, strict=True)
-            )
-            out.append(replace(config, requests=requests, placement="fixed"))
+    for room in rooms:
+        for ps in prefill:
+            for ds in decode:
+                requests = tuple(
+                    replace(r, room=m, prefill_instance=p, decode_instance=d)
+                    for r, m, p, d in zip(given, room, ps, ds, strict=True)
+                )
+                out.append(replace(config, requests=requests, placement="fixed", rooms="fixed"))
     return out
 
 
@@ -423,7 +461,7 @@ def parse_set(base: Config, assignments: list[str]) -> Config:
             raise ConfigError(f"--set {key}: unknown key; known keys: {', '.join(sorted(types))}")
         if key == "requests":
             changes[key] = _parse_requests(value)
-        elif key == "placement":
+        elif key in ("placement", "rooms"):
             changes[key] = value.strip()  # checked against the choices by `Config`
         elif types[key] in ("bool", bool):
             if value.lower() not in ("true", "false", "1", "0"):
@@ -447,6 +485,7 @@ __all__ = [
     "RequestIndex",
     "RequestSpec",
     "Room",
+    "RoomChoice",
     "TenantId",
     "default_config",
     "parse_set",
