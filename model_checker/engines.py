@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kvhandoff.model_checker.explore import explore, union_of_placements
@@ -270,7 +270,15 @@ def run_engine(name: str, variant: Variant, config: Config, options: EngineOptio
         else:
             # A router placing as it likes on several instances: each fixed placement, as the
             # explorer does (`explore`), and one result from theirs.
-            runs = [ENGINES[name](variant, c, options) for c in fixed]
+            runs = []
+            for choice in fixed:
+                run = ENGINES[name](variant, choice, options)
+                runs.append(run)
+                if run.scope == "any-size" and run.verdict == "safe":
+                    # A proof for any size is one for every configuration, so for every
+                    # other choice too: it is not made again for each.
+                    runs += [replace(run, config=c, seconds=0.0) for c in fixed[len(runs) :]]
+                    break
             result = union_of_placements(config, runs)
     except EngineCannotEncode as exc:
         return EngineRun(name, None, str(exc), time.perf_counter() - started)

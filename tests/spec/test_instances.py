@@ -18,7 +18,7 @@ import pytest
 
 from kvhandoff.cli.main import main
 from kvhandoff.conformance.target import UnsupportedScenario, require_one_prefill_rank
-from kvhandoff.model_checker.engines import EngineOptions, run_engine
+from kvhandoff.model_checker.engines import ENGINES, EngineOptions, run_engine
 from kvhandoff.model_checker.explore import StateGraph, build_graph, explore
 from kvhandoff.model_checker.result import CheckResult
 from kvhandoff.model_checker.z3_crosscheck import accepted_non_edges, edge_mismatches
@@ -296,15 +296,26 @@ def test_one_instance_is_every_checker_s_and_keeps_the_small_state_space() -> No
     assert explore(get_variant("reference"), config).states == 5040  # as on main before instances
 
 
-def test_prove_proves_the_reference_any_size_on_several_instances() -> None:
+def test_prove_proves_the_reference_any_size_on_several_instances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The any-size model reads where requests are placed and whose pool a page is in as free
     functions (any number of instances, any placement, any split of the pool): one proof for
-    every placement of the scenario, scoped so."""
+    every placement of the scenario, scoped so, and made once."""
     config = parse_set(
         Config(),
         [*SMALL, "decode_pages=4", "prefill_instances=2", "decode_instances=2", "max_crashes=0"],
     )
+    proofs: list[Config] = []
+    prove = ENGINES["prove"]
+
+    def counted(variant: Any, config: Config, options: EngineOptions) -> CheckResult:
+        proofs.append(config)
+        return prove(variant, config, options)
+
+    monkeypatch.setitem(ENGINES, "prove", counted)
     run = run_engine("prove", get_variant("reference"), config, EngineOptions(timeout=120))
+    assert len(proofs) == 1
     assert run.result is not None
     assert run.result.verdict == "safe"
     assert run.result.scope == "any-size"
