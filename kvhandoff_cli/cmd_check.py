@@ -245,7 +245,7 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
     if placed:
         # A router that places as it likes, or clients that choose rooms: every choice was
         # searched (spec.config.placements).
-        rooms = ":room " in placed[0]["placement"]
+        rooms = bool(result.extra.get("rooms_chosen"))
         several = result.config.prefill_instances > 1 or result.config.decode_instances > 1
         label = ("placements and room choices" if several else "room choices") if rooms else ""
         what = "request:tenant" + (":room" if rooms else "")

@@ -574,6 +574,7 @@ def union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
     ]
     extra = dict(worst.extra)
     extra["placements"] = summary
+    extra["rooms_chosen"] = config.rooms == "any"
     if all("transitions" in run.extra for run in runs):  # the explorer's figures
         extra.update(
             transitions=sum(run.extra["transitions"] for run in runs),
