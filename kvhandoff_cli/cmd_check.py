@@ -227,11 +227,20 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
     if "obligations_total" in result.extra:
         print(
             f"  {result.extra['obligations_proved']}/{result.extra['obligations_total']} proof "
-            f"obligations discharged (scope: {result.extra.get('scope')})"
+            f"obligations discharged (scope: "
+            f"{result.extra.get('obligations_scope', result.extra.get('scope'))})"
         )
         for o in result.extra.get("failed_obligations", [])[:5]:
             where = f" under {o['action']}" if o["action"] else ""
             print(f"  FAILED obligation: {o['kind']} of {o['invariant']}{where}")
+        fixed = result.extra.get("fixed_config_proof")
+        if fixed is not None:
+            # prove's second proof, on the configuration, of what the any-size one left.
+            print(
+                f"  {fixed['obligations_proved']}/{fixed['obligations_total']} proof "
+                "obligations discharged on this configuration, for the properties not proved "
+                "for any size (scope: fixed-config)"
+            )
     elif result.extra.get("scope"):
         print(f"  scope: {result.extra['scope']}")
     if result.extra.get("cti"):

@@ -9,6 +9,12 @@
 2. Otherwise discharge the same obligations on the fixed-configuration encoding, per spec action
    and invariant (`z3_invariants`): scope `"fixed-config"`, and the result says why not any size
    (`extra["any_size_unavailable"]`).
+3. A property the any-size proof leaves unproved, and for which BMC finds no counterexample at
+   the configuration, is proved on the fixed-configuration encoding (step 2's obligations, made
+   once): it `holds` with scope `fixed-config` (`PropertyResult.scope`), the others keep
+   `any-size`, and the result as a whole covers the narrower scope (`extra["scope"]`,
+   `extra["any_size_properties"]`). Room-keyed matching's `rejected_request_gets_error_not_output`
+   is such a property (docs/z3.md).
 
 Every obligation is listed in `extra["obligations"]`. Each property is reported on its own: when
 obligations fail, the claims (invariants and properties) that failed are dropped and the rest
@@ -34,7 +40,7 @@ from typing import Any
 
 import z3
 
-from kvhandoff.model_checker.result import CheckResult, PropertyResult
+from kvhandoff.model_checker.result import CheckResult, PropertyResult, Scope
 from kvhandoff.model_checker.z3_derived import Obligation
 from kvhandoff.model_checker.z3_encoding import CannotEncode, Encoding
 from kvhandoff.model_checker.z3_engines import (
@@ -154,6 +160,7 @@ def prove(
             obligations = run(None)
         except Untranslatable as exc:
             why_not = f"outside the derived any-size model: {exc}"
+    scope: Scope
     if why_not is None:
         scope = "any-size"
     else:
@@ -165,6 +172,9 @@ def prove(
     failed = [o for o in obligations if o.verdict != "proved"]
     extra: dict[str, Any] = {
         "scope": scope,
+        # The scope of these obligations' proof; `scope` narrows if a property is then proved
+        # on the configuration only (`_FixedProof`).
+        "obligations_scope": scope,
         "obligations": [o.to_json() for o in obligations],
         "obligations_proved": len(obligations) - len(failed),
         "obligations_total": len(obligations),
@@ -204,6 +214,7 @@ def prove(
     search = None
     no_search: str | None = None
     results = []
+    fixed: _FixedProof | None = None
     for p in ALWAYS:
         if p.name in proved and not vacuity:
             detail = f"inductive invariant, {len(obligations)} obligations ({scope})"
@@ -212,7 +223,7 @@ def prove(
                     f"inductive with the {len(proved)} claims that survive the failed "
                     f"obligations ({scope})"
                 )
-            results.append(PropertyResult(p.name, "holds", detail=detail))
+            results.append(PropertyResult(p.name, "holds", detail=detail, scope=scope))
             continue
         if p.name in proved:
             results.append(
@@ -238,6 +249,24 @@ def prove(
         what = f"{first.kind} of {first.invariant}" + (
             f" under {first.action}" if first.action else ""
         )
+        if scope == "any-size" and p.name not in proved:
+            # Not inductive for every size, and no counterexample here: it may still hold for
+            # this configuration (room-keyed matching's `rejected_request_gets_error_not_output`
+            # does, docs/z3.md), which the fixed-configuration proof settles. Said per property:
+            # the others keep the any-size proof they have.
+            if fixed is None:
+                fixed = _FixedProof(variant, config, timeout)
+            held = fixed.holds(p.name)
+            if held is not None:
+                results.append(
+                    PropertyResult(
+                        p.name,
+                        "holds",
+                        detail=f"{held}; not for every size: {what} fails any-size",
+                        scope="fixed-config",
+                    )
+                )
+                continue
         why = "unknown" if first.verdict == "unknown" else "fails"
         leans = "" if first in failed else " once the claims that failed are no longer assumed"
         detail = f"proof {why}: {what}{leans}; " + (
@@ -246,6 +275,17 @@ def prove(
             else f"no BMC search ({no_search}: use the explorer)"
         )
         results.append(PropertyResult(p.name, "unknown", detail=detail))
+    if fixed is not None:
+        extra["fixed_config_proof"] = fixed.to_json()
+        if any(r.scope == "fixed-config" for r in results if r.verdict == "holds"):
+            # What the whole result covers is what its narrowest `holds` covers; each property
+            # keeps its own scope (`PropertyResult.scope`).
+            extra["scope"] = "fixed-config"
+            extra["any_size_properties"] = [
+                r.property for r in results if r.verdict == "holds" and r.scope == "any-size"
+            ]
+    if scope == "any-size" and variant.design.matching != "request":
+        extra["any_size_instances"] = "one of each"
     return CheckResult(
         variant.name,
         "prove",
@@ -255,6 +295,56 @@ def prove(
         seconds=time.perf_counter() - started,
         extra=extra,
     )
+
+
+class _FixedProof:
+    """The fixed-configuration proof of the claims the any-size proof left, made once when the
+    first of them needs it: its obligations (Houdini rounds, `_inductive_subset`) and the
+    movement check of its encoding, as `prove` makes them for a variant outside the any-size
+    model."""
+
+    def __init__(self, variant: Variant, config: Config, timeout: float | None) -> None:
+        self.obligations: list[Obligation] = []
+        self.proved: set[str] = set()
+        self.rounds = 0
+        self.failed: list[Obligation] = []
+        self.vacuity: list[str] = []
+        self.cannot_encode: str | None = None
+        run = _FixedRounds(variant, config, timeout)
+        try:
+            self.obligations = run(None)
+        except CannotEncode as exc:
+            # Client retries with several prefill ranks: outside the fixed encoding's layout.
+            self.cannot_encode = str(exc)
+            return
+        self.proved, self.rounds, _ = _inductive_subset(run, self.obligations)
+        self.failed = [o for o in self.obligations if o.verdict != "proved"]
+        if any(p.name in self.proved for p in ALWAYS):
+            movement = fixed_movement_cached(variant, config, DEFAULT_BMC_DEPTH, timeout=timeout)
+            self.vacuity = list(movement.problems)
+
+    def holds(self, name: str) -> str | None:
+        """How `name` was proved on the configuration (None: it was not, or the model is
+        vacuous)."""
+        if name not in self.proved or self.vacuity:
+            return None
+        n = len(self.obligations)
+        if self.failed:
+            return (
+                f"inductive with the {len(self.proved)} claims that survive the failed "
+                f"obligations ({n} obligations, fixed-config)"
+            )
+        return f"inductive invariant, {n} obligations (fixed-config)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "obligations_proved": len(self.obligations) - len(self.failed),
+            "obligations_total": len(self.obligations),
+            "proved": sorted(self.proved),
+            "rounds": self.rounds,
+            **({"vacuity": self.vacuity} if self.vacuity else {}),
+            **({"cannot_encode": self.cannot_encode} if self.cannot_encode else {}),
+        }
 
 
 def _run_derived(
@@ -293,20 +383,23 @@ class _FixedRounds:
 def _derived_why_not(variant: Variant, config: Config) -> str | None:
     """Why the derived any-size model cannot prove this variant (None when it can). It reads the
     variant's own formulas (replaced guards and effects, added actions, state fields); what it
-    lacks is a design outside its fragment and more than one prefill rank (and a construct it
-    refuses when translating, which `prove` reports the same way). Room-keyed matching it reads
-    (with the invariants of `spec.invariants.invariants_for`), but `prove` reports one scope for
-    all properties, and there `rejected_request_gets_error_not_output` can hold for the
-    configuration and not for every size (docs/z3.md, "The invariants"): the fixed
-    configuration is the scope that proves all that holds."""
+    lacks is a design outside its fragment, more than one prefill rank, and, under room-keyed
+    matching, more than one instance of each (and a construct it refuses when translating,
+    which `prove` reports the same way). Room-keyed matching with one instance of each it reads
+    (with the invariants of `spec.invariants.invariants_for`); there
+    `rejected_request_gets_error_not_output` can hold for the configuration and not for every
+    size (docs/z3.md, "The invariants"), and `prove` proves it on the configuration instead,
+    saying so for that property alone (`_FixedProof`)."""
     from kvhandoff.model_checker.z3_derived import supports as derived_supports
 
     why_not = derived_supports(variant.design)
-    if why_not is None and variant.design.matching != "request":
+    several = config.prefill_instances > 1 or config.decode_instances > 1
+    if why_not is None and variant.design.matching != "request" and several:
         why_not = (
-            "room-keyed matching (a grant, abort or failure notice taken by another request on "
-            "its room): rejected_request_gets_error_not_output holds there for some "
-            "configurations, not for every size (docs/z3.md, 'The invariants')"
+            f"room-keyed matching with {config.prefill_instances} prefill and "
+            f"{config.decode_instances} decode instances: under room-keyed matching the any-size "
+            "model keeps one instance of each (a request may take another decode instance's "
+            "grant; docs/z3.md, 'The any-size model')"
         )
     if why_not is None and config.prefill_ranks > 1:
         why_not = (

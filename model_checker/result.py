@@ -72,6 +72,10 @@ class PropertyResult:
     loop_start: int | None = None
     """For a lasso (a cycle that never ends): index of the first step of the repeating part."""
     detail: str = ""
+    scope: Scope | None = None
+    """What this property's `holds` covers, where an engine says so per property (`prove`: some
+    properties may be proved for any size and others for the configuration only); None: the
+    result's scope."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -82,6 +86,8 @@ class PropertyResult:
         }
         if self.loop_start is not None:
             out["loop_start"] = self.loop_start
+        if self.scope is not None:
+            out["scope"] = self.scope
         if self.detail:
             out["detail"] = self.detail
         return out
@@ -124,18 +130,25 @@ class CheckResult:
         """The scope in words, with the configuration: what exit 0 would mean."""
         if self.scope == "any-size":
             # The any-size model leaves `max_retries` free only where the scenario has retries:
-            # without them the retry's action is left out, and the scope says so.
+            # without them the retry's action is left out, and the scope says so. Under
+            # room-keyed matching it keeps one instance of each (docs/z3.md).
+            one = self.extra.get("any_size_instances") == "one of each"
+            counted = ["requests", "tenants", "faults"] + ([] if one else ["instances"])
+            tail = "; one prefill and one decode instance" if one else ""
             if self.config.max_retries > 0:
-                return (
-                    "any size (every pool size and number of requests, tenants, faults, "
-                    "instances and client retries)"
-                )
+                counted.append("client retries")
+                tail += ")"
+            else:
+                tail += "; no client retries: --set max_retries=1 covers any number)"
             return (
-                "any size (every pool size and number of requests, tenants, faults and "
-                "instances; "
-                "no client retries: --set max_retries=1 covers any number)"
+                f"any size (every pool size and number of {', '.join(counted[:-1])} and "
+                f"{counted[-1]}{tail}"
             )
         where = f"this configuration ({config_summary(self.config)})"
+        wider = self.extra.get("any_size_properties")
+        if wider and self.scope == "fixed-config":
+            # prove: some properties were proved for any size, and the result says which.
+            where += f"; {', '.join(wider)} for any size"
         if self.scope == "bounded":
             depth = min(r.depth or 0 for r in self.results if r.verdict == "bounded")
             return f"{where}, paths of at most {depth} steps"

@@ -58,7 +58,7 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
   model keeps one instance of each (every instance term reads 0): a request may take another
   decode instance's grant there, and prefill tells that grant's instance by its pages, so the
   room-keyed claims need "a grant names a page", which the model's loose counts cannot show
-  (`prove` proves room-keyed designs on the fixed configuration anyway).
+  (`prove` proves room-keyed designs with several instances on the fixed configuration).
 * **The scenario's facts** (`over_prefill_limit`, `prompt_pages`, `room`, `tenant`, the fault
   limits, `waits_for`, `truncated_len`) are rigid and unconstrained: every configuration at once.
 * **Derived symbols** are their definitions over the state: `answered`/`answered_ok`/

@@ -145,15 +145,47 @@ def test_room_keyed_with_binding_lets_prefill_write_for_a_request_decode_refused
     assert explore(REFERENCE, config).result_for(broken.property).verdict == "holds"
 
 
-def test_the_fixed_config_prove_proves_every_safety_property_of_room_keyed_with_binding() -> None:
-    # prove takes the fixed configuration for room-keyed matching (one property holds for it and
-    # not for every size, below): every obligation proved (about 24 s).
+def test_prove_proves_room_keyed_with_binding_for_any_size_but_one_property() -> None:
+    # The any-size proof takes six of the seven safety properties; the seventh holds for the
+    # configuration and not for every size (below), and is proved on the configuration alone
+    # (about 40 s: both proofs).
     result = prove(get_variant("room_keyed_with_binding"), Config(), timeout=60)
-    assert result.extra["scope"] == "fixed-config"
-    assert "room-keyed matching" in result.extra["any_size_unavailable"]
-    assert result.extra["obligations_proved"] == result.extra["obligations_total"]
-    verdicts = {r.property: r.verdict for r in result.results}
-    assert all(verdicts[p] == "holds" for p in SAFETY)
+    assert result.verdict == "safe"
+    scopes = {r.property: r.scope for r in result.results if r.verdict == "holds"}
+    assert set(scopes) == set(SAFETY)
+    narrow = "rejected_request_gets_error_not_output"
+    assert scopes.pop(narrow) == "fixed-config"
+    assert set(scopes.values()) == {"any-size"}
+    assert result.extra["obligations_scope"] == "any-size"
+    assert result.extra["any_size_instances"] == "one of each"
+    fixed = result.extra["fixed_config_proof"]
+    assert fixed["obligations_proved"] == fixed["obligations_total"] and narrow in fixed["proved"]
+    # The result as a whole covers the narrower scope, and names what is wider.
+    assert result.scope == "fixed-config"
+    assert sorted(result.extra["any_size_properties"]) == sorted(scopes)
+    assert result.scope_text().startswith("this configuration (")
+    assert "no_cross_tenant_read" in result.scope_text().split(";")[-1]
+
+
+def test_room_keyed_designs_with_several_instances_are_proved_on_the_configuration() -> None:
+    from kvhandoff.model_checker.prove import _derived_why_not
+
+    room = get_variant("room_keyed_with_binding")
+    assert _derived_why_not(room, Config()) is None
+    several = parse_set(Config(), ["decode_instances=2", "decode_pages=4"])
+    why = _derived_why_not(room, several)
+    assert why is not None and "keeps one instance of each" in why
+    assert _derived_why_not(REFERENCE, several) is None  # request-keyed: any number
+
+
+def test_the_scope_of_a_one_instance_any_size_proof_says_so() -> None:
+    from kvhandoff.model_checker.result import CheckResult
+
+    one = {"scope": "any-size", "any_size_instances": "one of each"}
+    text = CheckResult("v", "prove", Config(), [], extra=one).scope_text()
+    assert "one prefill and one decode instance" in text and "instances;" not in text
+    text = CheckResult("v", "prove", Config(), [], extra={"scope": "any-size"}).scope_text()
+    assert "faults and instances" in text and "one prefill" not in text
 
 
 @pytest.mark.slow
