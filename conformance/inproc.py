@@ -74,6 +74,7 @@ class _Writer:
 
 class InProcTarget(Target):
     name = "inproc"
+    one_timeout_at_a_time = True
     fine_grained = True
     retries = True
 
@@ -312,10 +313,22 @@ class InProcTarget(Target):
         return True
 
     def fire_timeout(self, r: int) -> bool:
-        view = self.decode.grant_of(RequestId(self.request_id(r)))
+        rid = RequestId(self.request_id(r))
+        view = self.decode.grant_of(rid)
         if view is None or view.state != "waiting":
             return False
-        self.now += self.waiting_timeout + 1
+        # The clock moves to r's deadline and no further: the spec's timeout is one request's,
+        # and another request waiting at decode (a cancelled one whose cancel has not reached
+        # decode, say) must not time out with it. Each admission moves the clock on
+        # (`_deliver`), so deadlines differ; where another's has passed too, the step is
+        # refused rather than played as two.
+        now = max(self.now, view.deadline)
+        for other in self.decode.active_requests():
+            seen = self.decode.grant_of(other)
+            if other != rid and seen is not None and seen.state == "waiting":
+                if seen.deadline <= now:
+                    return False
+        self.now = now
         self._to_decode(dc.Tick(self.now))
         return True
 
@@ -600,6 +613,8 @@ class InProcTarget(Target):
         elif k == "decode_submit":
             c = p.payload
             self.tokens += 1
+            # A second apart (the waiting timeout is 30 s): each request's deadline its own.
+            self.now += 1.0
             reply = self._to_decode(
                 dc.SubmitRequest(
                     c.request_id,

@@ -157,6 +157,16 @@ class Session:
             self.validator.take_silent(action)
 
         self.steps.append(StepRecord(action, performed, len(self.events) - before))
+        row = counterpart(action)
+        if performed and row is not None and row.logs_at_once and self.target.fine_grained:
+            logged = {str(ev.get("event")) for ev in self.events[before:]}
+            if not logged & set(row.events):
+                raise Divergence(
+                    "missing_event",
+                    "conformance",
+                    f"the target performed {action_name(action)} but logged none of "
+                    f"{', '.join(row.events)} (it logged: {', '.join(sorted(logged)) or 'nothing'})",
+                )
         if self.probes:
             self._probe()
         return performed

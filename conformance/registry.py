@@ -49,6 +49,11 @@ class Counterpart:
     silent: str = ""
     """When and why the implementation takes this step without a log line of its own (always,
     when `events` is empty); the validator then takes the spec step silently or as a stutter."""
+    logs_at_once: bool = False
+    """The target takes the step within the call that performs it, and logs one of `events`
+    there: a fine-grained target that says it performed the step and logged none of them
+    diverges (`lockstep.Session.do`). Without it, a worker that skipped the step could pass,
+    its log explained by a run in which the fault never happened (the spec allows that run)."""
 
 
 def _attempt(action: Any) -> int | None:
@@ -125,8 +130,9 @@ def _row(
     events: tuple[str, ...] = (),
     note: str = "",
     silent: str = "",
+    logs_at_once: bool = False,
 ) -> Counterpart:
-    return Counterpart(name, op[0], op[1], events, note, silent)
+    return Counterpart(name, op[0], op[1], events, note, silent, logs_at_once)
 
 
 REGISTRY: tuple[Counterpart, ...] = (
@@ -277,6 +283,7 @@ REGISTRY: tuple[Counterpart, ...] = (
         "whose grant prefill acknowledged; the in-process target therefore refuses the step "
         "while a grant decode waits on is undelivered (in flight or lost), where the spec's "
         "decode, which does not track delivery, fails that request too",
+        logs_at_once=True,
     ),
     _row(
         "prefill_lease_expire",

@@ -105,13 +105,17 @@ class Target(abc.ABC):
     speaks of, is unchanged). The campaign sets it per program to play prompts that end inside
     a page; a target that builds prompts should honour it (`prompt_tokens`)."""
     fine_grained: bool = True
+    """True when `deliver`/`drop`/`duplicate` control single messages (lockstep possible); a
+    coarse target supports only submit, cancel, crashes and `settle`, and is judged on its log."""
     retries: bool = False
     """True when the target plays the spec's `router_retry_request` (`retry`): the client
     resubmits a failed request under the same id, and the implementation numbers the attempt.
     `deliver` then takes the spec message's `attempt` too, to pick the message of that attempt
     where a first attempt's late message and the retry's are both pending."""
-    """True when `deliver`/`drop`/`duplicate` control single messages (lockstep possible); a
-    coarse target supports only submit, cancel, crashes and `settle`, and is judged on its log."""
+    one_timeout_at_a_time: bool = False
+    """True when `fire_timeout(r)` times out request r alone, refusing the step (False) where it
+    cannot: the campaign then plays decode's waiting timeout with several requests in flight.
+    A target whose clock fires every waiting request's timeout at once leaves it False."""
 
     @abc.abstractmethod
     def start(self, config: Config, mode: str) -> None:

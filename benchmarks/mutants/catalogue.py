@@ -249,6 +249,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "            req.prefill_epoch = ev.prefill_epoch",
         "            pass",
     ),
+    _m(
+        "stale_attempt_notice_taken",
+        "decode takes prefill's failure notice whatever attempt it names: a retried request's "
+        "first-attempt notice, late, fails the retry (the spec's attempt fence on notices)",
+        DECODE,
+        "        if req is not None and req.attempt != ev.attempt:\n"
+        "            # A notice of another attempt",
+        "        if False and req is not None and req.attempt != ev.attempt:\n"
+        "            # A notice of another attempt",
+        conform_args=("--max-retries", "1"),
+    ),
+    _m(
+        "partition_heal_not_noticed",
+        "once decode has taken prefill for dead, a health check that answers again (a partition "
+        "healed, the same boot epoch) does not bring it back: decode goes on releasing aborted "
+        "requests' pages at once, as if no write of theirs could still arrive, and cannot take "
+        "prefill for dead again when the next partition comes",
+        DECODE,
+        "        self._heartbeat_misses = 0\n        self._prefill_dead = False\n",
+        "        self._heartbeat_misses = 0\n",
+    ),
+    _m(
+        "suspected_prefill_requests_not_failed",
+        "decode takes prefill for dead after missed health checks but fails none of the requests "
+        "waiting on it: they wait for a completion that may never come (M15's hang, by another "
+        "path)",
+        DECODE,
+        "        self._prefill_dead = True\n"
+        "        return self._fail_after_prefill_loss(\n"
+        '            self._prefill_epoch, None, "prefill stopped answering health checks"\n'
+        "        )\n",
+        "        self._prefill_dead = True\n        return []\n",
+    ),
     # ------------------------------------------------------------------ prefill
     _m(
         "oversized_prompt_truncated",
@@ -357,6 +390,15 @@ MUTANTS: tuple[Mutant, ...] = (
         conform_args=("--max-retries", "1"),
     ),
     # ------------------------------------------------------------------ router
+    _m(
+        "retry_keeps_the_attempt_number",
+        "the router hands a client's retry to the workers under the failed attempt's number, so "
+        "they cannot tell the retry's messages from the first attempt's",
+        ROUTER,
+        "            attempt, room = failed.attempt + 1, failed.room",
+        "            attempt, room = failed.attempt, failed.room",
+        conform_args=("--max-retries", "1"),
+    ),
     _m(
         "router_window_off_by_one",
         "the router refuses a prompt of exactly the context window",

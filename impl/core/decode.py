@@ -308,6 +308,9 @@ class GrantView:
     token: bytes
     state: str
     written: tuple[PageId, ...]
+    deadline: float
+    """When decode next acts on its own: gives up waiting (waiting), or re-sends its abort or,
+    in M8's mode, releases (releasing)."""
 
 
 @dataclass(frozen=True)
@@ -378,7 +381,9 @@ class DecodeCore:
         r = self._requests.get(request_id)
         if r is None:
             return None
-        return GrantView(r.room, r.generation, r.pages, r.token, r.state.value, tuple(r.written))
+        return GrantView(
+            r.room, r.generation, r.pages, r.token, r.state.value, tuple(r.written), r.deadline
+        )
 
     # ------------------------------------------------------------------ entry point
 

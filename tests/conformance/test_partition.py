@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from kvhandoff.conformance import campaign
 from kvhandoff.conformance.inproc import InProcTarget
-from kvhandoff.conformance.lockstep import Session, run_program
+from kvhandoff.conformance.lockstep import Divergence, Session, run_program
 from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.validate import Ids, Validator
+from kvhandoff.impl.core import decode as dc
 from kvhandoff.spec import Config, get_variant
 from kvhandoff.spec.actions import (
     Action,
@@ -26,10 +30,11 @@ from kvhandoff.spec.actions import (
     RouterSubmitRequest,
     action_name,
 )
-from kvhandoff.spec.trace import Trace
+from kvhandoff.spec.trace import Trace, load_trace
 from tests.explored import explored
 
 CONFIG = replace(campaign.campaign_config(), max_partitions=1)
+DATA = Path(__file__).parent / "data"
 
 
 def _ids(config: Config) -> Ids:
@@ -135,3 +140,76 @@ def test_random_programs_with_a_partition_conform_and_their_logs_validate() -> N
         report = Validator(CONFIG, _ids(CONFIG)).run(session.events)
         assert report.ok, (seed, report.message)
     assert taken >= 10
+
+
+# --- what the default campaign plays, and what it must see logged -------------------------------
+
+
+def test_the_default_campaign_plays_partitions_and_names_what_it_never_enabled() -> None:
+    assert campaign.campaign_config().max_partitions == 2
+    report = campaign.run("inproc", "reference", traces=30, seed=0)
+    assert report.conforms and report.coverage is not None
+    coverage = report.coverage.to_json()
+    # Offered to the programs (about one in fifty of the default 1000 takes it; the mutation
+    # benchmark's partition mutants are killed there).
+    assert "decode_suspect_prefill_dead" in report.coverage.enabled
+    assert "decode_suspect_prefill_dead" not in coverage["actions_never_enabled"]
+    # Without --max-retries no program's spec offers a retry: the report says so.
+    assert "router_retry_request" in coverage["actions_never_enabled"]
+    assert "never enabled by these scenarios: " in report.coverage.summary()
+
+
+def test_a_decode_that_takes_prefill_for_dead_and_logs_nothing_diverges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker marks prefill dead and fails nothing. Its log alone is explained by a run
+    # without the partition (the spec allows it); the step was performed, so its event is due.
+    def silent(self: dc.DecodeCore, ev: dc.PrefillHeartbeat) -> list[dc.DecodeCommand]:
+        if ev.epoch is not None:
+            return self._observe_epoch(ev.epoch)
+        self._heartbeat_misses += 1
+        if self._heartbeat_misses >= self.config.prefill_dead_after_misses:
+            self._prefill_dead = True
+        return []
+
+    monkeypatch.setattr(dc.DecodeCore, "_on_heartbeat", silent)
+    session = _granted_and_writing()
+    with pytest.raises(Divergence) as caught:
+        session.do(DecodeSuspectPrefillDead())
+    assert caught.value.kind == "missing_event"
+    assert "decode_detect_prefill_restart" in caught.value.message
+
+
+def test_a_decode_that_never_sees_the_partition_heal_misses_the_second_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = dc.DecodeCore._observe_epoch
+
+    def sticky(self: dc.DecodeCore, epoch: int) -> list[dc.DecodeCommand]:
+        dead = self._prefill_dead
+        out = original(self, epoch)
+        self._prefill_dead = dead  # the answering probe does not bring prefill back
+        return out
+
+    config = replace(CONFIG, max_partitions=2, max_faults=2)
+    session = Session(InProcTarget(), config, "reference", probes=False)
+    for kind in (RouterSubmitRequest, PrefillAdmitRequest, DecodeAdmitRequest, PrefillReceiveGrant):
+        assert _take(session, kind)
+    monkeypatch.setattr(dc.DecodeCore, "_observe_epoch", sticky)
+    assert session.do(DecodeSuspectPrefillDead())
+    with pytest.raises(Divergence) as caught:
+        session.do(DecodeSuspectPrefillDead())
+    assert caught.value.kind == "missing_event"
+
+
+def test_a_timeout_fires_for_its_own_request_only() -> None:
+    # Found by the campaign once it played partitions (other draws): request 0, cancelled by
+    # the client, still waits at decode (the cancel has not reached it) when request 1 is
+    # admitted; the spec times out request 0. The target's clock used to jump past every
+    # deadline, timing request 1 out too, which no spec step explains.
+    trace = load_trace((DATA / "timeout_beside_a_cancelled_request.jsonl").read_text())
+    report = replay_trace(trace, "inproc", "reference")
+    assert report.conforms, report.summary()
+    timeouts = [e for e in report.events if e["event"] == "decode_waiting_timeout"]
+    assert [e["args"]["request_id"] for e in timeouts] == ["r0"]
+    assert report.answers["r1"]["ok"] is True
