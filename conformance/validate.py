@@ -337,6 +337,16 @@ class Matchers:
     def m_prefill_cancel_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
             return []
+        if _attempt(ev) < s.requests[r].attempt:
+            # The cancel of an earlier attempt of a retried request: the router's withdrawal of
+            # it on decode's failure (decode's abort, by another path), reaching prefill after
+            # the retry, or before it to a prefill that restarted and keeps it for that
+            # attempt's submission, which never comes. Never the retry's cancel: nothing of the
+            # retry changes (seed 3 of `conform --max-retries 1` took it for the retry's).
+            msgs = _of_attempt(_msgs(s, "abort", r, None), ev)
+            return [Match((PrefillReceiveAbort(m),), _grant_dropped(r)) for m in msgs] + [
+                Match((), _grant_dropped(r))
+            ]
         if not s.requests[r].p_cancel:
             # The router withdrawing the request on decode's failure: decode's abort, by
             # another path.

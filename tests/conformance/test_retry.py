@@ -12,7 +12,9 @@ from kvhandoff.conformance.inproc import InProcTarget
 from kvhandoff.conformance.registry import BY_ACTION
 from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.target import UnsupportedScenario, require_one_prefill_rank
+from kvhandoff.conformance.validate import Ids, Validator
 from kvhandoff.impl.core import prefill as pc
+from kvhandoff.spec.trace import load_trace
 
 DATA = Path(__file__).parent / "data"
 TRACE = DATA / "retry_stale_abort.jsonl"
@@ -74,3 +76,29 @@ def test_a_target_that_plays_no_retry_refuses_a_scenario_with_retries() -> None:
         require_one_prefill_rank(config)
     require_one_prefill_rank(config, retries=True)
     assert InProcTarget.retries is True
+
+
+def test_an_earlier_attempt_s_cancel_reaching_prefill_first_does_not_cancel_the_retry() -> None:
+    # Found by `conform --max-retries 1 --seed 3`: prefill restarts, decode fails attempt 0 and
+    # the router withdraws it; the client retries and cancels. The withdrawal of attempt 0
+    # reaches the restarted prefill first (an early cancel, kept for attempt 0), then the retry's
+    # submission: prefill admits attempt 1, rightly. The validator took the early cancel for the
+    # retry's own and could not explain the admission.
+    trace = load_trace((DATA / "retry_after_an_early_cancel.jsonl").read_text())
+    report = replay_trace(trace, InProcTarget())
+    assert report.conforms, report.first_divergence
+    events = [dict(e) for e in report.events]
+    (early,) = [
+        i
+        for i, e in enumerate(events)
+        if e["event"] == "prefill_cancel_request" and e["args"].get("early")
+    ]
+    assert "attempt" not in events[early]["args"]  # attempt 0
+    admit = events[early + 1]
+    assert admit["event"] == "prefill_admit_request" and admit["args"]["attempt"] == 1
+    ids = Ids(trace.config.page_size, {f"r{r}": r for r in range(len(trace.config.requests))})
+    assert Validator(trace.config, ids).run(events).ok
+    # Had that early cancel been the retry's own, admitting the retry would be unexplained.
+    events[early] = {**events[early], "args": {**events[early]["args"], "attempt": 1}}
+    report_then = Validator(trace.config, ids).run(events)
+    assert not report_then.ok and report_then.explained == early + 1
