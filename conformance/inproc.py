@@ -74,7 +74,6 @@ class _Writer:
 
 class InProcTarget(Target):
     name = "inproc"
-    one_timeout_at_a_time = True
     fine_grained = True
     retries = True
 

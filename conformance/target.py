@@ -112,10 +112,6 @@ class Target(abc.ABC):
     resubmits a failed request under the same id, and the implementation numbers the attempt.
     `deliver` then takes the spec message's `attempt` too, to pick the message of that attempt
     where a first attempt's late message and the retry's are both pending."""
-    one_timeout_at_a_time: bool = False
-    """True when `fire_timeout(r)` times out request r alone, refusing the step (False) where it
-    cannot: the campaign then plays decode's waiting timeout with several requests in flight.
-    A target whose clock fires every waiting request's timeout at once leaves it False."""
 
     @abc.abstractmethod
     def start(self, config: Config, mode: str) -> None:
