@@ -302,6 +302,15 @@ class HarnessServicer:
     def RestartDecode(self, request: Any, context: Any) -> Any:
         return self._on_target("RestartDecode", "restart_decode", request, context)
 
+    def SuspectPrefillDead(self, request: Any, context: Any) -> Any:
+        # A partition (spec decode_suspect_prefill_dead): performed or not, like a step.
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._capable(target, "suspect_prefill_dead", "SuspectPrefillDead")
+            return pb.Performed(performed=bool(target.suspect_prefill_dead()))
+
+        return self._serve("SuspectPrefillDead", context, body)
+
     def Settle(self, request: Any, context: Any) -> Any:
         return self._on_target("Settle", "settle", request, context)
 

@@ -282,6 +282,14 @@ class RemoteTarget(Target):
         except HarnessUnimplemented as exc:
             self._uncovered[op] = exc.detail
 
+    def suspect_prefill_dead(self) -> bool:
+        from kvhandoff.conformance.proto.rpc import pb
+
+        if not self.fine_grained:
+            return False
+        req = pb.SessionRef(session=self._session)
+        return self._optional("suspect_prefill_dead", "SuspectPrefillDead", req)
+
     def restart_prefill(self) -> None:
         self._restart("restart_prefill", "RestartPrefill")
 

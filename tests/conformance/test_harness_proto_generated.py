@@ -20,6 +20,7 @@ def test_every_target_operation_has_its_rpc() -> None:
     rpcs = set(harness_pb2.DESCRIPTOR.services_by_name["Harness"].methods_by_name)
     assert rpcs == {
         "Info", "Reset", "Submit", "Cancel", "Deliver", "Drop", "Retransmit", "Duplicate",
-        "FireTimeout", "PrefillAbort", "RestartPrefill", "RestartDecode", "Settle", "Events",
+        "FireTimeout", "PrefillAbort", "RestartPrefill", "RestartDecode", "SuspectPrefillDead",
+        "Settle", "Events",
         "Answers", "Quiescent", "Describe", "WaitAnswered", "Close", "Shutdown",
     }  # fmt: skip

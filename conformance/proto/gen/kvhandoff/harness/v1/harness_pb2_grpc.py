@@ -95,6 +95,11 @@ class HarnessStub:
                 request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
                 response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.FromString,
                 _registered_method=True)
+        self.SuspectPrefillDead = channel.unary_unary(
+                '/kvhandoff.harness.v1.Harness/SuspectPrefillDead',
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+                response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
+                _registered_method=True)
         self.Settle = channel.unary_unary(
                 '/kvhandoff.harness.v1.Harness/Settle',
                 request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
@@ -225,6 +230,13 @@ class HarnessServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SuspectPrefillDead(self, request, context):
+        """suspect_prefill_dead()
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Settle(self, request, context):
         """settle()
         """
@@ -343,6 +355,11 @@ def add_HarnessServicer_to_server(servicer, server):
                     servicer.RestartDecode,
                     request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
                     response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.SerializeToString,
+            ),
+            'SuspectPrefillDead': grpc.unary_unary_rpc_method_handler(
+                    servicer.SuspectPrefillDead,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
+                    response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.SerializeToString,
             ),
             'Settle': grpc.unary_unary_rpc_method_handler(
                     servicer.Settle,
@@ -710,6 +727,33 @@ class Harness:
             '/kvhandoff.harness.v1.Harness/RestartDecode',
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SuspectPrefillDead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvhandoff.harness.v1.Harness/SuspectPrefillDead',
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
             options,
             channel_credentials,
             insecure,
