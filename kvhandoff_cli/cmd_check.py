@@ -9,6 +9,7 @@ from typing import Any
 from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, UsageError
 from kvhandoff.model_checker.engines import (
     ENGINES,
+    PROVE_TIMEOUT,
     Combined,
     EngineOptions,
     EngineRun,
@@ -70,7 +71,7 @@ def register(sub: Any) -> None:
     )
     add_scenario_argument(p)
     p.add_argument("--depth", type=int, help="depth for bounded engines")
-    p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
+    add_timeout_argument(p)
     p.add_argument("--max-states", type=int, help="explicit search: stop after N states")
     p.add_argument(
         "--first",
@@ -111,6 +112,30 @@ def register(sub: Any) -> None:
     )
     v.add_argument("--json", action="store_true", help="print a JSON list")
     v.set_defaults(func=run_variants)
+
+
+def _solver_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"a solver timeout is 0 (no limit) or more seconds, got {text!r}"
+        )
+    return seconds
+
+
+def add_timeout_argument(p: argparse.ArgumentParser) -> None:
+    """`--timeout S`: seconds per solver call of the Z3 engines (`engines.solver_timeout`)."""
+    p.add_argument(
+        "--timeout",
+        type=_solver_seconds,
+        metavar="S",
+        help=f"seconds per solver call (Z3 engines). Default: {PROVE_TIMEOUT:g} for prove (an "
+        "obligation Z3 cannot decide in that time is reported unknown), no limit for bmc, kind "
+        "and spacer; 0: no limit for any",
+    )
 
 
 def add_scenario_argument(p: argparse.ArgumentParser) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvhandoff.cli.cmd_check import add_scenario_argument, scenario_name
+from kvhandoff.cli.cmd_check import add_scenario_argument, add_timeout_argument, scenario_name
 from kvhandoff.cli.main import EXIT_DISAGREE, EXIT_OK, EXIT_VIOLATED, UsageError
 from kvhandoff.model_checker.engines import ENGINES, EngineOptions, EngineRun, combine, run_engine
 from kvhandoff.model_checker.variant_loader import VariantLoadError, load_variant
@@ -78,7 +78,7 @@ def register(sub: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     add_scenario_argument(p)
     p.add_argument("--depth", type=int, help="depth for bounded engines")
-    p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
+    add_timeout_argument(p)
     p.add_argument(
         "--spacer-timeout",
         type=float,

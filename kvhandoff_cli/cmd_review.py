@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvhandoff.cli.cmd_check import add_scenario_argument
+from kvhandoff.cli.cmd_check import add_scenario_argument, add_timeout_argument
 from kvhandoff.cli.main import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_VIOLATED, UsageError
 
 DEFAULT_ENGINES = "explore,prove"
@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     add_scenario_argument(p)
-    p.add_argument("--timeout", type=float, help="seconds per solver call (Z3 engines)")
+    add_timeout_argument(p)
     p.add_argument("--out", metavar="FILE", help="write the page here instead of stdout")
     p.set_defaults(func=run_review)
 

@@ -41,7 +41,8 @@ class EngineOptions:
     depth: int | None = None
     """Search depth for bounded engines (BMC, k-induction); None uses the engine's default."""
     timeout: float | None = None
-    """Seconds per solver call; None means no limit."""
+    """Seconds per solver call. None: the engine's default (`PROVE_TIMEOUT` for prove, no limit
+    for the others); 0: no limit for any engine."""
     max_states: int | None = None
     """Explicit search only: stop after this many states (the verdict is then 'unknown')."""
     first: bool = False
@@ -158,7 +159,11 @@ def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResul
 
     result = _z3(
         lambda: bmc_cached(
-            variant, config, depth=options.depth, timeout=options.timeout, first=options.first
+            variant,
+            config,
+            depth=options.depth,
+            timeout=solver_timeout("bmc", options.timeout),
+            first=options.first,
         )
     )
     return bmc_completeness(variant, config, result)
@@ -167,19 +172,43 @@ def _bmc(variant: Variant, config: Config, options: EngineOptions) -> CheckResul
 def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from kvhandoff.model_checker.z3_engines import kinduction
 
-    return _z3(lambda: kinduction(variant, config, depth=options.depth, timeout=options.timeout))
+    return _z3(
+        lambda: kinduction(
+            variant, config, depth=options.depth, timeout=solver_timeout("kind", options.timeout)
+        )
+    )
+
+
+PROVE_TIMEOUT = 300.0
+"""prove's limit per solver call when none is given (seconds). Without one, an obligation Z3
+cannot decide (a reviewer's own variant can make one) holds the whole check, printing nothing,
+for ever; with it that obligation comes back `unknown` and is reported so. The catalogue's
+proofs take well under a second per call (the slowest whole proof about two minutes)."""
+
+
+def solver_timeout(engine: str, given: float | None) -> float | None:
+    """The limit per solver call `engine` runs under: `given`, or the engine's default when none
+    is given; 0 means no limit."""
+    if given is None:
+        return PROVE_TIMEOUT if engine == "prove" else None
+    if given < 0:
+        raise ValueError(f"a solver timeout must be 0 (no limit) or more seconds, got {given}")
+    return None if given == 0 else given
 
 
 def _prove(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from kvhandoff.model_checker.prove import prove
 
-    return _z3(lambda: prove(variant, config, timeout=options.timeout, depth=options.depth))
+    timeout = solver_timeout("prove", options.timeout)
+    result = _z3(lambda: prove(variant, config, timeout=timeout, depth=options.depth))
+    result.extra["solver_timeout_s"] = timeout
+    return result
 
 
 def _spacer(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
     from kvhandoff.model_checker.z3_engines import spacer
 
-    return _z3(lambda: spacer(variant, config, timeout=options.timeout))
+    return _z3(lambda: spacer(variant, config, timeout=solver_timeout("spacer", options.timeout)))
 
 
 ENGINES: dict[str, Engine] = {
