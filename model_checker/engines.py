@@ -182,8 +182,8 @@ def _kind(variant: Variant, config: Config, options: EngineOptions) -> CheckResu
 PROVE_TIMEOUT = 300.0
 """prove's limit per solver call when none is given (seconds). Without one, an obligation Z3
 cannot decide (a reviewer's own variant can make one) holds the whole check, printing nothing,
-for ever; with it that obligation comes back `unknown` and is reported so. The catalogue's
-proofs take well under a second per call (the slowest whole proof about two minutes)."""
+for ever; with it that obligation comes back `unknown` and is reported so. The slowest catalogue
+proof measured takes about two minutes in all (docs/z3.md)."""
 
 
 def solver_timeout(engine: str, given: float | None) -> float | None:
