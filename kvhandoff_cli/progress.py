@@ -32,6 +32,8 @@ _LABELS = {
     "steps": "{:,} steps",
     "stage": "stage {}",
     "variants": "{} variants",
+    "obligations": "{:,} obligations settled",
+    "checking": "now {}",
 }
 
 

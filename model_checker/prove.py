@@ -41,7 +41,7 @@ from typing import Any
 import z3
 
 from kvhandoff.model_checker.result import CheckResult, PropertyResult, Scope
-from kvhandoff.model_checker.z3_derived import Obligation
+from kvhandoff.model_checker.z3_derived import Obligation, report_obligation
 from kvhandoff.model_checker.z3_encoding import CannotEncode, Encoding
 from kvhandoff.model_checker.z3_engines import (
     DEFAULT_BMC_DEPTH,
@@ -95,6 +95,7 @@ def prove_fixed(
         if known is not None:
             out.append(replace(known, reused=True))
             return
+        report_obligation("fixed-config", len(out), kind, name, action)
         started = time.perf_counter()
         solver = z3.Solver()
         if timeout is not None:

@@ -104,6 +104,7 @@ from typing import Any, cast
 
 import z3
 
+from kvhandoff.model_checker import progress
 from kvhandoff.model_checker.logic_z3 import Untranslatable
 from kvhandoff.model_checker.z3_encoding import D_PHASES, FAULT_FIELDS, P_PHASES, D, P
 from kvhandoff.spec import vocabulary as V
@@ -1496,6 +1497,7 @@ def prove_derived(
     def check(
         sv: Any, kind: str, claim: str, action: str | None, goal: Any, after: View | None
     ) -> None:
+        report_obligation("any-size", len(out), kind, claim, action)
         started = time.perf_counter()
         sv.push()
         sv.add(z3.Not(goal))
@@ -1556,6 +1558,14 @@ def prove_derived(
         if name in _property_names():
             check(sv, "safety", name, None, cs[name], None)
     return out
+
+
+def report_obligation(stage: str, done: int, kind: str, claim: str, action: str | None) -> None:
+    """Tell the progress display (`model_checker.progress`) which obligation a proof asks the
+    solver next and how many it has settled: a proof runs for minutes, and one obligation can
+    take up to the solver's limit; Ctrl-C then says how far it got."""
+    what = f"{kind} of {claim}" + (f" under {action}" if action else "")
+    progress.report("prove", stage=stage, obligations=done, checking=what)
 
 
 def _property_names() -> set[str]:

@@ -96,3 +96,27 @@ def test_describe_and_the_interrupted_summary() -> None:
         "  conform: 3 traces, 41 steps",
     ]
     progress.reset()
+
+
+def test_a_proof_reports_each_obligation_it_asks() -> None:
+    # A proof runs for minutes, one obligation up to the solver's limit: the display (and Ctrl-C)
+    # must say which obligation it is on and how many it has settled.
+    from kvhandoff.model_checker.z3_derived import prove_derived
+    from kvhandoff.spec import get_variant
+
+    reference = get_variant("reference")
+    seen: list[dict[str, int | str]] = []
+    progress.reset()
+    with progress.listening(lambda task, counts: seen.append(dict(counts, task=task))):
+        obligations = prove_derived(
+            reference.design, timeout=60, names=["decode_admit_request"], variant=reference
+        )
+    asked = [c for c in seen if c["task"] == "prove"]
+    assert asked and all(c["stage"] == "any-size" for c in asked)
+    assert asked[0]["obligations"] == 0
+    assert str(asked[0]["checking"]).startswith("initiation of ")
+    assert any(" under decode_admit_request" in str(c["checking"]) for c in asked)
+    counts = [int(c["obligations"]) for c in asked]
+    assert counts == sorted(counts) and counts[-1] < len(obligations)
+    line = describe("prove", progress.covered()["prove"])
+    assert line.startswith("prove: stage any-size, ") and " obligations settled, now " in line
