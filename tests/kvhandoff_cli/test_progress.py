@@ -119,4 +119,5 @@ def test_a_proof_reports_each_obligation_it_asks() -> None:
     counts = [int(c["obligations"]) for c in asked]
     assert counts == sorted(counts) and counts[-1] < len(obligations)
     line = describe("prove", progress.covered()["prove"])
+    progress.reset()
     assert line.startswith("prove: stage any-size, ") and " obligations settled, now " in line
