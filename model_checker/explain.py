@@ -241,6 +241,7 @@ _REQ_FIELDS = {
     "p_pages": "prefill's granted pages",
     "p_wrote": "pages prefill has written",
     "p_epoch": "decode epoch prefill's request carries",
+    "p_grant_dinst": "decode instance that sent prefill's grant",
     "p_lease_expired": "prefill's lease expired",
     "p_ranks_done": "prefill ranks that sent their completion",
     "d": "decode",

@@ -431,20 +431,13 @@ def _counter(i: Any) -> str:
 
 
 def _p_dinst(f: Any, r: int) -> Any:
-    """`p_dinst(r)`: the decode instance whose pages prefill's grant for r names, else the one r
-    is placed on (as the concrete reading: a grant names pages of one instance)."""
+    """`p_dinst(r)`: the decode instance that sent the grant prefill holds for r
+    (`p_grant_dinst`), else the one r is placed on (as the concrete reading)."""
     config = f.enc.config
-    out: Any = config.requests[r].decode_instance
+    placed: Any = config.requests[r].decode_instance
     if config.decode_instances == 1:
-        return out
-    for i in reversed(range(config.decode_instances)):
-        block = [
-            f.s[f"r{r}.p_pages{j}"]
-            for j in range(config.decode_pages)
-            if config.page_instance(j) == i
-        ]
-        out = z3.If(z3.Or(block), f.enc.K(i), out if _is_z3(out) else f.enc.K(out))
-    return out
+        return placed
+    return z3.If(f.s[f"r{r}.p_gen"] != f.enc.K(0), f.s[f"r{r}.p_gdinst"], f.enc.K(placed))
 
 
 def _failure_reason(s: SymState, kind: str, pre: str) -> Callable[[str], Any]:
@@ -513,6 +506,7 @@ _FIXED: dict[str, Callable[..., Any]] = {
     "p_gen": _r("p_gen"),
     "p_wrote": _r("p_wrote"),
     "p_epoch": _r("p_epoch"),
+    "p_grant_dinst": _r("p_gdinst"),
     "p_granted": _rj("p_pages"),
     "p_granted_count": lambda f, r: f.enc._count(
         [f.s[f"r{r}.p_pages{j}"] for j in range(f.enc.np)]
@@ -638,6 +632,7 @@ _FIXED_VARS: dict[str, Callable[..., str]] = {
             "p_gen": "p_gen",
             "p_wrote": "p_wrote",
             "p_epoch": "p_epoch",
+            "p_grant_dinst": "p_gdinst",
             "d": "d",
             "d_gen": "d_gen",
             "d_epoch": "d_epoch",

@@ -285,8 +285,6 @@ def prove(
             extra["any_size_properties"] = [
                 r.property for r in results if r.verdict == "holds" and r.scope == "any-size"
             ]
-    if scope == "any-size" and variant.design.matching != "request":
-        extra["any_size_instances"] = "one of each"
     return CheckResult(
         variant.name,
         "prove",
@@ -384,24 +382,15 @@ class _FixedRounds:
 def _derived_why_not(variant: Variant, config: Config) -> str | None:
     """Why the derived any-size model cannot prove this variant (None when it can). It reads the
     variant's own formulas (replaced guards and effects, added actions, state fields); what it
-    lacks is a design outside its fragment, more than one prefill rank, and, under room-keyed
-    matching, more than one instance of each (and a construct it refuses when translating,
-    which `prove` reports the same way). Room-keyed matching with one instance of each it reads
-    (with the invariants of `spec.invariants.invariants_for`); there
+    lacks is a design outside its fragment and more than one prefill rank (and a construct it
+    refuses when translating, which `prove` reports the same way). Room-keyed matching it reads,
+    with any number of instances (with the invariants of `spec.invariants.invariants_for`); there
     `rejected_request_gets_error_not_output` can hold for the configuration and not for every
     size (docs/z3.md, "The invariants"), and `prove` proves it on the configuration instead,
     saying so for that property alone (`_FixedProof`)."""
     from kvhandoff.model_checker.z3_derived import supports as derived_supports
 
     why_not = derived_supports(variant.design)
-    several = config.prefill_instances > 1 or config.decode_instances > 1
-    if why_not is None and variant.design.matching != "request" and several:
-        why_not = (
-            f"room-keyed matching with {config.prefill_instances} prefill and "
-            f"{config.decode_instances} decode instances: under room-keyed matching the any-size "
-            "model keeps one instance of each (a request may take another decode instance's "
-            "grant; docs/z3.md, 'The any-size model')"
-        )
     if why_not is None and config.prefill_ranks > 1:
         why_not = (
             f"prefill_ranks={config.prefill_ranks}: the derived any-size model has one prefill "

@@ -52,13 +52,11 @@ What it over-approximates (more behaviours, so a proof still holds for the spec)
 * **Instances**: where the router placed each request (`d_inst`, `p_inst`) and whose pool each
   page is in (`page_inst`) are rigid and free, elements of a sort `Inst` (any number of
   instances, any placement, any split of the pool); `next_gen(i)` is a counter per decode
-  instance; the decode instance of prefill's grant (`p_dinst`, the spec's first granted page's)
-  is that of a granted page chosen by a function `pick` of the state (`Model.p_dinst`). Restarts and partitions act on every request
-  at once, as the spec writes them for its one instance of each. Under room-keyed matching the
-  model keeps one instance of each (every instance term reads 0): a request may take another
-  decode instance's grant there, and prefill tells that grant's instance by its pages, so the
-  room-keyed claims need "a grant names a page", which the model's loose counts cannot show
-  (`prove` proves room-keyed designs with several instances on the fixed configuration).
+  instance; the decode instance of prefill's grant (`p_dinst`) is the one that sent the grant
+  prefill holds (`p_grant_dinst`, a state function into `Inst`), as in the spec. Restarts and
+  partitions act on every request at once, as the spec writes them for its one instance of
+  each. The same holds under room-keyed matching, where a request may take a grant another
+  decode instance made for another request on its room.
 * **The scenario's facts** (`over_prefill_limit`, `prompt_pages`, `room`, `tenant`, the fault
   limits, `waits_for`, `truncated_len`) are rigid and unconstrained: every configuration at once.
 * **Derived symbols** are their definitions over the state: `answered`/`answered_ok`/
@@ -165,8 +163,8 @@ Inst = z3.DeclareSort("Inst")
 model gives them a sort of their own (a model of a failing obligation is then found as readily
 as with requests and pages; over the integers Z3 often answered unknown)."""
 INST0 = z3.Const("inst0", Inst)
-"""Instance 0: the one instance of each under room-keyed matching (`Model.instances`), and the
-one a formula names by its number (a restart's `next_gen(0)`)."""
+"""Instance 0: the one a formula names by its number (a restart's `next_gen(0)`, a cleared
+`p_grant_dinst`), and the only one of the narrowed query (`_one_instance_facts`)."""
 
 
 NARROW_MS = 2000
@@ -174,15 +172,24 @@ NARROW_MS = 2000
 the general query (milliseconds)."""
 
 
-def _one_instance_facts() -> list[Any]:
-    """Every instance term is `INST0`: one prefill and one decode instance."""
+def _one_instance_facts(view: View | None = None) -> list[Any]:
+    """Every instance term is `INST0` (with `view`, also the state's `p_grant_dinst`): one
+    prefill and one decode instance."""
     r, q, m = z3.Const("oi_r", Req), z3.Const("oi_q", Page), z3.Const("oi_m", Msg)
     f = RIGID.f
+    held = [] if view is None else [z3.ForAll([r], view["p_grant_dinst"](r) == INST0)]
     return [
+        *held,
         z3.ForAll([r], z3.And(f["d_inst"](r) == INST0, f["p_inst"](r) == INST0)),
         z3.ForAll([q], f["page_inst"](q) == INST0),
         z3.ForAll([m], RIGID.msg["dinst"](m) == INST0),
     ]
+
+
+def _p_dinst(view: View, r: Any) -> Any:
+    """`p_dinst(r)`: the decode instance that sent the grant prefill holds for r (the spec's
+    `p_grant_dinst`), or before any grant the one r was placed on."""
+    return _ite(view["p_gen"](r) != 0, view["p_grant_dinst"](r), RIGID.f["d_inst"](r))
 
 
 def _instance(x: Any) -> Any:
@@ -213,6 +220,8 @@ _NOT_KEPT = frozenset({"p_rank_done", "d_rank", "d_ack", "p_acked"})
 """Rank sets: with one prefill rank the spec keeps them empty (an effect sets one only when not
 every rank has reported, which one rank always has)."""
 _INSTANCE_TERMS = frozenset({"d_inst", "p_inst", "page_inst", "p_dinst"})
+_INSTANCE_VALUED = frozenset({"p_grant_dinst"})
+"""State symbols whose value is an instance: functions into `Inst`."""
 _INSTANCE_INDEXED = frozenset(
     {
         "next_gen",
@@ -236,7 +245,7 @@ _DERIVED = frozenset(
         "shard_outside",
         "prefill_ranks",
         "drain_fence",
-        # The decode instance of prefill's grant: one of its pages' (`Model.p_dinst`).
+        # The decode instance of prefill's grant, or r's own before any (`Model.apply`).
         "p_dinst",
     }
 )
@@ -343,7 +352,8 @@ def base_view(tag: str, fields: dict[str, Any] | None = None) -> View:
         sort = z3.BoolSort() if isinstance(initial, bool) else z3.IntSort()
         out[f"field:{name}"] = _applier(z3.Const(f"field:{name}{tag}", sort))
     for name, (args, result) in _BASE.items():
-        out[name] = _applier(_fn(f"{name}{tag}", _arg_sorts(name, args), _Z3_SORT[result]))
+        sort = Inst if name in _INSTANCE_VALUED else _Z3_SORT[result]
+        out[name] = _applier(_fn(f"{name}{tag}", _arg_sorts(name, args), sort))
     out["sent"] = _applier(z3.Function(f"sent{tag}", Msg, z3.BoolSort()))
     out["inflight"] = _applier(z3.Function(f"inflight{tag}", Wr, z3.BoolSort()))
     return out
@@ -494,9 +504,6 @@ class Model:
             self.effects.update({n: h.formula for n, h in variant.formula_effects().items()})
             self.fields = dict(variant.state_fields)
         self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
-        self.instances = design.matching == "request"
-        """Whether instances are free functions (see the module's docstring, "Instances"); under
-        room-keyed matching every instance term reads 0: one instance of each."""
         self.counts: dict[str, tuple[Count, list[tuple[Var, Any]]]] = {}
         """Each count's shape: the term and its free variables (with their Z3 sorts)."""
         self._count_fns: dict[tuple[str, str], Any] = {}
@@ -505,9 +512,6 @@ class Model:
         self.translated: dict[tuple[Any, ...], tuple[Any, View, list[Any], set[str], View]] = {}
         """`translated_step`'s memo (the view is kept so that its id stays its own)."""
         self.zero_axiom = False
-        self._picks: dict[str, Any] = {}
-        self.picked: set[str] = set()
-        """The states (by tag) whose `p_dinst` a translated term read (`pick_axioms`)."""
 
     # --- terms ---------------------------------------------------------------------------------
 
@@ -600,10 +604,8 @@ class Model:
         kept = [x for x, s in zip(args, symbol.args, strict=True) if s != RANK]
         if name in _NOT_KEPT:
             return False
-        if name in _INSTANCE_TERMS and not self.instances:
-            return INST0
         if name == "p_dinst":
-            return self.p_dinst(kept[0], view, tag)
+            return _p_dinst(view, kept[0])
         if name in _INSTANCE_INDEXED:
             return view[name](*(_instance(x) for x in kept))
         if name in _BASE:
@@ -642,8 +644,6 @@ class Model:
                 return 0
             if name == "rank_done":
                 return False
-            if name == "dinst" and not self.instances:
-                return INST0
             if name == "room":
                 return RIGID.f["room"](m["req"](x))
             if name in ("has_page", "digest_page"):
@@ -776,46 +776,12 @@ class Model:
                 _ys, _x, b2, k2 = self._count_parts(shape, v2, t2, (ys, x))
                 same = z3.Implies(z3.ForAll([x], b1 == b2), k2 == k1)
                 out.append(z3.ForAll(ys, same) if ys else same)
-        return out + self.pick_axioms(views)
-
-    # --- the decode instance of prefill's grant ----------------------------------------------
-
-    def p_dinst(self, r: Any, view: View, tag: str) -> Any:
-        """`p_dinst(r)`: the instance of a page of prefill's grant for r, or r's own before any
-        grant. The spec reads the grant's first page; the model reads a page chosen by a
-        function `pick` of the state, constrained only to a granted page where r has one
-        (`pick_axioms`): the spec's choice is one of the model's, and where a grant's pages are
-        one instance's (`grants_stay_on_their_instance`) every choice is the spec's."""
-        if tag == "'" and "p_granted" not in self.changed:
-            tag = ""  # the step leaves the grant as it was: the same choice
-        self.picked.add(tag)
-        q = self.pick(tag)(r)
-        return _ite(view["p_granted"](r, q), RIGID.f["page_inst"](q), RIGID.f["d_inst"](r))
-
-    def pick(self, tag: str) -> Any:
-        if tag not in self._picks:
-            self._picks[tag] = z3.Function(f"pick{tag}", Req, Page)
-        return self._picks[tag]
-
-    def pick_axioms(self, views: Sequence[tuple[View, str]]) -> list[Any]:
-        """A state's `pick(r)` is a page of r's grant wherever r holds one."""
-        out = []
-        for view, tag in views:
-            if tag == "'" and "p_granted" not in self.changed:
-                continue
-            if tag not in self.picked:
-                continue
-            r, q = _fresh("pr", Req), _fresh("pq", Page)
-            granted = view["p_granted"]
-            out.append(z3.ForAll([r, q], z3.Implies(granted(r, q), granted(r, self.pick(tag)(r)))))
         return out
 
     def _message_dinst(self, kind: str, r: Any, view: View, tag: str) -> Any:
-        if not self.instances:
-            return INST0
         if kind in DECODE_SENDS:
             return RIGID.f["d_inst"](r)
-        return self.p_dinst(r, view, tag)
+        return _p_dinst(view, r)
 
     # --- rules ---------------------------------------------------------------------------------
 
@@ -841,8 +807,6 @@ class Model:
                 value = ("write", w)
             elif v.sort == RANK:
                 value = 0
-            elif v.sort in (PINST, DINST) and not self.instances:
-                value = INST0  # the one instance of each (room-keyed matching)
             else:
                 value = _fresh(f"a_{v.name}", _Z3_SORT[v.sort])
             env[id(v)] = value
@@ -1069,7 +1033,7 @@ _DERIVED_READS: dict[str, set[str]] = {
     "issued": {"p_granted", "p_wrote", "inflight"},
     "faults_spent": {f"{n}_spent" for n in FAULT_COUNTS},
     "read_tenant": {"read_req"},
-    "p_dinst": {"p_granted"},
+    "p_dinst": {"p_gen", "p_grant_dinst"},
 }
 
 
@@ -1154,7 +1118,9 @@ def _entry(
                 # An instance by its number (`next_gen(0)`).
                 conds.append((_instance(at) if name in _INSTANCE_INDEXED else at) == x)
         conds.append(tr(when, e))
-        return _and(conds), tr(value, e)
+        out = tr(value, e)
+        # An instance by its number (a cleared `p_grant_dinst`).
+        return _and(conds), _instance(out) if name in _INSTANCE_VALUED else out
 
     return entry
 
@@ -1263,6 +1229,9 @@ def _initial_values() -> dict[str, Any]:
             continue
         if result in (REQ, PAGE, TENANT):
             out[name] = None
+            continue
+        if name in _INSTANCE_VALUED:
+            out[name] = INST0
             continue
         source = V.CONCRETE.symbols[name].format("0", "0", "0")
         try:
@@ -1381,10 +1350,6 @@ def claims_after(model: Model, cs: dict[str, Any], s: View, s2: View) -> dict[st
         new = _decl(model.count_fn(shape, "'"))
         sorts = [old.domain(i) for i in range(old.arity())]
         pairs.append((old, new(*[z3.Var(i, srt) for i, srt in enumerate(sorts)])))
-    if "p_granted" in model.changed and "" in model.picked:
-        # `p_dinst` over the next state: a page of the next state's grant (`Model.p_dinst`).
-        model.picked.add("'")
-        pairs.append((model.pick(""), model.pick("'")(z3.Var(0, Req))))
     if not pairs:
         return dict(cs)
     return {n: z3.substitute_funs(_z(c), *pairs) for n, c in cs.items()}
@@ -1501,24 +1466,23 @@ def prove_derived(
         started = time.perf_counter()
         sv.push()
         sv.add(z3.Not(goal))
-        if model.instances:
-            # Free instances make a model harder to find than a proof (over them Z3 may search
-            # long for a counterexample it finds at once with one instance of each). So ask
-            # first, briefly, for a counterexample on one instance of each: that query is the
-            # same one narrowed (each of its models is one of the general query's), so `sat`
-            # there is a real failure; otherwise the general query decides.
-            sv.push()
-            sv.add(*_one_instance_facts())
-            sv.set("timeout", NARROW_MS if timeout is None else min(NARROW_MS, int(timeout * 1000)))
-            if sv.check() == z3.sat:
-                cex = describe(sv.model(), s, after)
-                seconds = time.perf_counter() - started
-                out.append(Obligation(kind, claim, action, "failed", seconds, cex))
-                sv.pop()
-                sv.pop()
-                return
+        # Free instances make a model harder to find than a proof (over them Z3 may search
+        # long for a counterexample it finds at once with one instance of each). So ask
+        # first, briefly, for a counterexample on one instance of each: that query is the
+        # same one narrowed (each of its models is one of the general query's), so `sat`
+        # there is a real failure; otherwise the general query decides.
+        sv.push()
+        sv.add(*_one_instance_facts(s))
+        sv.set("timeout", NARROW_MS if timeout is None else min(NARROW_MS, int(timeout * 1000)))
+        if sv.check() == z3.sat:
+            cex = describe(sv.model(), s, after)
+            seconds = time.perf_counter() - started
+            out.append(Obligation(kind, claim, action, "failed", seconds, cex))
             sv.pop()
-            sv.set("timeout", 4294967295 if timeout is None else max(1, int(timeout * 1000)))
+            sv.pop()
+            return
+        sv.pop()
+        sv.set("timeout", 4294967295 if timeout is None else max(1, int(timeout * 1000)))
         answer = sv.check()
         seconds = time.perf_counter() - started
         if answer == z3.unsat:
@@ -1692,6 +1656,7 @@ class Simulator:
         self.axioms += [
             z3.Distinct(*self.insts) if k > 1 else z3.BoolVal(True),
             z3.ForAll([u_i], z3.Or([u_i == i for i in self.insts])),
+            INST0 == self.insts[0],  # instance 0, the spec's, as the model names it
         ]
         self.with_claims = True
         """Ask that the state before lie inside every claim (off for a variant whose claims
@@ -1798,6 +1763,8 @@ class Simulator:
                 zargs = self._zargs(name, entry, args)
                 app = _z(view[name](*zargs))
             self._apps[(id(view), key)] = app
+        if key[0] in _INSTANCE_VALUED:
+            return app == self.insts[value]
         field = key[0].startswith("field:")
         sort = None if field else _BASE[key[0]][1]
         term = self._values.get((sort, value))

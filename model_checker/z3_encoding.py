@@ -408,7 +408,7 @@ class Encoding:
             for f in ("submitted", "ans_set", "ans_ok"):
                 out.append((f"r{r}.{f}", "B"))
             out.append((f"r{r}.ans_reason", "I"))
-            for f in ("p", "p_len", "p_gen", "p_wrote", "p_epoch"):
+            for f in ("p", "p_len", "p_gen", "p_wrote", "p_epoch", "p_gdinst"):
                 out.append((f"r{r}.{f}", "I"))
             out += [(f"r{r}.p_pages{j}", "B") for j in pages]
             for f in ("d", "d_gen", "d_epoch"):
@@ -926,6 +926,7 @@ class Encoding:
             v[f"r{r}.p"] = P[q.p]
             v[f"r{r}.p_len"], v[f"r{r}.p_gen"] = q.p_len, q.p_gen
             v[f"r{r}.p_wrote"], v[f"r{r}.p_epoch"] = q.p_wrote, q.p_epoch
+            v[f"r{r}.p_gdinst"] = q.p_grant_dinst
             for j in q.p_pages:
                 v[f"r{r}.p_pages{j}"] = True
             v[f"r{r}.d"], v[f"r{r}.d_gen"], v[f"r{r}.d_epoch"] = D[q.d], q.d_gen, q.d_epoch
@@ -1175,6 +1176,7 @@ class Encoding:
                     p_pages=pages_of(f"r{r}.p_pages"),
                     p_wrote=v[f"r{r}.p_wrote"],
                     p_epoch=v[f"r{r}.p_epoch"],
+                    p_grant_dinst=v[f"r{r}.p_gdinst"],
                     d=D_PHASES[v[f"r{r}.d"]],  # type: ignore[arg-type]
                     d_gen=v[f"r{r}.d_gen"],
                     d_pages=pages_of(f"r{r}.d_pages"),

@@ -373,6 +373,7 @@ _REQ_FIELDS = {
     "p_gen": "p_gen",
     "p_wrote": "p_wrote",
     "p_epoch": "p_epoch",
+    "p_grant_dinst": "p_grant_dinst",
     "d": "d",
     "d_gen": "d_gen",
     "d_epoch": "d_epoch",

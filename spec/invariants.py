@@ -64,7 +64,6 @@ from kvhandoff.spec.logic import (
     each_message,
     each_pending_ack,
     each_write,
-    exists,
     forall,
 )
 from kvhandoff.spec.state import State
@@ -348,18 +347,7 @@ def prefill_holds_a_generation_of_its_room() -> Term:
         ),
         _stale_write_of_room,
     )
-    # A grant names at least one page (a prompt needs one): prefill tells the decode instance of
-    # the grant it took by its pages, and with several decode instances a request may take
-    # another instance's grant. (Said only where another instance is in play: with one, the
-    # claim is vacuous, and the any-size model, which counts pages only loosely, need not show
-    # that decode grants a page.)
-    granted = each_message(
-        ["grant"],
-        lambda m: Implies(
-            exists(REQ, lambda o: d_inst(o) != m.dinst), exists(PAGE, lambda q: m.has_page(q))
-        ),
-    )
-    return And(held, granted)
+    return held
 
 
 def _prefill_writes_only_its_grant(
@@ -540,7 +528,11 @@ def _current_of_room(
         stale = _stale_message(m)
         earlier: Term = m.attempt < attempt(m.req)
         # Issued before the retry, so not the grant decode made for the current attempt.
-        issued_before = And(_issued_on_room(m.gen, room(m.req), m.dinst), m.gen != d_gen(m.req))
+        # (A generation is one decode instance's: another instance's may be the same number.)
+        issued_before = And(
+            _issued_on_room(m.gen, room(m.req), m.dinst),
+            Or(m.gen != d_gen(m.req), m.dinst != d_inst(m.req)),
+        )
         old = And(earlier, issued_before) if issued else earlier
         return And(Implies(stale, old), Implies(Not(stale), claim(m)))
 
@@ -552,7 +544,7 @@ def _stale_write_of_room(w: Bound) -> Term:
     grant decode holds for the request's current attempt. Its generation no longer tells it from
     a current write: the current attempt may take the very grant the earlier one wrote under
     (prefill matches grants by room, so the attempt does not fence them)."""
-    return And(attempt(w.req) > 0, w.gen != d_gen(w.req))
+    return And(attempt(w.req) > 0, Or(w.gen != d_gen(w.req), page_inst(w.page) != d_inst(w.req)))
 
 
 def writes_carry_their_grant(room_keyed: bool = False) -> Term:

@@ -219,6 +219,7 @@ from kvhandoff.spec.vocabulary import (
     p_dinst,
     p_epoch,
     p_gen,
+    p_grant_dinst,
     p_granted,
     p_granted_count,
     p_inst,
@@ -550,6 +551,9 @@ def _prefill_receive_grant_effect(design: Design) -> EffectFormula:
             return [
                 assign(p(t), "granted", when=And(when, p(t) == "admitted")),
                 assign(p_gen(t), m.gen, when=when),
+                # Prefill answers where the grant came from (its sender, which under room-keyed
+                # matching need not be the decode instance of t's own placement).
+                assign(p_grant_dinst(t), m.dinst, when=when),
                 assign(p_epoch(t), m.epoch, when=when),
                 each(PAGE, lambda q: assign(p_granted(t, q), m.has_page(q), when=when)),
             ]
@@ -1280,6 +1284,7 @@ def _router_retry_effect(design: Design) -> EffectFormula:
             assign(p(r), "received"),
             assign(p_len(r), 0),
             assign(p_gen(r), 0),
+            assign(p_grant_dinst(r), 0),
             assign(p_wrote(r), 0),
             assign(p_epoch(r), decode_epoch(d_inst(r))),
             assign(p_lease_expired(r), False),

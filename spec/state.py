@@ -71,8 +71,10 @@ blocks (page numbers stay global: a page's number says whose pool it is in). How
   for the others), so two instances can issue the same (room, generation).
 * **Addressing.** A message names the decode instance at its decode end (`Message.dinst`):
   decode's grants and aborts carry their sender, and prefill sends its completion, failure
-  notices and drain acks to the decode instance whose pages its grant names (`p_dinst` in the
-  vocabulary). Decode looks for the request a message is about only among its own; prefill only
+  notices and drain acks to the decode instance that sent the grant it holds
+  (`ReqState.p_grant_dinst`; `p_dinst` in the vocabulary): the address the grant came from, as
+  SGLang's prefill keeps the decode endpoint the registration named. Under room-keyed matching
+  that may be another decode instance than the request's own. Decode looks for the request a message is about only among its own; prefill only
   among the requests of its own instance, which is the one the request a grant or abort names
   was placed on. A page write goes to a page, so to that page's instance.
 * **Ranks.** Every prefill instance has `prefill_ranks` ranks; a rank's completion, shard
@@ -336,6 +338,10 @@ class ReqState(NamedTuple):
     p_pages: tuple[int, ...] = ()  # the granted destination pages
     p_wrote: int = 0  # pages written so far, in grant order
     p_epoch: int = 0  # decode's boot epoch this request was sent with (and its grant names)
+    # The decode instance that sent the grant prefill holds (0 before any): where prefill's
+    # completion, failure notices and drain acks go. Kept, not read off the grant's pages: a
+    # proof over any number of instances cannot count pages, and engines keep an address too.
+    p_grant_dinst: int = 0
     p_lease_expired: bool = False  # pull path: prefill's pinned source blocks were freed
     p_ranks_done: tuple[int, ...] = ()  # rank set: ranks that sent their completion (see above)
     # Decode's side.

@@ -50,6 +50,12 @@ not_as_is = _sym("not_as_is", (REQ,), BOOL, "some side did not admit r's prompt 
 p = _sym("p", (REQ,), P_PHASE, "prefill's phase for r")
 p_gen = _sym("p_gen", (REQ,), INT, "the generation of the grant prefill holds for r (0: none)")
 p_wrote = _sym("p_wrote", (REQ,), INT, "how many pages of its grant prefill has written")
+p_grant_dinst = _sym(
+    "p_grant_dinst",
+    (REQ,),
+    INT,
+    "the decode instance that sent the grant prefill holds for r (its sender: 0 before any)",
+)
 p_epoch = _sym("p_epoch", (REQ,), INT, "decode's boot epoch r was sent to prefill with")
 p_granted = _sym("p_granted", (REQ, PAGE), BOOL, "page q is in the grant prefill holds for r")
 p_granted_count = _sym("p_granted_count", (REQ,), INT, "how many pages prefill's grant has")
@@ -347,8 +353,8 @@ p_dinst = _sym(
     "p_dinst",
     (REQ,),
     INT,
-    "the decode instance prefill's transfer for r goes to: the one whose pages the grant it "
-    "holds names, or before any grant the one the router placed r on",
+    "the decode instance prefill's transfer for r goes to: the one that sent the grant it "
+    "holds (p_grant_dinst), or before any grant the one the router placed r on",
 )
 decode_epoch = _sym("decode_epoch", (DINST,), INT, "decode instance j's boot epoch")
 prefill_ranks = _sym("prefill_ranks", (), INT, "how many prefill ranks write each page")
@@ -403,6 +409,7 @@ CONCRETE = PythonReading(
         "p_gen": _REQ + ".p_gen",
         "p_wrote": _REQ + ".p_wrote",
         "p_epoch": _REQ + ".p_epoch",
+        "p_grant_dinst": _REQ + ".p_grant_dinst",
         "p_granted": "{1} in " + _REQ + ".p_pages",
         "p_granted_count": "len(" + _REQ + ".p_pages)",
         "p_written": "{1} in " + _REQ + ".p_pages[: " + _REQ + ".p_wrote]",
@@ -492,7 +499,7 @@ CONCRETE = PythonReading(
         "d_inst": "C.requests[{0}].decode_instance",
         "p_inst": "C.requests[{0}].prefill_instance",
         "page_inst": "({0} * C.decode_instances // C.decode_pages)",
-        "p_dinst": "(C.page_instance(" + _REQ + ".p_pages[0]) if " + _REQ + ".p_pages else "
+        "p_dinst": "(" + _REQ + ".p_grant_dinst if " + _REQ + ".p_gen else "
         "C.requests[{0}].decode_instance)",
         "decode_epoch": "(S.decode_epoch if ({0}) == 0 else S.decode_epochs[({0}) - 1])",
         "prefill_ranks": "C.prefill_ranks",
