@@ -180,7 +180,7 @@ def expected(variant: Variant, config: Config, state: State, attack: Attack) -> 
     if kind == "abort_ack_replay_released":
         if req.d != "released" or not req.d_gen:
             return None
-        msg = Message("abort_ack", room, req.d_gen, r)
+        msg = Message("abort_ack", room, req.d_gen, r, dinst=config.requests[r].decode_instance)
         after = _take(variant, config, state, msg, DecodeReceiveAbortAck(msg))
         if after.pages != state.pages:
             return None
@@ -208,7 +208,9 @@ def forged_completion(config: Config, state: State, attack: Attack) -> Message:
         gen = _NEVER_GRANTED
     elif kind == "completion_wrong_room":
         rm = room + _OTHER_ROOM_OFFSET
-    return Message("completion", rm, gen, r, count=count, digest=digest)
+    # Addressed to the decode instance that holds r, as the target's forged message is.
+    dinst = config.requests[r].decode_instance
+    return Message("completion", rm, gen, r, count=count, digest=digest, dinst=dinst)
 
 
 def after_completion(variant: Variant, config: Config, state: State, attack: Attack) -> State:
@@ -227,8 +229,15 @@ _CONTRACT = {
 
 
 def _not_granted_page(state: State, config: Config, r: int) -> int | None:
+    # A page of r's own decode instance: the forged write is sent to the decode that holds r
+    # (a page number of another instance's pool names a page of that instance, not this one).
     req = state.requests[r]
-    others = [p for p in range(config.decode_pages) if p not in req.d_pages]
+    own = config.requests[r].decode_instance
+    others = [
+        p
+        for p in range(config.decode_pages)
+        if p not in req.d_pages and config.page_instance(p) == own
+    ]
     owned = [p for p in others if state.pages[p].owner is not None]
     choice = owned or others
     return choice[0] if choice else None

@@ -34,7 +34,7 @@ from kvhandoff.spec.actions import (
     action_name,
     is_fault,
 )
-from kvhandoff.spec.config import Config, default_config
+from kvhandoff.spec.config import Config, default_config, placements
 from kvhandoff.spec.trace import dump_trace
 
 
@@ -86,13 +86,28 @@ class _TargetFailed(BaseException):
         self.error = error
 
 
-def campaign_config(max_retries: int = 0) -> Config:
+def campaign_config(max_retries: int = 0, instances: bool = False) -> Config:
     """The sequential scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
     reused) with a budget of up to 4 faults per program, up to two partitions among them (decode takes
     the live prefill for dead: `decode_suspect_prefill_dead`, off in the scenario itself), and
     `max_retries` client retries under the same request id (`router_retry_request`; only a
-    target with `Target.retries` plays them)."""
-    return replace(default_config(), max_faults=4, max_partitions=2, max_retries=max_retries)
+    target with `Target.retries` plays them).
+
+    `instances`: the same requests on two prefill and two decode instances of three pages each,
+    the router placing each request anywhere (each program plays one placement, drawn from
+    `spec.config.placements`), without restarts and partitions (`require_playable_instances`
+    says why)."""
+    cfg = replace(default_config(), max_faults=4, max_partitions=2, max_retries=max_retries)
+    if instances:
+        cfg = replace(
+            cfg,
+            prefill_instances=2,
+            decode_instances=2,
+            decode_pages=6,
+            max_crashes=0,
+            max_partitions=0,
+        )
+    return cfg
 
 
 def boundary_tokens(config: Config) -> list[int]:
@@ -110,7 +125,12 @@ def boundary_tokens(config: Config) -> list[int]:
 def draw_scenario(data: st.DataObject, config: Config) -> tuple[Config, dict[int, int]]:
     """A program's scenario: `config` itself (what a failure shrinks to), or `config` with each
     request's prompt drawn from `boundary_tokens` and, sometimes, one more request in flight
-    at once. Returns the scenario and each request's shortfall in tokens (`Target.shortfall`)."""
+    at once. Returns the scenario and each request's shortfall in tokens (`Target.shortfall`).
+    Where the router places requests as it likes on several instances, the program plays one
+    placement (`spec.config.placements`; a failure shrinks towards the first)."""
+    choices = placements(config)
+    if len(choices) > 1:
+        config = data.draw(st.sampled_from(choices), label="placement")
     if not data.draw(st.booleans(), label="boundary scenario"):
         return config, {}
     ps = config.page_size
@@ -315,13 +335,20 @@ def run(
     out_dir: Path | None = None,
     target: Target | None = None,
     max_retries: int = 0,
+    instances: bool = False,
 ) -> CampaignReport:
     """Run a campaign; never raises for a divergence (it is reported). `max_retries` is the
-    sequential scenario's retry budget (ignored when `config` is given)."""
-    cfg = config or campaign_config(max_retries)
+    sequential scenario's retry budget and `instances` puts it on several instances
+    (`campaign_config`; both ignored when `config` is given)."""
+    cfg = config or campaign_config(max_retries, instances)
     # (Before a target is made: a scenario no target plays is refused at once; whether this
-    # one plays retries is asked once it exists.)
-    require_one_prefill_rank(cfg, retries=True if target is None else target.retries)
+    # one plays retries and instances is asked once it exists. Each program plays one fixed
+    # placement: the first stands for them all here.)
+    require_one_prefill_rank(
+        placements(cfg)[0],
+        retries=True if target is None else target.retries,
+        instances=True if target is None else target.instances,
+    )
     out = out_dir or Path("kvhandoff-report")
     if target is None:
         # A target made here is released here: a gRPC target keeps its servers between traces.

@@ -10,6 +10,16 @@ for decode (`decode_cancel`, the spec's `decode_receive_cancel`) and for prefill
 failure is the spec's `abort` by another path). Page data
 is a ghost tag: (writer request id, tenant) of the last write that landed.
 
+Instances (`Target.instances`): one prefill core per prefill instance and one decode core per
+decode instance, each request on the cores its placement names (`RequestSpec.prefill_instance`,
+`decode_instance`); the router core is one, as SGLang's router is one process in front of every
+worker. Each decode core numbers its own pages from 0 and its own generations from its boot
+(two cores issue the same generations, as two real decode instances may); the target names a
+page by the spec's global number (decode instance j's pages are the j-th contiguous block,
+`Config.page_instance`) in its log, in pending writes and in `page_contents`, and hands the
+cores their own numbers. Restarts and partitions are refused with several instances
+(`require_playable_instances`): the decode core watches one prefill.
+
 Retries (`retry`, the spec's `router_retry_request`): the client resubmits a failed request
 under the same id with `retry` set; the router makes it the next attempt. Every pending message
 keeps the attempt it was sent for, and `deliver`, `drop`, `duplicate` and `retransmit` pick the
@@ -76,6 +86,7 @@ class InProcTarget(Target):
     name = "inproc"
     fine_grained = True
     retries = True
+    instances = True
 
     def __init__(self) -> None:
         self.config: Config | None = None
@@ -83,7 +94,7 @@ class InProcTarget(Target):
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, config: Config, mode: str) -> None:
-        require_one_prefill_rank(config, retries=True)
+        require_one_prefill_rank(config, retries=True, instances=True)
         b = get_mode(mode).behaviour
         self.behaviour = b
         self.config = config
@@ -92,11 +103,17 @@ class InProcTarget(Target):
         self.now = 0.0
         self.waiting_timeout = 30.0
         self.router = rc.RouterCore(rc.RouterConfig(config.context_window * ps, behaviour=b))
-        self.prefill = pc.PrefillCore(
-            pc.PrefillConfig(ps, config.prefill_max_prompt * ps, 10.0, behaviour=b)
-        )
+        self.prefills = [
+            pc.PrefillCore(pc.PrefillConfig(ps, config.prefill_max_prompt * ps, 10.0, behaviour=b))
+            for _ in range(config.prefill_instances)
+        ]
+        # Decode instance j's pages are the j-th contiguous block of the spec's page numbers.
+        self.page_base = [
+            min(q for q in range(config.decode_pages) if config.page_instance(q) == j)
+            for j in range(config.decode_instances)
+        ]
         self.decode_boot = 1
-        self.decode = self._new_decode()
+        self.decodes = [self._new_decode(j) for j in range(config.decode_instances)]
         self.prefill_epoch = 1
         self.pending: list[_Pending] = []
         self.lost: list[_Pending] = []
@@ -123,12 +140,13 @@ class InProcTarget(Target):
         # The decode health probe: decode learns prefill's epoch from it.
         self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
 
-    def _new_decode(self) -> dc.DecodeCore:
+    def _new_decode(self, j: int) -> dc.DecodeCore:
         assert self.config is not None
         c = self.config
+        pages = sum(1 for q in range(c.decode_pages) if c.page_instance(q) == j)
         return dc.DecodeCore(
             dc.DecodeConfig(
-                c.decode_pages,
+                pages,
                 c.page_size,
                 c.decode_max_prompt * c.page_size,
                 waiting_timeout_s=self.waiting_timeout,
@@ -142,6 +160,58 @@ class InProcTarget(Target):
 
     def _r(self, rid: str) -> int:
         return int(rid[1:])
+
+    # ------------------------------------------------------------------ instances
+
+    @property
+    def prefill(self) -> pc.PrefillCore:
+        """The prefill core, where there is one (restarts and partitions: see the module)."""
+        assert len(self.prefills) == 1
+        return self.prefills[0]
+
+    @property
+    def decode(self) -> dc.DecodeCore:
+        """The decode core, where there is one."""
+        assert len(self.decodes) == 1
+        return self.decodes[0]
+
+    def _pinst(self, rid: str) -> int:
+        assert self.config is not None
+        return self.config.requests[self._r(rid)].prefill_instance
+
+    def _dinst(self, rid: str) -> int:
+        assert self.config is not None
+        return self.config.requests[self._r(rid)].decode_instance
+
+    def _prefill_of(self, rid: str) -> pc.PrefillCore:
+        return self.prefills[self._pinst(rid)]
+
+    def _decode_of(self, rid: str) -> dc.DecodeCore:
+        return self.decodes[self._dinst(rid)]
+
+    def _global(self, j: int, page: int) -> int:
+        """Decode instance j's page `page` under the spec's (global) number."""
+        return self.page_base[j] + int(page)
+
+    def _slot(self, j: int, page: int) -> int:
+        """Where the data of decode instance j's page `page` is kept (`content`): the page's
+        global number, each instance a pool of its own."""
+        return self._global(j, page)
+
+    def _prefill_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        rid = args.get("request_id")
+        return self._globalize(self._dinst(rid), args) if isinstance(rid, str) else args
+
+    def _globalize(self, j: int, args: dict[str, Any]) -> dict[str, Any]:
+        """A log line's page numbers (decode instance j's own) as the spec's."""
+        if not self.page_base[j]:
+            return args
+        out = dict(args)
+        if isinstance(out.get("page"), int):
+            out["page"] = self._global(j, out["page"])
+        if isinstance(out.get("pages"), list):
+            out["pages"] = [self._global(j, q) for q in out["pages"]]
+        return out
 
     # ------------------------------------------------------------------ log
 
@@ -195,7 +265,8 @@ class InProcTarget(Target):
         ]:
             self.pending.remove(p)
             self._deliver(p)
-        if rid in self.decode.active_requests():
+        decode = self._decode_of(rid)
+        if rid in decode.active_requests():
             # Only while decode still holds the first attempt: once it has released (prefill was
             # taken for dead, or restarted), that attempt's abort stays in flight and meets the
             # retry, as the spec's does.
@@ -204,7 +275,7 @@ class InProcTarget(Target):
                     if p in self.pending:
                         self.pending.remove(p)
                         self._deliver(p)
-        if rid in self.decode.active_requests() or self.router.attempt_of(rid) is not None:
+        if rid in decode.active_requests() or self.router.attempt_of(rid) is not None:
             return False
         reply = self._to_router(self._client_submit(r, retry=True))
         if reply.status is not Status.OK:
@@ -313,7 +384,8 @@ class InProcTarget(Target):
 
     def fire_timeout(self, r: int) -> bool:
         rid = RequestId(self.request_id(r))
-        view = self.decode.grant_of(rid)
+        decode = self._decode_of(rid)
+        view = decode.grant_of(rid)
         if view is None or view.state != "waiting":
             return False
         # The clock moves to r's deadline and no further: the spec's timeout is one request's,
@@ -322,13 +394,13 @@ class InProcTarget(Target):
         # (`_deliver`), so deadlines differ; where another's has passed too, the step is
         # refused rather than played as two.
         now = max(self.now, view.deadline)
-        for other in self.decode.active_requests():
-            seen = self.decode.grant_of(other)
+        for other in decode.active_requests():
+            seen = decode.grant_of(other)
             if other != rid and seen is not None and seen.state == "waiting":
                 if seen.deadline <= now:
                     return False
         self.now = now
-        self._to_decode(dc.Tick(self.now))
+        self._to_decode(dc.Tick(self.now), self._dinst(rid))
         return True
 
     def prefill_abort(self, r: int) -> bool:
@@ -342,7 +414,7 @@ class InProcTarget(Target):
                     pc.WritesFinished(rid, w.start.generation, Status.UNAVAILABLE, "injected")
                 )
                 return True
-        if self.prefill.active_requests().get(rid) == pc.PrefillState.ADMITTED.value:
+        if self._prefill_of(rid).active_requests().get(rid) == pc.PrefillState.ADMITTED.value:
             # Waiting for its grant: prefill's scheduler gives up on it.
             reply = self._to_prefill(pc.FailRequest(rid, Status.ABORTED, "injected"))
             return reply.status is Status.OK
@@ -369,7 +441,7 @@ class InProcTarget(Target):
         return True
 
     def restart_prefill(self) -> None:
-        self.prefill = pc.PrefillCore(self.prefill.config)
+        self.prefills = [pc.PrefillCore(self.prefill.config)]
         self.prefill_epoch += 1
         self._record("prefill", "prefill_restart", {"boot_epoch": self.prefill_epoch})
         for key in list(self.writers):
@@ -405,7 +477,7 @@ class InProcTarget(Target):
     def restart_decode(self) -> None:
         self.decode_boot += 1
         active = list(self.decode.active_requests())
-        self.decode = self._new_decode()
+        self.decodes = [self._new_decode(0)]
         self._record(
             "decode", "decode_restart", {"boot": self.decode_boot, "boot_epoch": self.decode_boot}
         )
@@ -450,22 +522,25 @@ class InProcTarget(Target):
             return True
         prompt_len = int(p.payload.prompt_len)
         need = -(-prompt_len // self.page_size)
-        over = prompt_len > self.decode.config.max_prompt_tokens
-        return over or need <= self.decode.free_pages
+        decode = self._decode_of(p.rid)
+        over = prompt_len > decode.config.max_prompt_tokens
+        return over or need <= decode.free_pages
 
     def quiescent(self) -> bool:
         return (
             not self.pending
-            and not self.decode.active_requests()
-            and self.decode.used_pages == 0
-            and not self.prefill.active_requests()
+            and not any(d.active_requests() or d.used_pages for d in self.decodes)
+            and not any(p.active_requests() for p in self.prefills)
             and not self.router.active_requests()
         )
 
     def describe(self) -> str:
+        decode = ", ".join(
+            f"{d.active_requests()} ({d.used_pages} pages used)" for d in self.decodes
+        )
+        prefill = ", ".join(str(p.active_requests()) for p in self.prefills)
         return (
-            f"decode {self.decode.active_requests()} ({self.decode.used_pages} pages used), "
-            f"prefill {self.prefill.active_requests()}, router {self.router.active_requests()}, "
+            f"decode {decode}, prefill {prefill}, router {self.router.active_requests()}, "
             f"pending {[(p.kind, p.rid) for p in self.pending]}"
         )
 
@@ -480,7 +555,7 @@ class InProcTarget(Target):
     def probe(self, attack: Attack) -> ProbeResult | None:
         """Answer a forged message on a copy of decode: the run itself is untouched."""
         rid = RequestId(self.request_id(attack.request))
-        clone = copy.deepcopy(self.decode)
+        clone = copy.deepcopy(self._decode_of(rid))
         event = self._forge(clone, rid, attack.kind)
         if event is None:
             return None
@@ -526,7 +601,7 @@ class InProcTarget(Target):
                 elif kind == "completion_forged_token":
                     token = bytes(b ^ 0xFF for b in token) or b"forged"
                 return dc.CompletionReceived(rid, room, gen, token, count, digest, attempt)
-            page, index = int(pages[0]), 0
+            page, index = int(pages[0]), 0  # the core's own page numbers
             data = claimed = self._page_digest(rid, gen, 0)
             if kind == "write_wrong_room":
                 room = Room(room + 1000)
@@ -582,7 +657,7 @@ class InProcTarget(Target):
 
     def _attempt(self, rid: RequestId) -> int:
         """The attempt prefill holds of `rid` (the router's where prefill holds none)."""
-        held = self.prefill.attempt_of(rid)
+        held = self._prefill_of(rid).attempt_of(rid)
         if held is None:
             held = self.router.attempt_of(rid)
         return held or 0
@@ -695,8 +770,9 @@ class InProcTarget(Target):
         elif k == "generate":
             gen: dc.Generate = p.payload
             n = -(-gen.prompt_len // self.page_size)
-            self.reads[gen.request_id] = [self.content[pg] for pg in gen.pages[:n]]
-            if gen.request_id in self.decode.active_requests():
+            j = self._dinst(gen.request_id)
+            self.reads[gen.request_id] = [self.content[self._slot(j, pg)] for pg in gen.pages[:n]]
+            if gen.request_id in self.decodes[j].active_requests():
                 self._to_decode(
                     dc.GenerationFinished(gen.request_id, gen.generation, gen.max_tokens)
                 )
@@ -716,7 +792,7 @@ class InProcTarget(Target):
                 rid,
                 key[1],
                 (w.start, index, digest),
-                page=int(page),
+                page=self._global(self._dinst(rid), page),
                 attempt=w.start.attempt,
             )
             return True
@@ -732,13 +808,14 @@ class InProcTarget(Target):
     def _land(self, p: _Pending) -> None:
         start, index, digest = p.payload
         rid = start.request_id
-        cmds = self.decode.handle(
+        j = self._dinst(rid)
+        cmds = self.decodes[j].handle(
             dc.WriteReceived(
                 rid,
                 start.room,
                 start.generation,
                 start.token,
-                PageId(p.page),
+                PageId(p.page - self.page_base[j]),
                 index,
                 digest,
                 digest,
@@ -748,11 +825,11 @@ class InProcTarget(Target):
         reply = Reply(Status.OK)
         for c in cmds:
             if isinstance(c, Log):
-                self._record("decode", c.kind, dict(c.args))
+                self._record("decode", c.kind, self._globalize(j, dict(c.args)))
             elif isinstance(c, dc.StorePage):
                 assert self.config is not None
                 tenant = self.config.requests[self._r(rid)].tenant
-                self.content[int(c.page_id)] = (rid, tenant)
+                self.content[self._slot(j, c.page_id)] = (rid, tenant)
             elif isinstance(c, Reply):
                 reply = c
         key = (rid, p.generation)
@@ -800,12 +877,23 @@ class InProcTarget(Target):
         return reply
 
     def _to_prefill(self, event: pc.PrefillEvent) -> Reply:
-        cmds = self.prefill.handle(event)
+        if isinstance(event, pc.Tick):
+            # About no request: every instance's clock moves (the last one's reply).
+            reply = Reply(Status.OK)
+            for i in range(len(self.prefills)):
+                reply = self._on_prefill(i, event)
+            return reply
+        return self._on_prefill(self._pinst(event.request_id), event)
+
+    def _on_prefill(self, i: int, event: pc.PrefillEvent) -> Reply:
+        cmds = self.prefills[i].handle(event)
         reply = Reply(Status.OK)
         for cmd in cmds:
             match cmd:
                 case Log():
-                    self._record("prefill", cmd.kind, dict(cmd.args))
+                    # Prefill holds decode's page numbers as the grant named them: those of the
+                    # decode instance of the request the line is about.
+                    self._record("prefill", cmd.kind, self._prefill_args(dict(cmd.args)))
                 case pc.StartWrites():
                     self.writers[(cmd.request_id, int(cmd.generation))] = _Writer(cmd)
                     if not cmd.pages:
@@ -843,13 +931,23 @@ class InProcTarget(Target):
                     reply = cmd
         return reply
 
-    def _to_decode(self, event: dc.DecodeEvent) -> Reply:
-        cmds = self.decode.handle(event)
+    def _to_decode(self, event: dc.DecodeEvent, j: int | None = None) -> Reply:
+        """Hand `event` to decode instance j: the one its request is placed on, or, for an
+        event about no request (the health probe), every instance (the last one's reply)."""
+        if j is None:
+            rid = getattr(event, "request_id", None)
+            if rid is None:
+                reply = Reply(Status.OK)
+                for k in range(len(self.decodes)):
+                    reply = self._to_decode(event, k)
+                return reply
+            j = self._dinst(rid)
+        cmds = self.decodes[j].handle(event)
         reply = Reply(Status.OK)
         for cmd in cmds:
             match cmd:
                 case Log():
-                    self._record("decode", cmd.kind, dict(cmd.args))
+                    self._record("decode", cmd.kind, self._globalize(j, dict(cmd.args)))
                 case dc.SendGrant():
                     self.grants_sent.setdefault(cmd.request_id, []).append(cmd)
                     self._push(
@@ -862,14 +960,14 @@ class InProcTarget(Target):
                 case dc.ReleasePages():
                     if cmd.scrub:
                         for pg in cmd.pages:
-                            self.content[int(pg)] = None
+                            self.content[self._slot(j, pg)] = None
                 case dc.Generate():
                     self._push(
                         "generate",
                         cmd.request_id,
                         int(cmd.generation),
                         cmd,
-                        attempt=self.decode.attempt_of(cmd.request_id) or 0,
+                        attempt=self.decodes[j].attempt_of(cmd.request_id) or 0,
                     )
                 case dc.AnswerRequest():
                     self._to_router(rc.DecodeFinished(cmd.request_id, cmd.status, cmd.message))

@@ -76,7 +76,9 @@ class Session:
     """`attack:reaction` -> how many probes got it (for coverage)."""
 
     def __post_init__(self) -> None:
-        require_one_prefill_rank(self.config, retries=self.target.retries)
+        require_one_prefill_rank(
+            self.config, retries=self.target.retries, instances=self.target.instances
+        )
         self.target.start(self.config, self.mode)
         ids = Ids(self.config.page_size)
         for r in range(len(self.config.requests)):

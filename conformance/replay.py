@@ -164,7 +164,7 @@ def replay_trace(
         named = trace.header.get("mode") or trace.header.get("variant")
         mode = named if isinstance(named, str) and named in MODES else "reference"
     config: Config = trace.config
-    require_one_prefill_rank(config, retries=target.retries)
+    require_one_prefill_rank(config, retries=target.retries, instances=target.instances)
     report = ReplayReport(mode=mode, target=target.name)
     # Prompts that ended inside a page when the trace was recorded (`Target.shortfall`).
     target.shortfall = {int(r): int(n) for r, n in dict(trace.header.get("shortfall", {})).items()}

@@ -59,10 +59,14 @@ class UnsupportedScenario(ValueError):
     """The scenario needs something the implementation does not have (the message says what)."""
 
 
-def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
+def require_one_prefill_rank(
+    config: Config, retries: bool = False, instances: bool = False
+) -> None:
     """Refuse a scenario with several prefill ranks: our implementation has one prefill server,
     which writes whole pages and sends one completion, so it cannot play one (and a lockstep run
-    against the several-rank spec would diverge at the first write, not find a bug)."""
+    against the several-rank spec would diverge at the first write, not find a bug). Refuse
+    several instances too, unless the target plays them (`instances`, `Target.instances`), and
+    then still refuse what it cannot play (see `require_playable_instances`)."""
     if config.prefill_ranks != 1:
         raise UnsupportedScenario(
             f"prefill_ranks={config.prefill_ranks}: the implementation has one prefill server "
@@ -70,12 +74,15 @@ def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
             "several-rank designs with `kvhandoff check --set prefill_ranks=N`"
         )
     if config.prefill_instances != 1 or config.decode_instances != 1:
-        raise UnsupportedScenario(
-            f"prefill_instances={config.prefill_instances}, decode_instances="
-            f"{config.decode_instances}: the implementation's harness runs one prefill and one "
-            "decode server, so conformance runs only scenarios with one instance of each; "
-            "check several-instance designs with `kvhandoff check --scenario instances`"
-        )
+        if not instances:
+            raise UnsupportedScenario(
+                f"prefill_instances={config.prefill_instances}, decode_instances="
+                f"{config.decode_instances}: this target runs one prefill and one decode server, "
+                "so it plays only scenarios with one instance of each; the in-process target "
+                "plays several (`kvhandoff conform --instances`), and `kvhandoff check --scenario "
+                "instances` checks several-instance designs"
+            )
+        require_playable_instances(config)
     if config.rooms != "fixed":
         raise UnsupportedScenario(
             f"rooms={config.rooms}: conformance plays each request with the room the scenario "
@@ -95,6 +102,39 @@ def require_one_prefill_rank(config: Config, retries: bool = False) -> None:
         )
 
 
+def require_playable_instances(config: Config) -> None:
+    """What a target that plays several instances (the in-process one) still cannot play.
+
+    * A placement the router chooses (`placement=any`): a run places each request once, so a
+      program plays one fixed placement (the campaign draws one per program, `placements`).
+    * Restarts and partitions with several instances: the implementation's decode core watches
+      *one* prefill (one boot epoch, one health probe), where the spec's decode instance watches
+      every prefill instance on its own and fails only the requests placed on the one that
+      restarted or went silent. Playing those faults would need a decode that tracks a peer per
+      request; until then they are checked by the model checker only (`--scenario
+      instance_faults`)."""
+    several = config.prefill_instances > 1 or config.decode_instances > 1
+    if not several:
+        return
+    if config.placement != "fixed":
+        raise UnsupportedScenario(
+            f"placement={config.placement} with prefill_instances={config.prefill_instances}, "
+            f"decode_instances={config.decode_instances}: a run plays one placement; set "
+            "placement=fixed and place each request in --set requests= (TENANT:PAGES:ROOM:P/D), "
+            "or let `kvhandoff conform --instances` draw one per program"
+        )
+    if config.max_crashes or config.max_partitions:
+        raise UnsupportedScenario(
+            f"max_crashes={config.max_crashes}, max_partitions={config.max_partitions} with "
+            f"prefill_instances={config.prefill_instances}, decode_instances="
+            f"{config.decode_instances}: the implementation's decode watches one prefill (one "
+            "boot epoch, one health probe), so a restart or partition of one instance among "
+            "several cannot be played as the spec takes it; set max_crashes=0 and "
+            "max_partitions=0, and check instance faults with `kvhandoff check --scenario "
+            "instance_faults`"
+        )
+
+
 class Target(abc.ABC):
     """An implementation under test. Subclass it (or speak the harness protocol, docs/conformance.md)."""
 
@@ -107,6 +147,11 @@ class Target(abc.ABC):
     fine_grained: bool = True
     """True when `deliver`/`drop`/`duplicate` control single messages (lockstep possible); a
     coarse target supports only submit, cancel, crashes and `settle`, and is judged on its log."""
+    instances: bool = False
+    """True when the target plays several prefill and decode instances (one core of each per
+    instance, each request on the instances its placement names; `require_playable_instances`
+    says what it still refuses). Page numbers in its log and `page_contents` are the spec's,
+    global over the instances' pools."""
     retries: bool = False
     """True when the target plays the spec's `router_retry_request` (`retry`): the client
     resubmits a failed request under the same id, and the implementation numbers the attempt.
@@ -257,4 +302,5 @@ __all__ = [
     "canary_owner",
     "canary_prompt",
     "require_one_prefill_rank",
+    "require_playable_instances",
 ]

@@ -79,16 +79,26 @@ class Ids:
 
     page_size: int
     requests: dict[str, int] = field(default_factory=dict)
-    generations: dict[int, int] = field(default_factory=dict)
+    generations: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(decode instance, implementation generation) -> spec generation. Each decode instance
+    numbers its generations on its own (two may issue the same one, in the spec as in real
+    engines), so a generation names a grant only with the instance that issued it."""
     cancelled: set[int] = field(default_factory=set)
+    decode_instances: dict[int, int] = field(default_factory=dict)
+    """Spec request -> the decode instance it is placed on (absent: 0)."""
 
     def req(self, ev: Event) -> int | None:
         rid = ev["args"].get("request_id")
         return None if rid is None else self.requests.get(str(rid))
 
+    def instance(self, ev: Event) -> int:
+        """The decode instance of the request the line names (0 when it names none)."""
+        r = self.req(ev)
+        return 0 if r is None else self.decode_instances.get(r, 0)
+
     def gen(self, ev: Event) -> int | None:
         g = ev["args"].get("generation")
-        return None if g is None else self.generations.get(int(g))
+        return None if g is None else self.generations.get((self.instance(ev), int(g)))
 
 
 def unchecked_config(**values: Any) -> Config:
@@ -806,6 +816,10 @@ class Validator:
     ) -> None:
         self.config = config
         self.ids = ids
+        if config.decode_instances > 1:
+            ids.decode_instances.update(
+                {r: q.decode_instance for r, q in enumerate(config.requests)}
+            )
         self.variant = variant
         self.silent = tuple(silent)
         self.check_properties = check_properties
@@ -855,7 +869,8 @@ class Validator:
         if ev.get("event") == "decode_reserve_pages":
             r = self.ids.req(ev)
             if r is not None:
-                self.ids.generations[int(ev["args"]["generation"])] = after.requests[r].d_gen
+                key = (self.ids.instance(ev), int(ev["args"]["generation"]))
+                self.ids.generations[key] = after.requests[r].d_gen
 
     def _explain(
         self, ev: Event, frontier: dict[State, tuple[Action, ...]], base: dict[int, State]

@@ -53,6 +53,15 @@ def register(sub: Any) -> None:
         help="client retries under the same request id per program (the spec's "
         "router_retry_request; default 0). Only the in-process target plays them",
     )
+    p.add_argument(
+        "--instances",
+        action="store_true",
+        help="play the scenario on two prefill and two decode instances of three pages each, "
+        "each program placing the requests its own way (the router's choice). Only the "
+        "in-process target plays several instances, and without restarts or partitions (its "
+        "decode core watches one prefill; `kvhandoff check --scenario instance_faults` checks "
+        "those)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument(
@@ -184,6 +193,11 @@ def run_conform(args: argparse.Namespace) -> int:
     if args.traces < 1 or args.steps < 1:
         raise UsageError("--traces and --steps must be at least 1")
     if getattr(args, "faults", None) is not None:
+        if args.instances:
+            raise UsageError(
+                "--instances plays several instances on the in-process target; --faults runs "
+                "one prefill and one decode server (--target grpc): use one or the other"
+            )
         return _fault_campaign(args)
 
     if args.transport != "grpc":
@@ -226,6 +240,7 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         out_dir=Path(args.out),
         target=target,
         max_retries=args.max_retries,
+        instances=args.instances,
     )
     if args.junit:
         output.write_junit(Path(args.junit), [output.conform_suite(report, args.seed)])

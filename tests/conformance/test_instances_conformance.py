@@ -1,0 +1,140 @@
+"""Conformance on several instances: the in-process target runs one core per instance, and the
+spec, placing each request on its instances, judges it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvhandoff.cli.main import main
+from kvhandoff.conformance import campaign
+from kvhandoff.conformance.inproc import InProcTarget
+from kvhandoff.conformance.lockstep import Divergence, Session, run_program
+from kvhandoff.conformance.target import (
+    UnsupportedScenario,
+    require_one_prefill_rank,
+    require_playable_instances,
+)
+from kvhandoff.spec.actions import Action, is_fault
+from kvhandoff.spec.config import Config, RequestSpec, placements
+
+# Requests 0 and 2 share room 1 and are placed on different decode instances: each instance
+# numbers its generations on its own, so both grants carry the same generation.
+COLLIDING = replace(
+    campaign.campaign_config(instances=True),
+    placement="fixed",
+    requests=(
+        RequestSpec("a", 2, 1, prefill_instance=0, decode_instance=0),
+        RequestSpec("b", 3, 2, prefill_instance=1, decode_instance=0),
+        RequestSpec("b", 2, 1, prefill_instance=1, decode_instance=1),
+    ),
+    max_faults=0,
+)
+
+
+def _protocol_first(options: list[Action]) -> Action | None:
+    steps = [a for a in options if not is_fault(a)]
+    return steps[0] if steps else None
+
+
+def _events(session: Session, name: str) -> list[dict[str, Any]]:
+    return [ev for ev in session.events if ev["event"] == name]
+
+
+def test_two_decode_instances_issue_the_same_generation_and_the_spec_tells_them_apart() -> None:
+    session = run_program(InProcTarget(), COLLIDING, "reference", _protocol_first, 80)
+    reserved = _events(session, "decode_reserve_pages")
+    grants = {ev["args"]["request_id"]: ev["args"] for ev in reserved}
+    assert {"r0", "r2"} <= set(grants)
+    # The same implementation generation from both decode instances, for the same room ...
+    assert grants["r0"]["generation"] == grants["r2"]["generation"]
+    assert grants["r0"]["room"] == grants["r2"]["room"] == 1
+    # ... on pages of each instance's own block, under the spec's numbers (instance 1: 3..5).
+    assert all(q < 3 for q in grants["r0"]["pages"])
+    assert all(q >= 3 for q in grants["r2"]["pages"])
+    writes = {ev["args"]["page"] for ev in _events(session, "decode_receive_write")}
+    assert writes & {3, 4, 5}
+    answers = session.target.answers()
+    assert answers[0].ok and answers[2].ok and not answers[1].ok
+    assert answers[2].read == ["b", "b"]
+    # Both generations are spec generation 1 of their own instance.
+    state = session.state
+    assert state.requests[0].d_gen == state.requests[2].d_gen
+
+
+class _OnePool(InProcTarget):
+    """A deployment bug: both decode instances map the same memory, so instance 1's page k is
+    instance 0's page k (two decode workers configured onto one pool). Their logs still name
+    the pages each was granted."""
+
+    def _slot(self, j: int, page: int) -> int:
+        return int(page)
+
+
+class _OwnNumbers(InProcTarget):
+    """A harness bug: decode instances' log lines keep each instance's own page numbers."""
+
+    def _globalize(self, j: int, args: dict[str, Any]) -> dict[str, Any]:
+        return args
+
+
+def test_a_shared_pool_across_decode_instances_is_caught() -> None:
+    with pytest.raises(Divergence) as caught:
+        run_program(_OnePool(), COLLIDING, "reference", _protocol_first, 80)
+    assert caught.value.kind == "data"
+    assert caught.value.property == "freed_pages_hold_no_readable_data"
+
+
+def test_page_numbers_of_another_block_are_caught() -> None:
+    with pytest.raises(Divergence) as caught:
+        run_program(_OwnNumbers(), COLLIDING, "reference", _protocol_first, 80)
+    assert caught.value.kind == "unexplained_event"
+    assert "decode_reserve_pages" in caught.value.message
+    assert '"request_id": "r2"' in caught.value.message
+
+
+def test_the_instances_campaign_conforms_and_draws_placements() -> None:
+    config = campaign.campaign_config(instances=True)
+    assert len(placements(config)) > 1
+    report = campaign.run("inproc", "reference", traces=60, steps=20, seed=3, instances=True)
+    assert report.verdict == "conforms", report.failures
+    assert report.traces >= 60
+
+
+def test_a_mode_with_a_bug_still_diverges_on_instances() -> None:
+    report = campaign.run(
+        "inproc", "m7_release_before_drain", traces=300, steps=20, seed=0, instances=True
+    )
+    assert report.verdict == "diverges"
+    assert report.failures[0].property == "no_late_write_lands_in_reallocated_page"
+
+
+def test_what_several_instances_still_refuse() -> None:
+    config = campaign.campaign_config(instances=True)
+    with pytest.raises(UnsupportedScenario, match="placement=any"):
+        require_playable_instances(config)
+    fixed = placements(config)[0]
+    require_one_prefill_rank(fixed, retries=True, instances=True)
+    with pytest.raises(UnsupportedScenario, match="max_crashes=1"):
+        require_playable_instances(replace(fixed, max_crashes=1))
+    with pytest.raises(UnsupportedScenario, match="max_partitions=1"):
+        require_playable_instances(replace(fixed, max_partitions=1))
+    with pytest.raises(UnsupportedScenario, match="this target runs one prefill"):
+        require_one_prefill_rank(fixed)
+    # One instance of each: nothing to refuse.
+    require_playable_instances(Config())
+
+
+def test_the_cli_runs_and_refuses_instances(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["conform", "--instances", "--traces", "20", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "conforms" in out
+    code = main(["conform", "--instances", "--faults", "crash", "--target", "grpc"])
+    assert code == 2
+    assert "--instances" in capsys.readouterr().err
