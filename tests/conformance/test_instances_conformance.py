@@ -138,3 +138,28 @@ def test_the_cli_runs_and_refuses_instances(
     code = main(["conform", "--instances", "--faults", "crash", "--target", "grpc"])
     assert code == 2
     assert "--instances" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_instances_campaign_conforms_over_many_programs(tmp_path: Path, seed: int) -> None:
+    report = campaign.run(
+        "inproc", "reference", traces=2000, steps=30, seed=seed, out_dir=tmp_path, instances=True
+    )
+    assert report.verdict == "conforms", report.failures
+
+
+def test_the_logs_of_programs_on_instances_validate_without_the_lockstep() -> None:
+    # As for one instance (test_inprocess_campaign.py): every log of a conforming program is
+    # explained from its events alone, placement by placement.
+    import random
+
+    from kvhandoff.conformance.validate import Ids, Validator
+
+    config = campaign.campaign_config(instances=True)
+    choices = placements(config)
+    for seed in range(160):
+        placed = choices[seed % len(choices)]
+        session = run_program(InProcTarget(), placed, "reference", random.Random(seed).choice, 20)
+        ids = Ids(placed.page_size, {f"r{r}": r for r in range(len(placed.requests))})
+        report = Validator(placed, ids).run(session.events)
+        assert report.ok, (seed, report.message)
