@@ -95,18 +95,11 @@ def campaign_config(max_retries: int = 0, instances: bool = False) -> Config:
 
     `instances`: the same requests on two prefill and two decode instances of three pages each,
     the router placing each request anywhere (each program plays one placement, drawn from
-    `spec.config.placements`), without restarts and partitions (`require_playable_instances`
-    says why)."""
+    `spec.config.placements`); a crash restarts one instance, a partition cuts one decode
+    instance off one prefill instance."""
     cfg = replace(default_config(), max_faults=4, max_partitions=2, max_retries=max_retries)
     if instances:
-        cfg = replace(
-            cfg,
-            prefill_instances=2,
-            decode_instances=2,
-            decode_pages=6,
-            max_crashes=0,
-            max_partitions=0,
-        )
+        cfg = replace(cfg, prefill_instances=2, decode_instances=2, decode_pages=6)
     return cfg
 
 

@@ -17,8 +17,12 @@ worker. Each decode core numbers its own pages from 0 and its own generations fr
 (two cores issue the same generations, as two real decode instances may); the target names a
 page by the spec's global number (decode instance j's pages are the j-th contiguous block,
 `Config.page_instance`) in its log, in pending writes and in `page_contents`, and hands the
-cores their own numbers. Restarts and partitions are refused with several instances
-(`require_playable_instances`): the decode core watches one prefill.
+cores their own numbers. A restart is of one instance (`restart_prefill(pinst)`,
+`restart_decode(dinst)`, each core its own boot epoch) and a partition cuts one decode instance
+off one prefill instance (`suspect_prefill_dead(dinst, pinst)`): every decode core probes every
+prefill instance's health on its own (`dc.PrefillHeartbeat.prefill`) and fails only the requests
+placed on the one it lost. Log lines that name no request say which instance logged them
+(`decode_instance`, `prefill_instance`, left out for instance 0).
 
 Retries (`retry`, the spec's `router_retry_request`): the client resubmits a failed request
 under the same id with `retry` set; the router makes it the next attempt. Every pending message
@@ -112,9 +116,9 @@ class InProcTarget(Target):
             min(q for q in range(config.decode_pages) if config.page_instance(q) == j)
             for j in range(config.decode_instances)
         ]
-        self.decode_boot = 1
+        self.decode_boots = [1] * config.decode_instances
         self.decodes = [self._new_decode(j) for j in range(config.decode_instances)]
-        self.prefill_epoch = 1
+        self.prefill_epochs = [1] * config.prefill_instances
         self.pending: list[_Pending] = []
         self.lost: list[_Pending] = []
         self.mid = 0
@@ -138,7 +142,7 @@ class InProcTarget(Target):
         # prefill holds the request: `suspect_prefill_dead`).
         self.grants_delivered: set[tuple[RequestId, int]] = set()
         # The decode health probe: decode learns prefill's epoch from it.
-        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        self._heartbeats()
 
     def _new_decode(self, j: int) -> dc.DecodeCore:
         assert self.config is not None
@@ -152,7 +156,7 @@ class InProcTarget(Target):
                 waiting_timeout_s=self.waiting_timeout,
                 behaviour=self.behaviour,
             ),
-            generation_base=self.decode_boot << 32,
+            generation_base=self.decode_boots[j] << 32,
         )
 
     def request_id(self, r: int) -> str:
@@ -165,7 +169,7 @@ class InProcTarget(Target):
 
     @property
     def prefill(self) -> pc.PrefillCore:
-        """The prefill core, where there is one (restarts and partitions: see the module)."""
+        """The prefill core, where there is one."""
         assert len(self.prefills) == 1
         return self.prefills[0]
 
@@ -202,11 +206,33 @@ class InProcTarget(Target):
         rid = args.get("request_id")
         return self._globalize(self._dinst(rid), args) if isinstance(rid, str) else args
 
+    def _heartbeats(self, dinst: int | None = None, pinst: int | None = None) -> None:
+        """Health probes that answer: of prefill instance `pinst` (every one) by decode
+        instance `dinst` (every one)."""
+        for j in range(len(self.decodes)) if dinst is None else [dinst]:
+            for i in range(len(self.prefills)) if pinst is None else [pinst]:
+                beat = dc.PrefillHeartbeat(self.prefill_epochs[i], self.now, prefill=i)
+                self._to_decode(beat, j)
+
+    def _placed_on(self, pinst: int | None = None, dinst: int | None = None) -> set[str]:
+        """The ids of the requests placed on prefill instance `pinst` and decode instance
+        `dinst` (either: any)."""
+        assert self.config is not None
+        return {
+            self.request_id(r)
+            for r, q in enumerate(self.config.requests)
+            if (pinst is None or q.prefill_instance == pinst)
+            and (dinst is None or q.decode_instance == dinst)
+        }
+
     def _globalize(self, j: int, args: dict[str, Any]) -> dict[str, Any]:
-        """A log line's page numbers (decode instance j's own) as the spec's."""
-        if not self.page_base[j]:
+        """A log line's page numbers (decode instance j's own) as the spec's; a line that
+        names no request says which decode instance logged it."""
+        if not j:
             return args
         out = dict(args)
+        if "request_id" not in out:
+            out["decode_instance"] = j
         if isinstance(out.get("page"), int):
             out["page"] = self._global(j, out["page"])
         if isinstance(out.get("pages"), list):
@@ -317,7 +343,8 @@ class InProcTarget(Target):
         self, kind: str, r: int, page: int | None = None, attempt: int | None = None
     ) -> bool:
         if kind == "heartbeat":
-            self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+            # Decode instance r's health probe of prefill instance `page` (None: 0).
+            self._heartbeats(r, page or 0)
             return True
         if kind == "write_send":
             return self._write_send(RequestId(self.request_id(r)))
@@ -420,31 +447,37 @@ class InProcTarget(Target):
             return reply.status is Status.OK
         return False
 
-    def suspect_prefill_dead(self) -> bool:
+    def suspect_prefill_dead(self, dinst: int = 0, pinst: int = 0) -> bool:
+        decode = self.decodes[dinst]
+        on = self._placed_on(pinst=pinst)
         # Decode fails only the requests whose grant prefill acknowledged; the spec's decode,
         # which does not track delivery, fails a request whose grant is in flight too. Such a
         # grant would then reach the live prefill and the request be served: refuse the step
         # there rather than diverge (the registry's row says so).
-        for rid, state in self.decode.active_requests().items():
-            view = self.decode.grant_of(rid)
-            if state == "waiting" and view is not None:
+        for rid, state in decode.active_requests().items():
+            view = decode.grant_of(rid)
+            if rid in on and state == "waiting" and view is not None:
                 if (rid, int(view.generation)) not in self.grants_delivered:
                     return False
         # The probe gets no answer until decode gives prefill up; prefill itself runs on.
-        for _ in range(self.decode.config.prefill_dead_after_misses):
-            self._to_decode(dc.PrefillHeartbeat(None, self.now))
-        if not self.decode.prefill_dead:
+        for _ in range(decode.config.prefill_dead_after_misses):
+            self._to_decode(dc.PrefillHeartbeat(None, self.now, prefill=pinst), dinst)
+        if not decode.prefill_dead_of(pinst):
             return False
         # The partition heals: the next probe answers, with the epoch decode already knew
         # (nothing restarted, nothing more to detect), and decode stops taking prefill for dead.
-        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        self._heartbeats(dinst, pinst)
         return True
 
-    def restart_prefill(self) -> None:
-        self.prefills = [pc.PrefillCore(self.prefill.config)]
-        self.prefill_epoch += 1
-        self._record("prefill", "prefill_restart", {"boot_epoch": self.prefill_epoch})
-        for key in list(self.writers):
+    def restart_prefill(self, pinst: int = 0) -> None:
+        self.prefills[pinst] = pc.PrefillCore(self.prefills[pinst].config)
+        self.prefill_epochs[pinst] += 1
+        on = self._placed_on(pinst=pinst)
+        args: dict[str, Any] = {"boot_epoch": self.prefill_epochs[pinst]}
+        if pinst:
+            args["prefill_instance"] = pinst
+        self._record("prefill", "prefill_restart", args)
+        for key in [key for key in self.writers if key[0] in on]:
             del self.writers[key]
             # Writes already on the wire may still land; the stream itself is gone.
             self.pending = [
@@ -452,16 +485,16 @@ class InProcTarget(Target):
                 for p in self.pending
                 if not (p.kind == "stream_close" and (p.rid, p.generation) == key)
             ]
-        held = [p for p in self.pending if p.kind == "prefill_submit"]
-        self.pending = [p for p in self.pending if p.kind != "prefill_submit"]
+        held = [p for p in self.pending if p.kind == "prefill_submit" and p.rid in on]
+        self.pending = [p for p in self.pending if p not in held]
         # Decode's health probe sees the new epoch first (the spec's decode detects the restart
         # before anyone answers), then the router's calls to the old prefill break.
-        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+        self._heartbeats(pinst=pinst)
         # Only calls still open: a request whose prefill call already returned is not affected.
         broken = [p.rid for p in held] + [
             rid
             for rid in self.router.active_requests()
-            if rid not in {p.rid for p in held} and rid not in self.prefill_done
+            if rid in on and rid not in {p.rid for p in held} and rid not in self.prefill_done
         ]
         for rid in broken:
             self._to_router(
@@ -470,22 +503,31 @@ class InProcTarget(Target):
         # The router withdraws them from decode at once (as for a client cancel).
         # (With them, any withdrawal the router already had on the way to decode: the spec's
         # decode fails every request of the old prefill epoch when it detects the restart.)
-        for p in [p for p in self.pending if p.kind == "cancel_decode"]:
+        for p in [p for p in self.pending if p.kind == "cancel_decode" and p.rid in on]:
             self.pending.remove(p)
             self._deliver(p)
 
-    def restart_decode(self) -> None:
-        self.decode_boot += 1
-        active = list(self.decode.active_requests())
-        self.decodes = [self._new_decode(0)]
+    def restart_decode(self, dinst: int = 0) -> None:
+        assert self.config is not None
+        self.decode_boots[dinst] += 1
+        boot = self.decode_boots[dinst]
+        active = list(self.decodes[dinst].active_requests())
+        self.decodes[dinst] = self._new_decode(dinst)
         self._record(
-            "decode", "decode_restart", {"boot": self.decode_boot, "boot_epoch": self.decode_boot}
+            "decode",
+            "decode_restart",
+            {"boot": boot, "boot_epoch": boot, **({"decode_instance": dinst} if dinst else {})},
         )
         if self.behaviour.scrub_on_release:
-            self.content = {p: None for p in self.content}
-        held = [p.rid for p in self.pending if p.kind == "decode_submit"]
-        self.pending = [p for p in self.pending if p.kind not in ("generate", "decode_submit")]
-        self._to_decode(dc.PrefillHeartbeat(self.prefill_epoch, self.now))
+            for q in self.content:
+                if self.config.page_instance(q) == dinst:
+                    self.content[q] = None
+        on = self._placed_on(dinst=dinst)
+        held = [p.rid for p in self.pending if p.kind == "decode_submit" and p.rid in on]
+        self.pending = [
+            p for p in self.pending if not (p.kind in ("generate", "decode_submit") and p.rid in on)
+        ]
+        self._heartbeats(dinst)
         for rid in [*active, *held]:
             self._to_router(rc.DecodeFinished(rid, Status.UNAVAILABLE, "decode restarted"))
 
@@ -699,6 +741,7 @@ class InProcTarget(Target):
                     self.tokens.to_bytes(16, "big"),
                     self.now,
                     c.attempt,
+                    prefill=self._pinst(c.request_id),
                 )
             )
             if reply.status is not Status.OK:
@@ -719,8 +762,11 @@ class InProcTarget(Target):
             )
             if reply.status is Status.OK:
                 self.grants_delivered.add((g.request_id, int(g.generation)))
+                i = self._pinst(g.request_id)
                 self._to_decode(
-                    dc.GrantDelivered(g.request_id, g.generation, self.prefill_epoch, self.now)
+                    dc.GrantDelivered(
+                        g.request_id, g.generation, self.prefill_epochs[i], self.now, prefill=i
+                    )
                 )
             else:
                 self._to_decode(dc.GrantFailed(g.request_id, g.generation, reply.message, self.now))

@@ -63,7 +63,7 @@ def _attempt(action: Any) -> int | None:
 
 
 def _deliver(
-    kind: str, request: Callable[[Any], int], page: Callable[[Any], int] | None = None
+    kind: str, request: Callable[[Any], int], page: Callable[[Any], int | None] | None = None
 ) -> tuple[str, Perform]:
     def perform(target: Target, action: Any) -> bool:
         p = None if page is None else page(action)
@@ -84,6 +84,18 @@ def _call(
 
     def perform(target: Target, action: Any) -> bool:
         result = getattr(target, method)(*(get(action) for get in args))
+        return bool(result) if returns is None else returns
+
+    return method, perform
+
+
+def _instance_call(method: str, *fields: str, returns: bool | None = None) -> tuple[str, Perform]:
+    """A `Target` fault method on instances (`pinst`, `dinst` of the action): passed as keywords
+    where one is not 0, so a target of one instance of each is called as before, with none."""
+
+    def perform(target: Target, action: Any) -> bool:
+        where = {f: getattr(action, f) for f in fields if getattr(action, f)}
+        result = getattr(target, method)(**where)
         return bool(result) if returns is None else returns
 
     return method, perform
@@ -227,7 +239,8 @@ REGISTRY: tuple[Counterpart, ...] = (
     ),
     _row(
         "decode_detect_prefill_restart",
-        _deliver("heartbeat", lambda a: 0),
+        # Decode instance dinst's probe of prefill instance pinst (None: instance 0).
+        _deliver("heartbeat", lambda a: a.dinst, lambda a: a.pinst or None),
         ("decode_detect_prefill_restart",),
     ),
     _row(
@@ -272,11 +285,19 @@ REGISTRY: tuple[Counterpart, ...] = (
         _call("prefill_abort", _request),
         ("prefill_finish_request",),
     ),
-    _row("prefill_restart", _call("restart_prefill", returns=True), ("prefill_restart",)),
-    _row("decode_restart", _call("restart_decode", returns=True), ("decode_restart",)),
+    _row(
+        "prefill_restart",
+        _instance_call("restart_prefill", "pinst", returns=True),
+        ("prefill_restart",),
+    ),
+    _row(
+        "decode_restart",
+        _instance_call("restart_decode", "dinst", returns=True),
+        ("decode_restart",),
+    ),
     _row(
         "decode_suspect_prefill_dead",
-        _call("suspect_prefill_dead"),
+        _instance_call("suspect_prefill_dead", "dinst", "pinst"),
         ("decode_detect_prefill_restart",),
         "the implementation logs it as decode_detect_prefill_restart with new_epoch null "
         "(reason 'prefill stopped answering health checks'). Its decode fails only the requests "

@@ -103,35 +103,16 @@ def require_one_prefill_rank(
 
 
 def require_playable_instances(config: Config) -> None:
-    """What a target that plays several instances (the in-process one) still cannot play.
-
-    * A placement the router chooses (`placement=any`): a run places each request once, so a
-      program plays one fixed placement (the campaign draws one per program, `placements`).
-    * Restarts and partitions with several instances: the implementation's decode core watches
-      *one* prefill (one boot epoch, one health probe), where the spec's decode instance watches
-      every prefill instance on its own and fails only the requests placed on the one that
-      restarted or went silent. Playing those faults would need a decode that tracks a peer per
-      request; until then they are checked by the model checker only (`--scenario
-      instance_faults`)."""
+    """What a target that plays several instances (the in-process one) still cannot play: a
+    placement the router chooses (`placement=any`). A run places each request once, so a
+    program plays one fixed placement (the campaign draws one per program, `placements`)."""
     several = config.prefill_instances > 1 or config.decode_instances > 1
-    if not several:
-        return
-    if config.placement != "fixed":
+    if several and config.placement != "fixed":
         raise UnsupportedScenario(
             f"placement={config.placement} with prefill_instances={config.prefill_instances}, "
             f"decode_instances={config.decode_instances}: a run plays one placement; set "
             "placement=fixed and place each request in --set requests= (TENANT:PAGES:ROOM:P/D), "
             "or let `kvhandoff conform --instances` draw one per program"
-        )
-    if config.max_crashes or config.max_partitions:
-        raise UnsupportedScenario(
-            f"max_crashes={config.max_crashes}, max_partitions={config.max_partitions} with "
-            f"prefill_instances={config.prefill_instances}, decode_instances="
-            f"{config.decode_instances}: the implementation's decode watches one prefill (one "
-            "boot epoch, one health probe), so a restart or partition of one instance among "
-            "several cannot be played as the spec takes it; set max_crashes=0 and "
-            "max_partitions=0, and check instance faults with `kvhandoff check --scenario "
-            "instance_faults`"
         )
 
 
@@ -151,7 +132,9 @@ class Target(abc.ABC):
     """True when the target plays several prefill and decode instances (one core of each per
     instance, each request on the instances its placement names; `require_playable_instances`
     says what it still refuses). Page numbers in its log and `page_contents` are the spec's,
-    global over the instances' pools."""
+    global over the instances' pools; `restart_prefill`, `restart_decode` and
+    `suspect_prefill_dead` then take the instances (`pinst=`, `dinst=`, left out for 0), and
+    `deliver("heartbeat", dinst, pinst)` is decode instance dinst's probe of prefill pinst."""
     retries: bool = False
     """True when the target plays the spec's `router_retry_request` (`retry`): the client
     resubmits a failed request under the same id, and the implementation numbers the attempt.
@@ -173,7 +156,8 @@ class Target(abc.ABC):
     def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
         """Deliver one pending step of `kind` (see `STEP_KINDS`) for request r. A target with
         `retries` also takes `attempt=` (the spec message's attempt, None when the step names
-        no message)."""
+        no message). `heartbeat` names no request: r is the decode instance whose health probe
+        answers and `page` the prefill instance it probes (None: 0)."""
         return False
 
     def retry(self, r: int) -> bool:

@@ -154,6 +154,29 @@ def _answered(s: State, r: int, ok: bool) -> bool:
     return a is not None and a.ok == ok
 
 
+# Boot epochs by instance (see `spec/state.py`, "Instances": instance 0's are the plain fields).
+
+
+def _prefill_epoch(s: State, i: int) -> int:
+    return s.prefill_epoch if i == 0 else s.prefill_epochs[i - 1]
+
+
+def _decode_epoch(s: State, j: int) -> int:
+    return s.decode_epoch if j == 0 else s.decode_epochs[j - 1]
+
+
+def _decode_sees(c: Config, s: State, j: int, i: int) -> int:
+    """The boot epoch of prefill instance i that decode instance j last saw."""
+    if i == 0 and j == 0:
+        return s.decode_sees_prefill_epoch
+    return s.decode_sees_prefill_epochs[j * c.prefill_instances + i - 1]
+
+
+def _instance(ev: Event, name: str) -> int:
+    """The instance a log line that names no request says logged it (absent: 0)."""
+    return int(ev["args"].get(name, 0) or 0)
+
+
 class Matchers:
     """One method per event kind; each returns the candidate explanations in a spec state."""
 
@@ -164,6 +187,15 @@ class Matchers:
         self.ids = ids
         self.scrub = scrub
         self.accept_alarms = accept_alarms
+
+    def _placed(self, r: int) -> tuple[int, int]:
+        """(prefill instance, decode instance) request r is placed on."""
+        q = self.config.requests[r]
+        return q.prefill_instance, q.decode_instance
+
+    def _restart_unseen(self, s: State, j: int, i: int) -> bool:
+        """Prefill instance i restarted and decode instance j has not seen it yet."""
+        return _decode_sees(self.config, s, j, i) != _prefill_epoch(s, i)
 
     def __call__(self, ev: Event, s: State) -> list[Match]:
         method = getattr(self, "m_" + str(ev.get("event")), None)
@@ -219,23 +251,26 @@ class Matchers:
         if not ok and ev["args"].get("code") == "CANCELLED" and r in self.ids.cancelled:
             # The client cancelled after decode's answer: it gets the cancel (fail closed).
             return [Match(())] if s.requests[r].answer is not None else []
-        if not ok and s.requests[r].answer is not None and s.requests[r].d_epoch != s.prefill_epoch:
+        i, j = self._placed(r)
+        req = s.requests[r]
+        if not ok and req.answer is not None and req.d_epoch != _prefill_epoch(s, i):
             # The prefill that served the request crashed before the router heard its result:
             # the router answers an error although decode answered (fail closed).
             return [Match(())]
-        if not ok and s.requests[r].answer is not None and s.requests[r].p_epoch != s.decode_epoch:
+        if not ok and req.answer is not None and req.p_epoch != _decode_epoch(s, j):
             # Decode crashed after it answered, before its answer reached the router: the
             # router's call broke and it answers an error (fail closed).
             return [Match(())]
-        if not ok and s.decode_sees_prefill_epoch != s.prefill_epoch:
+        if not ok and self._restart_unseen(s, j, i):
             # The router's call to a crashed prefill broke before decode's health check saw the
             # restart: the restart's detection, observed by the router first.
-            return [Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False))]
+            detect = DecodeDetectPrefillRestart(dinst=j, pinst=i)
+            return [Match((detect,), lambda a, b: _answered(b, r, False))]
         return []
 
     # prefill
     def m_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
-        return [Match((PrefillRestart(),))]
+        return [Match((PrefillRestart(pinst=_instance(ev, "prefill_instance")),))]
 
     def m_prefill_admit_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         if r is None:
@@ -392,7 +427,7 @@ class Matchers:
 
     # decode
     def m_decode_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
-        return [Match((DecodeRestart(),))]
+        return [Match((DecodeRestart(dinst=_instance(ev, "decode_instance")),))]
 
     def m_decode_admit_request(self, ev: Event, s: State, r: int | None) -> list[Match]:
         return [] if r is None else [Match((DecodeAdmitRequest(r),))]
@@ -522,6 +557,9 @@ class Matchers:
 
     def m_decode_detect_prefill_restart(self, ev: Event, s: State, r: int | None) -> list[Match]:
         named = ev["args"].get("failed")
+        # Decode instance j's view of prefill instance i (both 0 with one instance of each).
+        j, i = _instance(ev, "decode_instance"), _instance(ev, "prefill_instance")
+        detect = DecodeDetectPrefillRestart(dinst=j, pinst=i)
         if "new_epoch" in ev["args"] and ev["args"]["new_epoch"] is None:
             # Missed health checks say nothing of why: a partition (prefill alive) or a prefill
             # that really crashed and stays down (SGLang's crash_down finding), which the spec
@@ -529,24 +567,32 @@ class Matchers:
             # one the rest of the log agrees with.
             # The restart first: where the spec's prefill did restart, that is the explanation.
             out: list[Match] = []
-            if s.decode_sees_prefill_epoch != s.prefill_epoch and (
-                named is None or self._fails_as_named(s, named)
+            if self._restart_unseen(s, j, i) and (
+                named is None or self._fails_as_named(s, named, j, i)
             ):
-                out.append(Match((DecodeDetectPrefillRestart(),)))
-            return out + self._suspected_dead(s, named)
-        if s.decode_sees_prefill_epoch != s.prefill_epoch:
-            if named is not None and not self._fails_as_named(s, named):
+                out.append(Match((detect,)))
+            return out + self._suspected_dead(s, named, j, i)
+        if self._restart_unseen(s, j, i):
+            if named is not None and not self._fails_as_named(s, named, j, i):
                 return []
-            return [Match((DecodeDetectPrefillRestart(),))]
+            return [Match((detect,))]
         return [Match(())]
 
-    def _suspected_dead(self, s: State, named: list[Any] | None) -> list[Match]:
+    def _on(self, q: int, j: int, i: int) -> bool:
+        """Request q is placed on decode instance j and prefill instance i."""
+        return self._placed(q) == (i, j)
+
+    def _suspected_dead(
+        self, s: State, named: list[Any] | None, j: int = 0, i: int = 0
+    ) -> list[Match]:
         """Decode's health checks of prefill missed and it took prefill for dead, with no new
         epoch (the log's `new_epoch` is null): a partition, `decode_suspect_prefill_dead`, which
         fails every request the spec's decode waits on (`reserved`). The line must name exactly
         those: one it kept would go on to be served by the live prefill, which the spec's
         decode no longer allows. Waiting on none, decode's suspicion changes nothing: a stutter."""
-        waiting = {q for q, req in enumerate(s.requests) if req.d == "reserved"}
+        waiting = {
+            q for q, req in enumerate(s.requests) if req.d == "reserved" and self._on(q, j, i)
+        }
         failed = set()
         for rid in named or ():
             q = self.ids.requests.get(str(rid))
@@ -557,9 +603,9 @@ class Matchers:
             return [Match(())] if not failed else []
         if named is not None and failed != waiting:
             return []
-        return [Match((DecodeSuspectPrefillDead(),))]
+        return [Match((DecodeSuspectPrefillDead(dinst=j, pinst=i),))]
 
-    def _fails_as_named(self, s: State, named: list[Any]) -> bool:
+    def _fails_as_named(self, s: State, named: list[Any], j: int = 0, i: int = 0) -> bool:
         """The requests a restart detection says it failed: only requests the spec's step fails
         (waiting on the old prefill), and at least those whose grant that prefill held."""
         failed = set()
@@ -571,7 +617,9 @@ class Matchers:
         may = {
             q
             for q, req in enumerate(s.requests)
-            if req.d in ("received", "admitted", "reserved") and req.d_epoch != s.prefill_epoch
+            if req.d in ("received", "admitted", "reserved")
+            and self._on(q, j, i)
+            and req.d_epoch != _prefill_epoch(s, i)
         }
         must = {
             q
@@ -625,10 +673,12 @@ class Matchers:
             # every request handed over for the lost prefill, including hand-overs that reach
             # the real decode after this and are admitted (seed 305 trace 41).
             out.append(Match((DecodeWaitingTimeout(r),), lambda a, b: _answered(b, r, False)))
-        if s.decode_sees_prefill_epoch != s.prefill_epoch:
+        i, j = self._placed(r)
+        if self._restart_unseen(s, j, i):
             # Decode saw the crashed prefill's write stream or grant call break before its
             # health check saw the new epoch: the restart's detection, by another path.
-            out.append(Match((DecodeDetectPrefillRestart(),), lambda a, b: _answered(b, r, False)))
+            detect = DecodeDetectPrefillRestart(dinst=j, pinst=i)
+            out.append(Match((detect,), lambda a, b: _answered(b, r, False)))
         return out
 
     def m_decode_release_pages(self, ev: Event, s: State, r: int | None) -> list[Match]:
@@ -1061,9 +1111,9 @@ def _facts(
             # Refused on a withdrawal that overtook the submit: after whatever caused it.
             req.append([("cancelled", rid), ("prefill_ended", rid)])
     elif k == "prefill_restart":
-        prod.append(("prefill_epoch", a.get("boot_epoch")))
+        prod.append(("prefill_epoch", a.get("prefill_instance", 0), a.get("boot_epoch")))
     elif k == "decode_detect_prefill_restart" and a.get("new_epoch") is not None:
-        req.append([("prefill_epoch", a.get("new_epoch"))])
+        req.append([("prefill_epoch", a.get("prefill_instance", 0), a.get("new_epoch"))])
     elif k == "decode_reserve_pages":
         prod.append(("granted", rid, gen))
     elif k == "prefill_receive_grant":

@@ -57,10 +57,9 @@ def register(sub: Any) -> None:
         "--instances",
         action="store_true",
         help="play the scenario on two prefill and two decode instances of three pages each, "
-        "each program placing the requests its own way (the router's choice). Only the "
-        "in-process target plays several instances, and without restarts or partitions (its "
-        "decode core watches one prefill; `kvhandoff check --scenario instance_faults` checks "
-        "those)",
+        "each program placing the requests its own way (the router's choice); a crash restarts "
+        "one instance, a partition cuts one decode instance off one prefill instance. Only the "
+        "in-process target plays several instances",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")

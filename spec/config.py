@@ -84,7 +84,7 @@ class Config:
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
     "Instances"). Every engine checks more than one (prove's any-size model: any number and
     any placement); of the conformance targets only the in-process one plays several
-    (`kvhandoff conform --instances`, without restarts and partitions). Each instance may have
+    (`kvhandoff conform --instances`). Each instance may have
     `prefill_ranks` ranks. A crash restarts one instance, and a partition cuts one decode
     instance off one prefill instance (see `spec/state.py`, "Instances")."""
     decode_instances: int = 1

@@ -267,8 +267,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "requests' pages at once, as if no write of theirs could still arrive, and cannot take "
         "prefill for dead again when the next partition comes",
         DECODE,
-        "        self._heartbeat_misses = 0\n        self._prefill_dead = False\n",
-        "        self._heartbeat_misses = 0\n",
+        "        peer.misses = 0\n        peer.dead = False\n",
+        "        peer.misses = 0\n",
     ),
     _m(
         "suspected_prefill_requests_not_failed",
@@ -276,11 +276,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "waiting on it: they wait for a completion that may never come (M15's hang, by another "
         "path)",
         DECODE,
-        "        self._prefill_dead = True\n"
+        "        peer.dead = True\n"
         "        return self._fail_after_prefill_loss(\n"
-        '            self._prefill_epoch, None, "prefill stopped answering health checks"\n'
+        '            ev.prefill, peer.epoch, None, "prefill stopped answering health checks"\n'
         "        )\n",
-        "        self._prefill_dead = True\n        return []\n",
+        "        peer.dead = True\n        return []\n",
     ),
     # ------------------------------------------------------------------ prefill
     _m(

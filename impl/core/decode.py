@@ -91,6 +91,10 @@ class SubmitRequest:
     token: bytes  # capability for this grant, chosen by the caller (secrets.token_bytes)
     now: float
     attempt: int = 0  # the router's attempt number for the request id
+    prefill: int = 0
+    """The prefill instance the router placed the request on (SGLang's decode learns it from
+    the request's bootstrap host): the peer whose restart or silence fails the request. A
+    deployment with one prefill leaves it 0."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,7 @@ class GrantDelivered:
     generation: Generation
     prefill_epoch: int
     now: float
+    prefill: int = 0  # the prefill instance that acknowledged it
 
 
 @dataclass(frozen=True)
@@ -185,10 +190,12 @@ class GenerationFinished:
 
 @dataclass(frozen=True)
 class PrefillHeartbeat:
-    """Result of one health probe of prefill: its boot epoch, or None when it did not answer."""
+    """Result of one health probe of prefill instance ``prefill``: its boot epoch, or None when
+    it did not answer. Decode probes every prefill instance it serves on its own."""
 
     epoch: int | None
     now: float
+    prefill: int = 0
 
 
 @dataclass(frozen=True)
@@ -283,6 +290,13 @@ class RequestState(enum.Enum):
 
 
 @dataclass
+class _PeerHealth:
+    epoch: int | None = None
+    dead: bool = False
+    misses: int = 0
+
+
+@dataclass
 class _Request:
     request_id: RequestId
     tenant: Tenant
@@ -294,6 +308,7 @@ class _Request:
     pages: tuple[PageId, ...]
     prefill_epoch: int | None
     deadline: float
+    prefill: int = 0  # the prefill instance it was placed on
     state: RequestState = RequestState.WAITING
     written: dict[PageId, bytes] = field(default_factory=dict)
     answered: bool = False
@@ -346,9 +361,9 @@ class DecodeCore:
         # Cancels that overtook the router's submit (two separate calls): refuse the submit later.
         self._early_cancels: OrderedDict[tuple[RequestId, int], str] = OrderedDict()
         self._seen_ids: OrderedDict[tuple[RequestId, int], None] = OrderedDict()
-        self._prefill_epoch: int | None = None
-        self._prefill_dead = False
-        self._heartbeat_misses = 0
+        # Each prefill instance's health as decode last saw it, by instance: its boot epoch,
+        # whether it is taken for dead, and the probes it missed in a row.
+        self._peers: dict[int, _PeerHealth] = {}
 
     # ------------------------------------------------------------------ read-only views
 
@@ -358,8 +373,17 @@ class DecodeCore:
 
     @property
     def prefill_dead(self) -> bool:
-        """Prefill missed enough health checks to be taken for dead (and has not come back)."""
-        return self._prefill_dead
+        """Prefill (instance 0) missed enough health checks to be taken for dead (and has not
+        come back)."""
+        return self.prefill_dead_of(0)
+
+    def prefill_dead_of(self, prefill: int) -> bool:
+        """Whether prefill instance ``prefill`` is taken for dead."""
+        peer = self._peers.get(prefill)
+        return peer is not None and peer.dead
+
+    def _peer(self, prefill: int) -> _PeerHealth:
+        return self._peers.setdefault(prefill, _PeerHealth())
 
     @property
     def used_pages(self) -> int:
@@ -496,6 +520,7 @@ class DecodeCore:
             pages=pages,
             prefill_epoch=None,
             deadline=ev.now + self.config.waiting_timeout_s,
+            prefill=ev.prefill,
             attempt=ev.attempt,
         )
         return [
@@ -932,7 +957,7 @@ class DecodeCore:
         abort = SendAbort(req.request_id, req.room, req.generation, req.token, req.attempt)
         if self._b.release_before_drain:
             return [abort, *self._release(req, "aborted_before_drain")]
-        if self._prefill_dead:
+        if self.prefill_dead_of(req.prefill):
             return self._release(req, "prefill_dead")
         req.state = RequestState.RELEASING
         req.deadline = now + (
@@ -973,7 +998,7 @@ class DecodeCore:
         return [*cmds, Reply(Status.OK)]
 
     def _on_grant_delivered(self, ev: GrantDelivered) -> list[DecodeCommand]:
-        cmds = self._observe_epoch(ev.prefill_epoch)
+        cmds = self._observe_epoch(ev.prefill, ev.prefill_epoch)
         req = self._requests.get(ev.request_id)
         if req is not None and req.generation == ev.generation:
             req.prefill_epoch = ev.prefill_epoch
@@ -981,34 +1006,38 @@ class DecodeCore:
 
     def _on_heartbeat(self, ev: PrefillHeartbeat) -> list[DecodeCommand]:
         if ev.epoch is not None:
-            return self._observe_epoch(ev.epoch)
-        self._heartbeat_misses += 1
-        if self._prefill_dead or self._heartbeat_misses < self.config.prefill_dead_after_misses:
+            return self._observe_epoch(ev.prefill, ev.epoch)
+        peer = self._peer(ev.prefill)
+        peer.misses += 1
+        if peer.dead or peer.misses < self.config.prefill_dead_after_misses:
             return []
-        self._prefill_dead = True
+        peer.dead = True
         return self._fail_after_prefill_loss(
-            self._prefill_epoch, None, "prefill stopped answering health checks"
+            ev.prefill, peer.epoch, None, "prefill stopped answering health checks"
         )
 
-    def _observe_epoch(self, epoch: int) -> list[DecodeCommand]:
-        self._heartbeat_misses = 0
-        self._prefill_dead = False
-        old = self._prefill_epoch
-        self._prefill_epoch = epoch
+    def _observe_epoch(self, prefill: int, epoch: int) -> list[DecodeCommand]:
+        peer = self._peer(prefill)
+        peer.misses = 0
+        peer.dead = False
+        old = peer.epoch
+        peer.epoch = epoch
         if old is None or old == epoch:
             return []
         return self._fail_after_prefill_loss(
-            old, epoch, f"prefill restarted (epoch {old} -> {epoch})"
+            prefill, old, epoch, f"prefill restarted (epoch {old} -> {epoch})"
         )
 
     def _fail_after_prefill_loss(
-        self, old_epoch: int | None, new_epoch: int | None, why: str
+        self, prefill: int, old_epoch: int | None, new_epoch: int | None, why: str
     ) -> list[DecodeCommand]:
         failed: list[RequestId] = []
         cmds: list[DecodeCommand] = []
         for req in list(self._requests.values()):
-            # Only requests held by the lost prefill; a grant still in flight has no epoch yet
-            # and fails (or succeeds) on its own delivery.
+            # Only requests held by the lost prefill instance; a grant still in flight has no
+            # epoch yet and fails (or succeeds) on its own delivery.
+            if req.prefill != prefill:
+                continue
             if req.prefill_epoch is None or req.prefill_epoch == new_epoch:
                 continue
             if req.state is RequestState.WAITING:
@@ -1020,10 +1049,15 @@ class DecodeCore:
                 # The writer is gone, so none of its writes can still land: release is safe.
                 cmds += self._release(req, "prefill_lost")
         # The line names the requests it failed, so that a log shows which recovery path acted.
-        detect = Log(
-            "decode_detect_prefill_restart",
-            {"old_epoch": old_epoch, "new_epoch": new_epoch, "reason": why, "failed": failed},
-        )
+        args: dict[str, LogValue] = {
+            "old_epoch": old_epoch,
+            "new_epoch": new_epoch,
+            "reason": why,
+            "failed": failed,
+        }
+        if prefill:
+            args["prefill_instance"] = prefill  # absent: instance 0 (one prefill)
+        detect = Log("decode_detect_prefill_restart", args)
         return [detect, *cmds]
 
     def _on_tick(self, ev: Tick) -> list[DecodeCommand]:

@@ -18,7 +18,13 @@ from kvhandoff.conformance.target import (
     require_one_prefill_rank,
     require_playable_instances,
 )
-from kvhandoff.spec.actions import Action, is_fault
+from kvhandoff.impl.core import decode as dc
+from kvhandoff.spec.actions import (
+    Action,
+    DecodeSuspectPrefillDead,
+    PrefillRestart,
+    is_fault,
+)
 from kvhandoff.spec.config import Config, RequestSpec, placements
 
 # Requests 0 and 2 share room 1 and are placed on different decode instances: each instance
@@ -112,16 +118,81 @@ def test_a_mode_with_a_bug_still_diverges_on_instances() -> None:
     assert report.failures[0].property == "no_late_write_lands_in_reallocated_page"
 
 
+# Two requests on one decode instance, each from its own prefill instance.
+TWO_PREFILLS = replace(
+    campaign.campaign_config(instances=True),
+    placement="fixed",
+    requests=(
+        RequestSpec("a", 2, 1, prefill_instance=0, decode_instance=0),
+        RequestSpec("b", 1, 2, prefill_instance=1, decode_instance=0),
+    ),
+    max_active=2,
+    decode_pages=6,
+)
+
+
+def _run_with(target: InProcTarget, fault: Action) -> Session:
+    """Protocol steps until prefill holds both requests' grants, then `fault`, then protocol
+    steps to the end."""
+    session = Session(target, TWO_PREFILLS, "reference")
+    struck = False
+    for _ in range(60):
+        options = session.enabled()
+        both = all(req.p == "granted" for req in session.state.requests)
+        if both and not struck and fault in options:
+            action: Action | None = fault
+            struck = True
+        else:
+            action = _protocol_first(options)
+        if action is None:
+            break
+        session.do(action)
+    session.finish()
+    return session
+
+
+@pytest.mark.parametrize(
+    "fault", [PrefillRestart(pinst=1), DecodeSuspectPrefillDead(dinst=0, pinst=1)]
+)
+def test_losing_one_prefill_instance_fails_only_its_requests(fault: Action) -> None:
+    session = _run_with(InProcTarget(), fault)
+    assert fault in [step.action for step in session.steps if step.performed]
+    detect = _events(session, "decode_detect_prefill_restart")
+    lost = [ev["args"] for ev in detect if ev["args"].get("prefill_instance") == 1]
+    assert lost and lost[0]["failed"] == ["r1"]
+    answers = session.target.answers()
+    assert answers[0].ok and answers[0].read == ["a", "a"]
+    assert not answers[1].ok
+
+
+class _OnePeer(InProcTarget):
+    """A decode that cannot tell prefill instances apart: every health probe is taken for the
+    one prefill's (the implementation's decode before it tracked a peer per instance)."""
+
+    def _heartbeats(self, dinst: int | None = None, pinst: int | None = None) -> None:
+        for j in range(len(self.decodes)) if dinst is None else [dinst]:
+            for i in range(len(self.prefills)) if pinst is None else [pinst]:
+                self._to_decode(dc.PrefillHeartbeat(self.prefill_epochs[i], self.now), j)
+
+
+def test_a_decode_that_takes_every_prefill_for_one_is_caught() -> None:
+    with pytest.raises(Divergence) as caught:
+        _run_with(_OnePeer(), PrefillRestart(pinst=1))
+    # It fails r0 too, whose prefill instance did not restart: an error the spec cannot explain.
+    assert caught.value.kind == "unexplained_event"
+    assert "decode_answer" in caught.value.message
+    assert '"request_id": "r0"' in caught.value.message
+    assert '"status": "error"' in caught.value.message
+
+
 def test_what_several_instances_still_refuse() -> None:
     config = campaign.campaign_config(instances=True)
     with pytest.raises(UnsupportedScenario, match="placement=any"):
         require_playable_instances(config)
     fixed = placements(config)[0]
     require_one_prefill_rank(fixed, retries=True, instances=True)
-    with pytest.raises(UnsupportedScenario, match="max_crashes=1"):
-        require_playable_instances(replace(fixed, max_crashes=1))
-    with pytest.raises(UnsupportedScenario, match="max_partitions=1"):
-        require_playable_instances(replace(fixed, max_partitions=1))
+    # Restarts and partitions of one instance are played.
+    require_playable_instances(replace(fixed, max_crashes=1, max_partitions=1))
     with pytest.raises(UnsupportedScenario, match="this target runs one prefill"):
         require_one_prefill_rank(fixed)
     # One instance of each: nothing to refuse.

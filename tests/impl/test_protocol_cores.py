@@ -568,3 +568,43 @@ def test_cores_are_deterministic() -> None:
         return n.log
 
     assert trace() == trace()
+
+
+def _decode_with_two_requests_on_two_prefills() -> dc.DecodeCore:
+    """Decode holding one waiting request from each of two prefill instances, both grants
+    delivered, after probing both instances at epoch 1."""
+    core = dc.DecodeCore(dc.DecodeConfig(4, 16, 64), generation_base=1 << 32)
+    for i in (0, 1):
+        core.handle(dc.PrefillHeartbeat(1, 0.0, prefill=i))
+    for i, rid in enumerate(("r0", "r1")):
+        core.handle(
+            dc.SubmitRequest(
+                RequestId(rid), Tenant("a"), Room(1), 16, 4, bytes([i]) * 16, 0.0, prefill=i
+            )
+        )
+        view = core.grant_of(RequestId(rid))
+        assert view is not None
+        core.handle(dc.GrantDelivered(RequestId(rid), view.generation, 1, 0.0, prefill=i))
+    return core
+
+
+def test_decode_fails_only_the_requests_of_the_prefill_instance_that_restarted() -> None:
+    core = _decode_with_two_requests_on_two_prefills()
+    cmds = core.handle(dc.PrefillHeartbeat(2, 1.0, prefill=1))
+    detect = [c for c in cmds if getattr(c, "kind", "") == "decode_detect_prefill_restart"]
+    assert len(detect) == 1
+    assert detect[0].args["failed"] == ["r1"] and detect[0].args["prefill_instance"] == 1
+    assert set(core.active_requests()) == {"r0"}
+    # The other instance's probe at its own epoch changes nothing.
+    assert core.handle(dc.PrefillHeartbeat(1, 1.0, prefill=0)) == []
+
+
+def test_decode_takes_one_silent_prefill_instance_for_dead_not_the_others() -> None:
+    core = _decode_with_two_requests_on_two_prefills()
+    for _ in range(core.config.prefill_dead_after_misses):
+        core.handle(dc.PrefillHeartbeat(None, 1.0, prefill=0))
+    assert core.prefill_dead_of(0) and not core.prefill_dead_of(1)
+    assert set(core.active_requests()) == {"r1"}
+    # One instance's log lines leave the instance out: the one-prefill format is unchanged.
+    cmds = core.handle(dc.PrefillHeartbeat(3, 2.0))
+    assert all("prefill_instance" not in getattr(c, "args", {}) for c in cmds)
