@@ -178,7 +178,7 @@ class GrpcTarget(Target):
         epoch = cluster.prefill_server.boot_epoch
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            seen = cluster.runtime.call(lambda: cluster.decode_server.core._prefill_epoch)
+            seen = cluster.runtime.call(lambda: cluster.decode_server.core.prefill_epoch_seen())
             if seen == epoch:
                 return True
             time.sleep(0.01)

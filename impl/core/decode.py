@@ -382,6 +382,11 @@ class DecodeCore:
         peer = self._peers.get(prefill)
         return peer is not None and peer.dead
 
+    def prefill_epoch_seen(self, prefill: int = 0) -> int | None:
+        """The boot epoch of prefill instance ``prefill`` that decode last saw (None: none yet)."""
+        peer = self._peers.get(prefill)
+        return None if peer is None else peer.epoch
+
     def _peer(self, prefill: int) -> _PeerHealth:
         return self._peers.setdefault(prefill, _PeerHealth())
 

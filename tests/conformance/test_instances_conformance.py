@@ -110,12 +110,25 @@ def test_the_instances_campaign_conforms_and_draws_placements() -> None:
     assert report.traces >= 60
 
 
-def test_a_mode_with_a_bug_still_diverges_on_instances() -> None:
+def test_a_mode_with_a_bug_still_diverges_on_instances(tmp_path: Path) -> None:
     report = campaign.run(
-        "inproc", "m7_release_before_drain", traces=300, steps=20, seed=0, instances=True
+        "inproc",
+        "m7_release_before_drain",
+        traces=300,
+        steps=20,
+        seed=0,
+        instances=True,
+        out_dir=tmp_path,
     )
     assert report.verdict == "diverges"
     assert report.failures[0].property == "no_late_write_lands_in_reallocated_page"
+    # The shrunk program names its placement: replayed, it diverges again.
+    from kvhandoff.conformance.replay import replay_trace
+
+    replayed = replay_trace(
+        Path(report.failures[0].trace_file), "inproc", "m7_release_before_drain"
+    )
+    assert not replayed.conforms
 
 
 # Two requests on one decode instance, each from its own prefill instance.

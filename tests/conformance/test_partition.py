@@ -166,10 +166,11 @@ def test_a_decode_that_takes_prefill_for_dead_and_logs_nothing_diverges(
     # without the partition (the spec allows it); the step was performed, so its event is due.
     def silent(self: dc.DecodeCore, ev: dc.PrefillHeartbeat) -> list[dc.DecodeCommand]:
         if ev.epoch is not None:
-            return self._observe_epoch(ev.epoch)
-        self._heartbeat_misses += 1
-        if self._heartbeat_misses >= self.config.prefill_dead_after_misses:
-            self._prefill_dead = True
+            return self._observe_epoch(ev.prefill, ev.epoch)
+        peer = self._peer(ev.prefill)
+        peer.misses += 1
+        if peer.misses >= self.config.prefill_dead_after_misses:
+            peer.dead = True
         return []
 
     monkeypatch.setattr(dc.DecodeCore, "_on_heartbeat", silent)
@@ -185,10 +186,10 @@ def test_a_decode_that_never_sees_the_partition_heal_misses_the_second_one(
 ) -> None:
     original = dc.DecodeCore._observe_epoch
 
-    def sticky(self: dc.DecodeCore, epoch: int) -> list[dc.DecodeCommand]:
-        dead = self._prefill_dead
-        out = original(self, epoch)
-        self._prefill_dead = dead  # the answering probe does not bring prefill back
+    def sticky(self: dc.DecodeCore, prefill: int, epoch: int) -> list[dc.DecodeCommand]:
+        dead = self._peer(prefill).dead
+        out = original(self, prefill, epoch)
+        self._peer(prefill).dead = dead  # the answering probe does not bring prefill back
         return out
 
     config = replace(CONFIG, max_partitions=2, max_faults=2)
