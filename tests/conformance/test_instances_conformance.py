@@ -27,18 +27,20 @@ from kvhandoff.spec.actions import (
 )
 from kvhandoff.spec.config import Config, RequestSpec, placements
 
+
+def _placed(*requests: tuple[str, int, int, int, int], **changes: Any) -> Config:
+    """The instances campaign's scenario with these requests, (tenant, pages, room, prefill
+    instance, decode instance) each, placed where they say."""
+    specs = tuple(
+        RequestSpec(t, n, m, prefill_instance=p, decode_instance=d) for t, n, m, p, d in requests
+    )
+    config = campaign.campaign_config(instances=True)
+    return replace(config, placement="fixed", requests=specs, **changes)
+
+
 # Requests 0 and 2 share room 1 and are placed on different decode instances: each instance
 # numbers its generations on its own, so both grants carry the same generation.
-COLLIDING = replace(
-    campaign.campaign_config(instances=True),
-    placement="fixed",
-    requests=(
-        RequestSpec("a", 2, 1, prefill_instance=0, decode_instance=0),
-        RequestSpec("b", 3, 2, prefill_instance=1, decode_instance=0),
-        RequestSpec("b", 2, 1, prefill_instance=1, decode_instance=1),
-    ),
-    max_faults=0,
-)
+COLLIDING = _placed(("a", 2, 1, 0, 0), ("b", 3, 2, 1, 0), ("b", 2, 1, 1, 1), max_faults=0)
 
 
 def _protocol_first(options: list[Action]) -> Action | None:
@@ -132,16 +134,7 @@ def test_a_mode_with_a_bug_still_diverges_on_instances(tmp_path: Path) -> None:
 
 
 # Two requests on one decode instance, each from its own prefill instance.
-TWO_PREFILLS = replace(
-    campaign.campaign_config(instances=True),
-    placement="fixed",
-    requests=(
-        RequestSpec("a", 2, 1, prefill_instance=0, decode_instance=0),
-        RequestSpec("b", 1, 2, prefill_instance=1, decode_instance=0),
-    ),
-    max_active=2,
-    decode_pages=6,
-)
+TWO_PREFILLS = _placed(("a", 2, 1, 0, 0), ("b", 1, 2, 1, 0), max_active=2)
 
 
 def _run_with(target: InProcTarget, fault: Action) -> Session:
