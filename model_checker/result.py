@@ -130,16 +130,15 @@ class CheckResult:
         """The scope in words, with the configuration: what exit 0 would mean."""
         if self.scope == "any-size":
             # The any-size model leaves `max_retries` free only where the scenario has retries:
-            # without them the retry's action is left out, and the scope says so. Under
-            # room-keyed matching it keeps one instance of each (docs/z3.md).
-            one = self.extra.get("any_size_instances") == "one of each"
-            counted = ["requests", "tenants", "faults"] + ([] if one else ["instances"])
-            tail = "; one prefill and one decode instance" if one else ""
+            # without them the retry's action is left out, and the scope says so. Every design
+            # in its fragment, room-keyed ones too, is proved for any number of instances
+            # (docs/z3.md).
+            counted = ["requests", "tenants", "faults", "instances"]
             if self.config.max_retries > 0:
                 counted.append("client retries")
-                tail += ")"
+                tail = ")"
             else:
-                tail += "; no client retries: --set max_retries=1 covers any number)"
+                tail = "; no client retries: --set max_retries=1 covers any number)"
             return (
                 f"any size (every pool size and number of {', '.join(counted[:-1])} and "
                 f"{counted[-1]}{tail}"

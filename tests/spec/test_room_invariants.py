@@ -189,14 +189,14 @@ def test_room_keyed_designs_with_several_instances_go_to_the_any_size_model() ->
         assert _derived_why_not(get_variant(variant), several) is None
 
 
-def test_the_scope_of_a_one_instance_any_size_proof_says_so() -> None:
+def test_the_scope_of_an_any_size_proof_counts_instances() -> None:
     from kvhandoff.model_checker.result import CheckResult
 
-    one = {"scope": "any-size", "any_size_instances": "one of each"}
-    text = CheckResult("v", "prove", Config(), [], extra=one).scope_text()
-    assert "one prefill and one decode instance" in text and "instances;" not in text
     text = CheckResult("v", "prove", Config(), [], extra={"scope": "any-size"}).scope_text()
     assert "faults and instances" in text and "one prefill" not in text
+    retries = replace(Config(), max_retries=1)
+    text = CheckResult("v", "prove", retries, [], extra={"scope": "any-size"}).scope_text()
+    assert "instances and client retries)" in text
 
 
 ROOM_CLAIMS = {
