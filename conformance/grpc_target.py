@@ -192,7 +192,9 @@ class GrpcTarget(Target):
     def settle(self) -> None:
         for th in self.threads:
             th.join(timeout=30)
-        self.cluster.wait_quiescent(timeout=10)
+        # Returns as soon as every server is idle; the bound is for a loaded machine, where
+        # a prefill's late abort or its drain ack can take seconds to be answered.
+        self.cluster.wait_quiescent(timeout=30)
         if self._restarted:
             self._decode_saw_prefill()
 
@@ -200,8 +202,22 @@ class GrpcTarget(Target):
         return bool(self.cluster.quiescent())
 
     def describe(self) -> str:
-        core = self.cluster.decode_server.core
-        return f"decode {core.active_requests()} ({core.used_pages} pages used)"
+        # Every role that still holds something (`quiescent` asks all three), read on the
+        # servers' loop.
+        c = self.cluster
+
+        def held() -> str:
+            decode = c.decode_server.core
+            prefill = c.prefill_server.core.active_requests()
+            router = c.router_server.core.active_requests()
+            text = f"decode {decode.active_requests()} ({decode.used_pages} pages used)"
+            if prefill:
+                text += f", prefill {prefill}"
+            if router:
+                text += f", router {router}"
+            return text
+
+        return str(c.runtime.call(held))
 
     # ------------------------------------------------------------------ results
 
