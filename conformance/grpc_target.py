@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from kvhandoff.conformance.target import Event, Target, TargetAnswer, require_one_prefill_rank
-from kvhandoff.conformance.validate import merge_logs, read_log, search_logs
+from kvhandoff.conformance.validate import (
+    deployment_of,
+    instance_logs,
+    merge_logs,
+    read_log,
+    role_and_instance,
+    search_logs,
+    server_name,
+)
 from kvhandoff.spec.actions import (
     Action,
     ClientCancelRequest,
@@ -40,6 +48,9 @@ def canary_token(config: Config, tenant: str) -> int:
 class GrpcTarget(Target):
     name = "grpc"
     fine_grained = False
+    # Several prefill and decode servers where the scenario has several instances, each
+    # request pinned where the program's placement puts it (`Cluster.pin_placement`).
+    instances = True
 
     def __init__(
         self, device: str = "cpu", transport: str = "grpc", **cluster_settings: Any
@@ -66,8 +77,10 @@ class GrpcTarget(Target):
     def start(self, config: Config, mode: str) -> None:
         from kvhandoff.impl.cluster import start_cluster
 
-        require_one_prefill_rank(config)
+        require_one_prefill_rank(config, instances=True)
         key = (
+            config.prefill_instances,
+            config.decode_instances,
             mode,
             config.page_size,
             config.decode_pages,
@@ -91,9 +104,13 @@ class GrpcTarget(Target):
                 # the mapping's note on RESOURCE_EXHAUSTED).
                 # (Sized for the longest prompts a scenario of as many requests can have, so
                 # that scenarios that differ only in prompt lengths share a cluster.)
+                # Per decode instance: the pool of each.
                 decode_pages=max(
-                    config.decode_pages, len(config.requests) * (config.context_window + 1)
+                    config.decode_pages // config.decode_instances,
+                    len(config.requests) * (config.context_window + 1),
                 ),
+                prefill_instances=config.prefill_instances,
+                decode_instances=config.decode_instances,
                 prefill_pages=config.prefill_max_prompt,
                 context_window=config.context_window * config.page_size,
                 # The scenario's own decode limit, not the pool's: its exact-limit prompts are
@@ -118,7 +135,13 @@ class GrpcTarget(Target):
         self._mark()
 
     def _files(self) -> dict[str, Path]:
-        return {s: self.log_dir / f"{s}.jsonl" for s in ("router", "prefill", "decode")}
+        """Each server's log by its name (`validate.server_name`: `decode1` for decode
+        instance 1)."""
+        c = self.cluster.config
+        names = ["router"]
+        names += [server_name("prefill", i) for i in range(c.prefill_instances)]
+        names += [server_name("decode", j) for j in range(c.decode_instances)]
+        return {s: self.log_dir / f"{s}.jsonl" for s in names}
 
     def _mark(self) -> None:
         for server, path in self._files().items():
@@ -133,6 +156,10 @@ class GrpcTarget(Target):
         assert self.config is not None
         spec = self.config.requests[r]
         tokens = [canary_token(self.config, spec.tenant)] * self.prompt_tokens(self.config, r)
+        if self.config.prefill_instances > 1 or self.config.decode_instances > 1:
+            self.cluster.pin_placement(
+                self.request_id(r), spec.prefill_instance, spec.decode_instance
+            )
 
         def call() -> None:
             with self.cluster.client() as c:
@@ -165,9 +192,9 @@ class GrpcTarget(Target):
                 return False
         return True
 
-    def restart_prefill(self) -> None:
-        self.cluster.crash_prefill()
-        self.cluster.restart_prefill()
+    def restart_prefill(self, pinst: int = 0) -> None:
+        self.cluster.crash_prefill(pinst)
+        self.cluster.restart_prefill(pinst)
         self.cluster.wait_healthy()
         self._restarted = True
 
@@ -175,18 +202,25 @@ class GrpcTarget(Target):
         """Wait until decode's health check has seen the current prefill boot (so a later trace
         does not inherit this one's restart detection)."""
         cluster = self.cluster
-        epoch = cluster.prefill_server.boot_epoch
+        epochs = [server.boot_epoch for server in cluster.prefill_servers]
+
+        def seen() -> list[int | None]:
+            return [
+                decode.core.prefill_epoch_seen(i)
+                for decode in cluster.decode_servers
+                for i in range(len(epochs))
+            ]
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            seen = cluster.runtime.call(lambda: cluster.decode_server.core.prefill_epoch_seen())
-            if seen == epoch:
+            if cluster.runtime.call(seen) == epochs * len(cluster.decode_servers):
                 return True
             time.sleep(0.01)
         return False
 
-    def restart_decode(self) -> None:
-        self.cluster.crash_decode()
-        self.cluster.restart_decode()
+    def restart_decode(self, dinst: int = 0) -> None:
+        self.cluster.crash_decode(dinst)
+        self.cluster.restart_decode(dinst)
         self.cluster.wait_healthy()
 
     def settle(self) -> None:
@@ -207,15 +241,20 @@ class GrpcTarget(Target):
         c = self.cluster
 
         def held() -> str:
-            decode = c.decode_server.core
-            prefill = c.prefill_server.core.active_requests()
+            parts = []
+            for j, server in enumerate(c.decode_servers):
+                decode = server.core
+                parts.append(
+                    f"{server_name('decode', j)} {decode.active_requests()} "
+                    f"({decode.used_pages} pages used)"
+                )
+            for i, server in enumerate(c.prefill_servers):
+                if server.core.active_requests():
+                    parts.append(f"{server_name('prefill', i)} {server.core.active_requests()}")
             router = c.router_server.core.active_requests()
-            text = f"decode {decode.active_requests()} ({decode.used_pages} pages used)"
-            if prefill:
-                text += f", prefill {prefill}"
             if router:
-                text += f", router {router}"
-            return text
+                parts.append(f"router {router}")
+            return ", ".join(parts)
 
         return str(c.runtime.call(held))
 
@@ -226,16 +265,19 @@ class GrpcTarget(Target):
         return headers, merge_logs(logs)
 
     def headers_and_logs(self) -> tuple[list[dict[str, Any]], list[list[Event]]]:
+        """Each server's lines since the last `take_events`, several instances of a role read
+        as the validator reads them (`validate.instance_logs`: the spec's page numbers, each
+        line's server naming its instance)."""
         headers: list[dict[str, Any]] = []
-        logs: list[list[Event]] = []
+        files: list[tuple[Path, dict[str, Any], list[Event]]] = []
         for server, path in self._files().items():
             if not path.exists():
                 continue
             header, events = read_log(path)
             headers.append(header)
             skip = max(0, self._offsets.get(server, 0) - 1)
-            logs.append(events[skip:])
-        return headers, logs
+            files.append((path, header, events[skip:]))
+        return headers, instance_logs(files)
 
     def take_events(self) -> list[Event]:
         headers, events = self.headers_and_events()
@@ -291,6 +333,8 @@ class GrpcTarget(Target):
         every = self.probe_every
         if not every or self.cluster is None or (self.trace_no - 1) % every:
             return None
+        if config.prefill_instances > 1 or config.decode_instances > 1:
+            return None  # the prober plays one prefill against one decode
         from kvhandoff.conformance.grpc_probe import GrpcProber
 
         prober = GrpcProber(self, config, self.trace_no, self.rounds)
@@ -305,16 +349,22 @@ class GrpcTarget(Target):
         """Decode pages that no request owns and that are not zero (freed pages must hold
         nothing readable: `freed_pages_hold_no_readable_data`)."""
         cluster = self.cluster
-        server = cluster.decode_server
+        servers = list(cluster.decode_servers)
 
         def scan() -> list[int]:
-            core, pool = server.core, server.pool
-            return [
-                p
-                for p in range(pool.num_pages)
-                if core.owner_of(p) is None
-                and (bool(pool.k[:, p].any()) or bool(pool.v[:, p].any()))
-            ]
+            # The spec's page numbers: decode instance j's pages after instances 0..j-1's.
+            dirty = []
+            base = 0
+            for server in servers:
+                core, pool = server.core, server.pool
+                dirty += [
+                    base + p
+                    for p in range(pool.num_pages)
+                    if core.owner_of(p) is None
+                    and (bool(pool.k[:, p].any()) or bool(pool.v[:, p].any()))
+                ]
+                base += pool.num_pages
+            return dirty
 
         result: list[int] = cluster.runtime.call(scan)
         return result
@@ -380,9 +430,14 @@ def run_coarse_campaign(
     Any coarse target works (ours, or an engine behind the harness service): it is driven and
     judged through the `Target` API only, its servers' log headers read from `last_headers`."""
     from kvhandoff.conformance.campaign import CampaignReport, Coverage, Failure
+    from kvhandoff.spec.config import placements
     from kvhandoff.spec.trace import dump_trace
 
     coverage = Coverage()
+    # With several instances each trace plays one placement of the requests (drawn; with one
+    # instance of each nothing is drawn, so such a campaign's traces are as before).
+    placed = placements(config)
+    prefills = config.prefill_instances
     if isinstance(target, GrpcTarget):
         target.probe_outcomes.clear()  # this campaign's probes only
         target.rounds = 0
@@ -393,10 +448,11 @@ def run_coarse_campaign(
     try:
         for i in range(traces):
             rng = random.Random(seed * 1_000_003 + i)
-            scenario, shortfall = config, dict[int, int]()
+            base = rng.choice(placed) if len(placed) > 1 else config
+            scenario, shortfall = base, dict[int, int]()
             if rng.random() < 0.5:
                 # Prompts at and around every limit and page boundary (see `boundary_tokens`).
-                scenario, shortfall = boundary_scenario(rng, config)
+                scenario, shortfall = boundary_scenario(rng, base)
             target.shortfall = shortfall
             target.start(scenario, mode)
             program: list[Action] = []
@@ -407,7 +463,11 @@ def run_coarse_campaign(
                     choices.append(RouterSubmitRequest(len(submitted)))
                 choices += [ClientCancelRequest(r) for r in submitted]
                 if config.max_crashes and rng.random() < 0.1:
-                    choices.append(PrefillRestart())
+                    choices.append(
+                        PrefillRestart(pinst=rng.randrange(prefills))
+                        if prefills > 1
+                        else PrefillRestart()
+                    )
                 if not choices:
                     break
                 action = rng.choice(choices)
@@ -429,7 +489,10 @@ def run_coarse_campaign(
                         for r in submitted:
                             target.wait_answered(r)
                         target.settle()
-                    target.restart_prefill()
+                    if action.pinst:
+                        target.restart_prefill(pinst=action.pinst)  # type: ignore[call-arg]
+                    else:
+                        target.restart_prefill()
             target.settle()
             done += 1
             events = target.take_events()
@@ -531,7 +594,12 @@ def split_by_server(events: list[Event]) -> list[list[Event]]:
     by_server: dict[str, list[Event]] = {}
     for ev in events:
         by_server.setdefault(str(ev.get("server")), []).append(ev)
-    return [by_server[s] for s in sorted(by_server, key=lambda s: (SERVER_ORDER.get(s, 3), s))]
+
+    def order(server: str) -> tuple[int, int, str]:
+        role, instance = role_and_instance(server)
+        return (SERVER_ORDER.get(role, 3), instance, server)
+
+    return [by_server[s] for s in sorted(by_server, key=order)]
 
 
 def _judge(
@@ -542,10 +610,12 @@ def _judge(
     coverage: Any = None,
     variant: Any = None,
 ) -> tuple[str, str, str] | None:
+    logs = split_by_server(events)
+    deployment = deployment_of(logs, headers)
     report = (
-        search_logs(headers, split_by_server(events))
+        search_logs(headers, logs, deployment=deployment)
         if variant is None
-        else search_logs(headers, split_by_server(events), variant)
+        else search_logs(headers, logs, variant, deployment)
     )
     if coverage is not None and report.ok:
         coverage.add_log(events, report.spec_actions)

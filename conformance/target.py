@@ -78,9 +78,9 @@ def require_one_prefill_rank(
             raise UnsupportedScenario(
                 f"prefill_instances={config.prefill_instances}, decode_instances="
                 f"{config.decode_instances}: this target runs one prefill and one decode server, "
-                "so it plays only scenarios with one instance of each; the in-process target "
-                "plays several (`kvhandoff conform --instances`), and `kvhandoff check --scenario "
-                "instances` checks several-instance designs"
+                "so it plays only scenarios with one instance of each; the in-process and gRPC "
+                "targets play several (`kvhandoff conform --instances`), and `kvhandoff check "
+                "--scenario instances` checks several-instance designs"
             )
         require_playable_instances(config)
     if config.rooms != "fixed":

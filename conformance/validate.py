@@ -1192,7 +1192,8 @@ def merge_logs(logs: Sequence[Sequence[Event]]) -> list[Event]:
     nothing is ready (a dependency that was never logged)."""
     order = {"router": 0, "harness": 0, "prefill": 1, "decode": 2}
     queues = sorted(
-        (list(log) for log in logs if log), key=lambda q: order.get(q[0].get("server", ""), 3)
+        (list(log) for log in logs if log),
+        key=lambda q: order.get(role_and_instance(str(q[0].get("server", "")))[0], 3),
     )
     pos = [0] * len(queues)
     facts_of = _FactsOnce()
@@ -1239,6 +1240,7 @@ def search_logs(
     headers: Sequence[dict[str, Any]],
     logs: Sequence[Sequence[Event]],
     variant: Variant = REFERENCE,
+    deployment: Deployment | None = None,
 ) -> ValidationReport:
     """Validate per-server logs by searching over their interleavings: each server's events stay
     in their order, an event waits for the events it causally depends on, and a spec behaviour
@@ -1246,7 +1248,7 @@ def search_logs(
     (router, prefill, decode), backtracking when an event cannot be explained; interleavings
     that failed from the same point with the same spec states are not tried twice."""
     queues = [list(q) for q in logs if q]
-    config, ids = config_from_logs(headers, _submissions_merged(queues))
+    config, ids = config_from_logs(headers, _submissions_merged(queues), deployment)
     v = Validator(config, ids, variant)
     total = sum(len(q) for q in queues)
     Frontier = dict[State, tuple[Action, ...]]
@@ -1459,9 +1461,12 @@ def _unplaced(
 
 
 def config_from_logs(
-    headers: Sequence[dict[str, Any]], events: Sequence[Event]
+    headers: Sequence[dict[str, Any]],
+    events: Sequence[Event],
+    deployment: Deployment | None = None,
 ) -> tuple[Config, Ids]:
-    """The spec scenario a merged log plays: requests in the router's order, limits in pages."""
+    """The spec scenario a merged log plays: requests in the router's order, limits in pages;
+    with `deployment` (several instances), each request where the logs show it ran."""
     hc: dict[str, Any] = {}
     for h in headers:
         hc.update(h.get("config", {}))
@@ -1479,7 +1484,8 @@ def config_from_logs(
         ids.requests[rid] = len(reqs)
         room = rooms.setdefault(int(a.get("room", 0)), len(rooms) + 1)
         pages = max(1, -(-int(a.get("prompt_tokens", 1)) // page_size))
-        reqs.append(RequestSpec(str(a.get("tenant", "t")) or "t", pages, room))
+        pinst, dinst = deployment.placed.get(rid, (0, 0)) if deployment else (0, 0)
+        reqs.append(RequestSpec(str(a.get("tenant", "t")) or "t", pages, room, pinst, dinst))
     n = max(1, len(reqs))
     big = 10**9
 
@@ -1487,8 +1493,16 @@ def config_from_logs(
         return int(hc.get(key, default * page_size)) // page_size
 
     window = pages_of("context_window", 64)
+    pool = int(hc.get("decode_pages", hc.get("num_pages", 64)))
+    several: dict[str, Any] = {}
+    if deployment is not None:
+        several = {
+            "prefill_instances": deployment.prefills,
+            "decode_instances": deployment.decodes,
+            "placement": "fixed",
+        }
     config = unchecked_config(
-        decode_pages=int(hc.get("decode_pages", hc.get("num_pages", 64))),
+        decode_pages=pool * (deployment.decodes if deployment else 1),
         page_size=page_size,
         prefill_pool_pages=int(hc.get("prefill_pages", 64)),
         context_window=window,
@@ -1505,6 +1519,7 @@ def config_from_logs(
         max_cancels=big,
         max_prefill_aborts=big,
         max_partitions=big,
+        **several,
     )
     return config, ids
 
@@ -1516,32 +1531,177 @@ def validate_events(
     return Validator(config, ids, variant).run(events)
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """Several prefill or decode instances, each logging to a file of its own (`kvhandoff
+    serve all --prefill-instances 2 ...`): how many of each, and where each request ran."""
+
+    prefills: int
+    decodes: int
+    placed: dict[str, tuple[int, int]]
+    """Request id -> (prefill instance, decode instance), from the logs that name it."""
+
+
+def server_name(role: str, instance: int) -> str:
+    """The `server` of an instance's lines once its log is read with others: the role for
+    instance 0 (a deployment of one of each reads as before), `decode1`, ... for the others."""
+    return f"{role}{instance}" if instance else role
+
+
+def role_and_instance(server: str) -> tuple[str, int]:
+    """`server_name` read back: ("decode", 1) for "decode1"."""
+    role = server.rstrip("0123456789")
+    return role, int(server[len(role) :] or 0)
+
+
+def _instance_of(path: Path, header: dict[str, Any]) -> int:
+    value = header.get("config", {}).get("instance", 0)
+    if not isinstance(value, int) or value < 0:
+        raise LogError(f"{path}: header's instance {value!r} is not a number >= 0")
+    return value
+
+
+def instance_logs(files: Sequence[tuple[Path, dict[str, Any], list[Event]]]) -> list[list[Event]]:
+    """Each server's log (a header and its lines) as the validator reads several instances of a
+    role: every line's `server` names its instance (`server_name`), a line about no request says
+    which instance logged it, and page numbers are the spec's, decode instance j's pages the j-th
+    block of the spec's pool (`Config.page_instance`; prefill's lines name its request's decode
+    pages). Logs of one server per role come back as they are. Refused: an instance's log given
+    twice, or missing while a later instance's is there."""
+    seen: dict[tuple[str, int], Path] = {}
+    for path, header, _ in files:
+        role = str(header.get("server"))
+        if role in ("prefill", "decode"):
+            key = (role, _instance_of(path, header))
+            if key in seen:
+                raise LogError(
+                    f"{path} and {seen[key]} are both the log of {role} instance {key[1]}: give "
+                    "each server's log once"
+                )
+            seen[key] = path
+    counts = {
+        role: 1 + max((i for r, i in seen if r == role), default=0)
+        for role in ("prefill", "decode")
+    }
+    if counts["prefill"] == 1 and counts["decode"] == 1:
+        return [events for _, _, events in files]
+    for role, n in counts.items():
+        missing = [i for i in range(n) if (role, i) not in seen]
+        if missing:
+            raise LogError(
+                f"the logs name {role} instance {n - 1} but not instance(s) {missing}: every "
+                "instance's log is needed to validate a run"
+            )
+    decode_of: dict[str, int] = {}
+    for path, header, events in files:
+        if header.get("server") == "decode":
+            k = _instance_of(path, header)
+            for ev in events:
+                rid = ev.get("args", {}).get("request_id")
+                if rid is not None:
+                    decode_of[str(rid)] = k
+    pool = int(files[0][1].get("config", {}).get("decode_pages", 64))
+    out: list[list[Event]] = []
+    for path, header, events in files:
+        role = str(header.get("server"))
+        if role not in ("prefill", "decode"):
+            out.append(events)
+            continue
+        k = _instance_of(path, header)
+        moved: list[Event] = []
+        for ev in events:
+            args = dict(ev.get("args", {}))
+            rid = args.get("request_id")
+            if rid is None:
+                args.setdefault(f"{role}_instance", k)
+                base = pool * k if role == "decode" else 0
+            else:
+                base = pool * decode_of.get(str(rid), 0)
+            if isinstance(args.get("page"), int):
+                args["page"] += base
+            if isinstance(args.get("pages"), list):
+                args["pages"] = [q + base for q in args["pages"]]
+            moved.append({**ev, "server": server_name(role, k), "args": args})
+        out.append(moved)
+    return out
+
+
+def deployment_of(
+    logs: Sequence[Sequence[Event]], headers: Sequence[dict[str, Any]] = ()
+) -> Deployment | None:
+    """The deployment logs read by `instance_logs` come from, when it has several instances of
+    a role (None for one of each): the instances are those the lines' servers and the headers
+    name, a request placed where its lines were logged."""
+    counts = {"prefill": 1, "decode": 1}
+    for h in headers:
+        role = str(h.get("server"))
+        if role in counts:
+            instance = h.get("config", {}).get("instance", 0)
+            if isinstance(instance, int):
+                counts[role] = max(counts[role], instance + 1)
+    placed: dict[str, list[int]] = {}
+    for log in logs:
+        for ev in log:
+            role, k = role_and_instance(str(ev.get("server", "")))
+            if role not in counts:
+                continue
+            counts[role] = max(counts[role], k + 1)
+            rid = ev.get("args", {}).get("request_id")
+            if rid is not None:
+                placed.setdefault(str(rid), [0, 0])[0 if role == "prefill" else 1] = k
+    if counts["prefill"] == 1 and counts["decode"] == 1:
+        return None
+    return Deployment(
+        counts["prefill"], counts["decode"], {r: (p, d) for r, (p, d) in placed.items()}
+    )
+
+
 def validate_logs(paths: Sequence[Path], variant: Variant = REFERENCE) -> ValidationReport:
-    """Validate the event logs of a run (one file per server, any order)."""
+    """Validate the event logs of a run (one file per server, any order; one per instance
+    where a role has several)."""
     headers: list[dict[str, Any]] = []
-    logs: list[list[Event]] = []
+    logs: list[list[Event] | int] = []  # an int: the index of a per-server file in `files`
+    files: list[tuple[Path, dict[str, Any], list[Event]]] = []
     for p in paths:
         h, evs = read_log(p)
         headers.append(h)
         if h.get("server") == "merged":
-            # One file holding all servers' events (as the conformance campaign saves them).
-            for server in ("router", "prefill", "decode", "harness"):
-                logs.append([e for e in evs if e.get("server") == server])
+            # One file holding all servers' events (as the conformance campaign saves them),
+            # instances apart (`server_name`).
+            roles = ("router", "prefill", "decode", "harness")
+            by_server: dict[str, list[Event]] = {}
+            for e in evs:
+                by_server.setdefault(str(e.get("server")), []).append(e)
+            placed = {
+                (roles.index(role), k): server
+                for server in by_server
+                for role, k in [role_and_instance(server)]
+                if role in roles
+            }
+            logs.extend(by_server[placed[key]] for key in sorted(placed))
         else:
-            logs.append(evs)
-    return search_logs(headers, logs, variant)
+            logs.append(len(files))
+            files.append((p, h, evs))
+    read = instance_logs(files)
+    queues = [read[q] if isinstance(q, int) else q for q in logs]
+    return search_logs(headers, queues, variant, deployment_of(queues, headers))
 
 
 __all__ = [
     "MATCHED_KINDS",
+    "Deployment",
     "Ids",
     "LogError",
     "ValidationReport",
     "Validator",
     "config_from_logs",
+    "deployment_of",
+    "instance_logs",
     "merge_logs",
     "read_log",
+    "role_and_instance",
     "search_logs",
+    "server_name",
     "unchecked_config",
     "validate_events",
     "validate_logs",

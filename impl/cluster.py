@@ -92,6 +92,10 @@ class ClusterConfig:
     max_in_flight: int = 1024  # router: requests in the cluster at once; more wait in its queue
     log_key: bytes | None = None  # keys the digests in event logs; None: a fresh one per cluster
     transport: str = "grpc"  # how page data moves: impl.transport.TRANSPORT_NAMES
+    # Instances of each worker role (the router places each request on one of each, the least
+    # loaded). `prefill_port` and `decode_port` are instance 0's; the others take free ports.
+    prefill_instances: int = 1
+    decode_instances: int = 1
 
     def resolved(self) -> ClusterConfig:
         d = defaults_for(get_mode(self.mode))
@@ -123,6 +127,12 @@ def defaults_for(mode: Mode) -> dict[str, int]:
 class Cluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config.resolved()
+        for role in ("prefill", "decode"):
+            n = getattr(self.config, f"{role}_instances")
+            if not 1 <= n <= MAX_INSTANCES:
+                raise ConfigError(
+                    f"{role}_instances={n}: a cluster runs 1..{MAX_INSTANCES} instances of a role"
+                )
         self.mode = get_mode(self.config.mode)
         self.limits = self.config.limits()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -143,8 +153,9 @@ class Cluster:
         self.log_key = self.config.log_key or new_log_key()
         self._logs: dict[str, EventLog] = {}
         self.faults: FaultPlan | None = None
-        self.prefill_server: PrefillServer
-        self.decode_server: DecodeServer
+        # One server per instance, in instance order.
+        self.prefill_servers: list[PrefillServer] = []
+        self.decode_servers: list[DecodeServer] = []
         self.router_server: RouterServer
         try:
             self.runtime.run(self._start_all())
@@ -152,8 +163,8 @@ class Cluster:
             self.runtime.close()
             raise
         try:
-            self._router_sees(self.prefill, self.prefill_server.boot_epoch)
-            self._router_sees(self.decode, self.decode_server.boot_epoch)
+            for server in (*self.prefill_servers, *self.decode_servers):
+                self._router_sees(server.address, server.boot_epoch)
         except BaseException:
             self.stop()
             raise
@@ -176,12 +187,15 @@ class Cluster:
         c = self.config
         return PoolShape(c.layers, c.page_size, c.heads, c.head_dim)
 
-    def _decode_settings(self, port: int, prefill: str) -> DecodeSettings:
+    def _decode_settings(
+        self, port: int, prefills: tuple[str, ...], instance: int = 0
+    ) -> DecodeSettings:
         c = self.config
         assert c.decode_pages is not None and c.context_window is not None
         return DecodeSettings(
             common=self._common(port, "decode"),
-            prefill_address=prefill,
+            prefill_addresses=prefills,
+            instance=instance,
             shape=self._shape(),
             num_pages=c.decode_pages,
             max_prompt_tokens=self.limits.decode_max_prompt,
@@ -192,18 +206,22 @@ class Cluster:
             heartbeat_interval_s=c.heartbeat_interval_s,
             prefill_dead_after_misses=c.prefill_dead_after_misses,
             device=c.device,
-            state_dir=self.state_dir,
+            # Each decode instance persists its own boot counter.
+            state_dir=self.state_dir if not instance else self.state_dir / f"decode{instance}",
             transport=c.transport,
             admission_queue_len=c.admission_queue_len,
             admission_timeout_s=c.admission_timeout_s,
         )
 
-    def _prefill_settings(self, port: int, decode: str) -> PrefillSettings:
+    def _prefill_settings(
+        self, port: int, decodes: tuple[str, ...], instance: int = 0
+    ) -> PrefillSettings:
         c = self.config
         assert c.prefill_pages is not None and c.context_window is not None
         return PrefillSettings(
             common=self._common(port, "prefill"),
-            decode_address=decode,
+            decode_addresses=decodes,
+            instance=instance,
             shape=self._shape(),
             num_pages=c.prefill_pages,
             max_prompt_tokens=self.limits.prefill_max_prompt,
@@ -216,14 +234,17 @@ class Cluster:
             transport=c.transport,
         )
 
-    def _log(self, role: str) -> EventLog | None:
-        # Logs outlive restarts so each server keeps one file with increasing seq numbers.
+    def _log(self, role: str, instance: int = 0) -> EventLog | None:
+        # Logs outlive restarts so each server keeps one file with increasing seq numbers; an
+        # instance other than the first has a file of its own (`prefill1.jsonl`, ...), whose
+        # header names its instance.
         c = self.config
         if c.log_dir is None:
             return None
-        if role not in self._logs:
-            self._logs[role] = EventLog(
-                c.log_dir / f"{role}.jsonl",
+        name = f"{role}{instance}" if instance else role
+        if name not in self._logs:
+            self._logs[name] = EventLog(
+                c.log_dir / f"{name}.jsonl",
                 role,
                 self.mode.name,
                 {
@@ -234,31 +255,38 @@ class Cluster:
                     "decode_pages": c.decode_pages,
                     "prefill_pages": c.prefill_pages,
                     **self.limits.as_json(),
+                    **({"instance": instance} if instance else {}),
                 },
                 key=self.log_key,
             )
-        return self._logs[role]
+        return self._logs[name]
 
     async def _start_all(self) -> None:
         c = self.config
         # Ports first (decode and prefill name each other), then the servers.
-        decode_port = c.decode_port or _free_port(c.host)
-        prefill_port = c.prefill_port or _free_port(c.host)
-        decode_addr = f"{c.host}:{decode_port}"
-        prefill_addr = f"{c.host}:{prefill_port}"
-        self.prefill_server = PrefillServer(
-            self._prefill_settings(prefill_port, decode_addr), self.mode, self._log("prefill")
-        )
-        await self.prefill_server.start()
-        self.decode_server = DecodeServer(
-            self._decode_settings(decode_port, prefill_addr), self.mode, self._log("decode")
-        )
-        await self.decode_server.start()
+        decode_ports = [c.decode_port or _free_port(c.host)]
+        decode_ports += [_free_port(c.host) for _ in range(1, c.decode_instances)]
+        prefill_ports = [c.prefill_port or _free_port(c.host)]
+        prefill_ports += [_free_port(c.host) for _ in range(1, c.prefill_instances)]
+        decodes = tuple(f"{c.host}:{port}" for port in decode_ports)
+        prefills = tuple(f"{c.host}:{port}" for port in prefill_ports)
+        for i, port in enumerate(prefill_ports):
+            prefill = PrefillServer(
+                self._prefill_settings(port, decodes, i), self.mode, self._log("prefill", i)
+            )
+            await prefill.start()
+            self.prefill_servers.append(prefill)
+        for j, port in enumerate(decode_ports):
+            decode = DecodeServer(
+                self._decode_settings(port, prefills, j), self.mode, self._log("decode", j)
+            )
+            await decode.start()
+            self.decode_servers.append(decode)
         self.router_server = RouterServer(
             RouterSettings(
                 self._common(c.router_port, "router"),
-                prefill_addr,
-                decode_addr,
+                prefills,
+                decodes,
                 context_window=self.limits.context_window,
                 max_in_flight=c.max_in_flight,
                 admission_queue_len=c.admission_queue_len,
@@ -276,6 +304,16 @@ class Cluster:
         return self.router_server.address
 
     @property
+    def prefill_server(self) -> PrefillServer:
+        """Prefill instance 0 (the only one in a cluster of one of each)."""
+        return self.prefill_servers[0]
+
+    @property
+    def decode_server(self) -> DecodeServer:
+        """Decode instance 0 (the only one in a cluster of one of each)."""
+        return self.decode_servers[0]
+
+    @property
     def prefill(self) -> str:
         return self.prefill_server.address
 
@@ -283,22 +321,33 @@ class Cluster:
     def decode(self) -> str:
         return self.decode_server.address
 
+    def _workers(self) -> list[PrefillServer | DecodeServer]:
+        return [*self.prefill_servers, *self.decode_servers]
+
     def addresses(self) -> dict[str, Any]:
+        several = len(self.prefill_servers) > 1 or len(self.decode_servers) > 1
         return {
             "router": self.router,
             "prefill": self.prefill,
             "decode": self.decode,
+            **(
+                {
+                    "prefills": [s.address for s in self.prefill_servers],
+                    "decodes": [s.address for s in self.decode_servers],
+                }
+                if several
+                else {}
+            ),
             "limits": self.limits.as_json(),
             **({"metrics": self.metrics_addresses()} if self.config.metrics else {}),
         }
 
     def metrics_addresses(self) -> dict[str, str]:
         """Each server's /metrics address (host:port), when the cluster serves metrics."""
-        servers = {
-            "router": self.router_server,
-            "prefill": self.prefill_server,
-            "decode": self.decode_server,
-        }
+        servers: dict[str, Any] = {"router": self.router_server}
+        for role, group in (("prefill", self.prefill_servers), ("decode", self.decode_servers)):
+            for i, server in enumerate(group):
+                servers[f"{role}{i}" if i else role] = server
         return {
             role: f"{self.config.host}:{server.metrics_port}"
             for role, server in servers.items()
@@ -310,7 +359,7 @@ class Cluster:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         deadline = time.monotonic() + timeout
-        for address in (self.prefill, self.decode, self.router):
+        for address in [*(s.address for s in self._workers()), self.router]:
             channel = self._sync_channel(address)
             try:
                 stub = health_pb2_grpc.HealthStub(channel)
@@ -347,15 +396,15 @@ class Cluster:
             tls = self.client_tls(tenant)
         return Client(self.router, tls=tls, max_message_bytes=self.config.max_message_bytes)
 
-    def crash_prefill(self) -> None:
-        self.runtime.run(self.prefill_server.stop(grace=0))
+    def crash_prefill(self, instance: int = 0) -> None:
+        self.runtime.run(self.prefill_servers[instance].stop(grace=0))
 
     def wait_peers_connected(self, timeout: float = 5.0) -> bool:
         """True once every channel the servers hold to each other is READY (after a restart a
         channel reconnects with a backoff: calls made meanwhile wait for it)."""
 
         async def ready() -> bool:
-            servers = (self.router_server, self.prefill_server, self.decode_server)
+            servers = (self.router_server, *self._workers())
             deadline = time.monotonic() + timeout
             for server in servers:
                 for channel in list(server._channels.values()):
@@ -388,42 +437,83 @@ class Cluster:
         """Fault campaigns: send every control message between prefill and decode through
         ``plan`` (impl.servers.faults), restarted servers included; None turns faults off."""
         self.faults = plan
-        self.prefill_server.faults = plan
-        self.decode_server.faults = plan
+        for server in self._workers():
+            server.faults = plan
 
-    def restart_prefill(self) -> None:
-        old = self.prefill_server
-        server = PrefillServer(old.settings, self.mode, self._log("prefill"), restarted=True)
+    def restart_prefill(self, instance: int = 0) -> None:
+        old = self.prefill_servers[instance]
+        server = PrefillServer(
+            old.settings, self.mode, self._log("prefill", instance), restarted=True
+        )
         server.faults = self.faults
         self.runtime.run(server.start())
-        self.prefill_server = server
-        self._router_sees(self.prefill, server.boot_epoch)
+        self.prefill_servers[instance] = server
+        self._router_sees(server.address, server.boot_epoch)
 
-    def crash_decode(self) -> None:
-        self.runtime.run(self.decode_server.stop(grace=0))
+    def crash_decode(self, instance: int = 0) -> None:
+        self.runtime.run(self.decode_servers[instance].stop(grace=0))
 
-    def restart_decode(self) -> None:
-        old = self.decode_server
-        server = DecodeServer(old.settings, self.mode, self._log("decode"))
+    def restart_decode(self, instance: int = 0) -> None:
+        old = self.decode_servers[instance]
+        server = DecodeServer(old.settings, self.mode, self._log("decode", instance))
         server.faults = self.faults
         self.runtime.run(server.start())
-        self.decode_server = server
-        self._router_sees(self.decode, server.boot_epoch)
+        self.decode_servers[instance] = server
+        self._router_sees(server.address, server.boot_epoch)
+
+    def placement(self, request_id: str) -> tuple[int, int] | None:
+        """The (prefill, decode) instances the router placed an active request on (None once
+        the router has answered it)."""
+        router = self.router_server
+        rid = RequestId(request_id)
+        return self.runtime.call(lambda: router._placed.get(rid))
+
+    def pin_placement(self, request_id: str, prefill: int, decode: int) -> None:
+        """Test harness hook: the router places the next request of this id on these instances
+        instead of the least loaded ones (the conformance target plays the spec's fixed
+        placements with it)."""
+        n, m = len(self.prefill_servers), len(self.decode_servers)
+        if not (0 <= prefill < n and 0 <= decode < m):
+            raise ConfigError(
+                f"placement ({prefill}, {decode}) of {request_id!r}: the cluster runs prefill "
+                f"instances 0..{n - 1} and decode instances 0..{m - 1}"
+            )
+        router = self.router_server
+        rid = RequestId(request_id)
+        self.runtime.call(lambda: router.pinned.__setitem__(rid, (prefill, decode)))
 
     def stall_prefill_writes(self, request_id: str, after_messages: int = 1) -> None:
-        """Fault injection: prefill pauses the writes of ``request_id`` after that many messages."""
-        server = self.prefill_server
-        self.runtime.call(
-            lambda: server.stall_after.__setitem__(RequestId(request_id), after_messages)
-        )
+        """Fault injection: prefill pauses the writes of ``request_id`` after that many messages
+        (on every prefill instance: the request's is the one that writes)."""
+        servers = list(self.prefill_servers)
+
+        def stall() -> None:
+            for server in servers:
+                server.stall_after[RequestId(request_id)] = after_messages
+
+        self.runtime.call(stall)
 
     def resume_prefill_writes(self, request_id: str) -> None:
-        server = self.prefill_server
-        self.runtime.call(lambda: server.stall_after.pop(RequestId(request_id), None))
+        servers = list(self.prefill_servers)
+
+        def resume() -> None:
+            for server in servers:
+                server.stall_after.pop(RequestId(request_id), None)
+
+        self.runtime.call(resume)
 
     def decode_grant(self, request_id: str) -> GrantView | None:
-        core = self.decode_server.core
-        return self.runtime.call(lambda: core.grant_of(RequestId(request_id)))
+        """The grant a decode instance holds for ``request_id`` (the first that holds one)."""
+        cores = [server.core for server in self.decode_servers]
+
+        def find() -> GrantView | None:
+            for core in cores:
+                view = core.grant_of(RequestId(request_id))
+                if view is not None:
+                    return view
+            return None
+
+        return self.runtime.call(find)
 
     def wait_for_grant(
         self, request_id: str, pages_written: int = 0, timeout: float = 10.0
@@ -439,17 +529,19 @@ class Cluster:
             f"decode never held a grant for {request_id!r} with {pages_written} pages written"
         )
 
-    def decode_pages(self) -> tuple[int, int]:
-        """(free, used) pages of decode's pool."""
-        core = self.decode_server.core
+    def decode_pages(self, instance: int = 0) -> tuple[int, int]:
+        """(free, used) pages of a decode instance's pool."""
+        core = self.decode_servers[instance].core
         return self.runtime.call(lambda: (core.free_pages, core.used_pages))
 
     def quiescent(self) -> bool:
         def check() -> bool:
             return (
-                not self.decode_server.core.active_requests()
-                and self.decode_server.core.used_pages == 0
-                and not self.prefill_server.core.active_requests()
+                all(
+                    not d.core.active_requests() and d.core.used_pages == 0
+                    for d in self.decode_servers
+                )
+                and not any(p.core.active_requests() for p in self.prefill_servers)
                 and not self.router_server.core.active_requests()
             )
 
@@ -465,7 +557,7 @@ class Cluster:
 
     def stop(self) -> None:
         async def stop_all() -> None:
-            for server in (self.router_server, self.decode_server, self.prefill_server):
+            for server in (self.router_server, *self.decode_servers, *self.prefill_servers):
                 if not server._stopping:
                     await server.stop(grace=0.5)
 
@@ -483,6 +575,10 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+MAX_INSTANCES = 16
+"""The most instances of one role a cluster starts (each is a server with its own pool)."""
 
 
 def start_cluster(mode: str = "reference", **settings: Any) -> Cluster:

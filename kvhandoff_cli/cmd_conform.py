@@ -58,8 +58,10 @@ def register(sub: Any) -> None:
         action="store_true",
         help="play the scenario on two prefill and two decode instances of three pages each, "
         "each program placing the requests its own way (the router's choice); a crash restarts "
-        "one instance, a partition cuts one decode instance off one prefill instance. Only the "
-        "in-process target plays several instances",
+        "one instance, a partition cuts one decode instance off one prefill instance. The "
+        "in-process target plays them all; the gRPC target (--target grpc) runs two prefill and "
+        "two decode servers, each request pinned where its placement puts it, with crashes of "
+        "one prefill instance between requests",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
@@ -194,8 +196,8 @@ def run_conform(args: argparse.Namespace) -> int:
     if getattr(args, "faults", None) is not None:
         if args.instances:
             raise UsageError(
-                "--instances plays several instances on the in-process target; --faults runs "
-                "one prefill and one decode server (--target grpc): use one or the other"
+                "--faults runs one prefill and one decode server: use --instances without "
+                "--faults (the in-process and the gRPC targets play several instances)"
             )
         return _fault_campaign(args)
 
@@ -227,6 +229,12 @@ def run_conform(args: argparse.Namespace) -> int:
     return _target_errors("conform", body, junit)
 
 
+def _event_log_suffix(path: str) -> str:
+    """The suffix of a coarse campaign's saved event log (".log.jsonl", or ".round.jsonl" for an
+    adversarial round's), "" for a program file."""
+    return next((s for s in (".log.jsonl", ".round.jsonl") if path.endswith(s)), "")
+
+
 def _conform(args: argparse.Namespace, target: Any) -> int:
     from kvhandoff.conformance import campaign
 
@@ -254,7 +262,15 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
             print(f"  {f.kind} ({f.property}): {f.message}")
             # The trace names its mode; a remote target must be named again to be replayed on.
             target = "" if report.target == "inproc" else f" --target {report.target}"
-            print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file}{target})")
+            log = _event_log_suffix(f.trace_file)
+            if log:
+                # A coarse target's failure is an event log (replay refuses one); the program
+                # that produced it is saved beside it.
+                program = f.trace_file[: -len(log)] + ".jsonl"
+                print(f"  event log: {f.trace_file} (kvhandoff validate-log {f.trace_file})")
+                print(f"  program: {program} (kvhandoff replay {program}{target})")
+            else:
+                print(f"  shrunk program: {f.trace_file} (kvhandoff replay {f.trace_file}{target})")
         for line in _not_covered_lines(report.not_covered):
             print(line)
         if report.coverage is not None and report.conforms:

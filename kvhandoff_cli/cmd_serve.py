@@ -48,8 +48,37 @@ def register(subparsers: Any) -> None:
         default=0,
         help="port of a single role, or of the router with `all` (0 = any)",
     )
-    serve.add_argument("--prefill", help="prefill address HOST:PORT (decode, router)")
-    serve.add_argument("--decode", help="decode address HOST:PORT (prefill, router)")
+    serve.add_argument(
+        "--prefill",
+        help="prefill address HOST:PORT (decode, router); with several prefill instances, their "
+        "addresses comma-separated in instance order",
+    )
+    serve.add_argument(
+        "--decode",
+        help="decode address HOST:PORT (prefill, router); with several decode instances, their "
+        "addresses comma-separated in instance order",
+    )
+    serve.add_argument(
+        "--instance",
+        type=int,
+        default=0,
+        help="this prefill's or decode's number among the instances of its role, the position of "
+        "its address in the others' --prefill/--decode lists (default 0)",
+    )
+    serve.add_argument(
+        "--prefill-instances",
+        type=int,
+        default=1,
+        help="with `all`: how many prefill servers to start (the router places each request on "
+        "the least loaded; default 1)",
+    )
+    serve.add_argument(
+        "--decode-instances",
+        type=int,
+        default=1,
+        help="with `all`: how many decode servers to start, each with its own pool of "
+        "--decode-pages (default 1)",
+    )
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument(
         "--log-dir", type=Path, help="write one JSON Lines event log per server here"
@@ -61,7 +90,12 @@ def register(subparsers: Any) -> None:
         "the same file to compare their logs. Without it, each start makes a fresh key, which "
         "is never printed or logged",
     )
-    serve.add_argument("--state-dir", type=Path, help="decode's persisted state (boot counter)")
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        help="decode's persisted state (boot counter); decode instance N > 0 keeps it in "
+        "STATE/decodeN",
+    )
     serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics (0 = any port)")
     serve.add_argument("--page-size", type=int, default=4, help="tokens per page")
     serve.add_argument("--decode-pages", type=int, help="decode pool size in pages")
@@ -251,6 +285,8 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         pki=args.pki_dir if args.role == "all" else None,
         log_key=_log_key(args),
         transport=args.transport,
+        prefill_instances=args.prefill_instances,
+        decode_instances=args.decode_instances,
     ).resolved()
 
 
@@ -300,9 +336,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
                     output.print_json("serve-all", {**cluster.addresses(), "pki": pki})
                 else:
+                    prefills = ", ".join(s.address for s in cluster.prefill_servers)
+                    decodes = ", ".join(s.address for s in cluster.decode_servers)
                     print(
                         f"kvhandoff serve all ({config.mode}): router {cluster.router}, "
-                        f"prefill {cluster.prefill}, decode {cluster.decode}"
+                        f"prefill {prefills}, decode {decodes}"
                         + "".join(
                             f"; {role} metrics http://{a}/metrics"
                             for role, a in cluster.metrics_addresses().items()
@@ -339,6 +377,22 @@ def _reexec_with_loopback_bind() -> None:
         raise UsageError(str(exc)) from exc
 
 
+def _address_list(args: argparse.Namespace, role: str) -> tuple[str, ...]:
+    """The addresses of --prefill or --decode, one per instance (empty where not given)."""
+    text = getattr(args, role) or ""
+    if not text:
+        return ()
+    addresses = tuple(a.strip() for a in text.split(","))
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(
+                f"--{role} {text!r}: {address!r} is not HOST:PORT (several instances: "
+                "comma-separated, in instance order)"
+            )
+    return addresses
+
+
 def _serve_one(args: argparse.Namespace, config: Any) -> int:
     from kvhandoff.impl.modes import get_mode
     from kvhandoff.impl.pool import PoolShape
@@ -353,6 +407,18 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
     for peer in need:
         if not getattr(args, peer):
             raise UsageError(f"serve {args.role} needs --{peer} HOST:PORT")
+    prefills, decodes = _address_list(args, "prefill"), _address_list(args, "decode")
+    if args.role != "all" and (args.prefill_instances != 1 or args.decode_instances != 1):
+        raise UsageError(
+            f"--prefill-instances and --decode-instances start servers with `serve all`; for "
+            f"serve {args.role}, start one server per instance and list their addresses in "
+            "--prefill/--decode"
+        )
+    if args.instance < 0 or (args.instance and args.role == "router"):
+        raise UsageError(
+            f"--instance {args.instance}: a prefill or decode instance number is >= 0 (the "
+            "router has none)"
+        )
     limits = config.limits()
     mode = get_mode(config.mode)
     pki_dir, tls = _security(args)
@@ -377,7 +443,8 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
         server = PrefillServer(
             PrefillSettings(
                 common,
-                args.decode,
+                decodes,
+                args.instance,
                 shape,
                 config.prefill_pages,
                 limits.prefill_max_prompt,
@@ -392,21 +459,28 @@ def _serve_one(args: argparse.Namespace, config: Any) -> int:
         server = DecodeServer(
             DecodeSettings(
                 common,
-                args.prefill,
+                prefills,
+                args.instance,
                 shape,
                 config.decode_pages,
                 limits.decode_max_prompt,
                 limits.context_window,
                 waiting_timeout_s=config.waiting_timeout_s,
                 device=config.device,
-                state_dir=config.state_dir,
+                # Instance j's boot counter under STATE/decodeJ, as in `serve all`: instances
+                # given one --state-dir do not share a counter.
+                state_dir=(
+                    config.state_dir / f"decode{args.instance}"
+                    if config.state_dir is not None and args.instance
+                    else config.state_dir
+                ),
                 transport=config.transport,
             ),
             mode,
         )
     else:
         server = RouterServer(
-            RouterSettings(common, args.prefill, args.decode, limits.context_window), mode
+            RouterSettings(common, prefills, decodes, limits.context_window), mode
         )
     runtime = Runtime()
     try:

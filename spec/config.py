@@ -83,7 +83,7 @@ class Config:
     run several (SGLang's, vLLM's and Dynamo's routers pick one prefill and one decode worker per
     request). Each request's messages go to the instance it was placed on (see `spec/state.py`,
     "Instances"). Every engine checks more than one (prove's any-size model: any number and
-    any placement); of the conformance targets only the in-process one plays several
+    any placement); of the conformance targets the in-process and the gRPC ones play several
     (`kvhandoff conform --instances`). Each instance may have
     `prefill_ranks` ranks. A crash restarts one instance, and a partition cuts one decode
     instance off one prefill instance (see `spec/state.py`, "Instances")."""

@@ -91,8 +91,8 @@ blocks (page numbers stay global: a page's number says whose pool it is in). How
   partition cuts one pair: decode instance j takes prefill instance i for dead
   (`decode_suspect_prefill_dead(dinst=j, pinst=i)`) and fails only the requests it waits on
   from i; i keeps running and writing. A request carries the epochs of its own two instances.
-  The in-process conformance target plays several (`kvhandoff conform --instances`), the
-  other targets refuse more than one, naming why. Every checker takes several (the any-size model of `prove` any number of them, any placement, any
+  The in-process and gRPC conformance targets play several (`kvhandoff conform --instances`),
+  the other targets refuse more than one, naming why. Every checker takes several (the any-size model of `prove` any number of them, any placement, any
   split of the pool).
 
 With one instance of each, every instance is 0, `next_generations` and the per-instance epoch

@@ -229,6 +229,7 @@ class SendGrant:
     token: bytes
     prompt_len: int
     attempt: int = 0
+    prefill: int = 0  # the prefill instance the request was placed on: the grant goes there
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ class SendAbort:
     generation: Generation
     token: bytes
     attempt: int = 0
+    prefill: int = 0  # the prefill instance the request was placed on: the abort goes there
 
 
 @dataclass(frozen=True)
@@ -543,7 +545,14 @@ class DecodeCore:
                 },
             ),
             SendGrant(
-                ev.request_id, ev.room, generation, pages, ev.token, ev.prompt_len, ev.attempt
+                ev.request_id,
+                ev.room,
+                generation,
+                pages,
+                ev.token,
+                ev.prompt_len,
+                ev.attempt,
+                ev.prefill,
             ),
         ]
 
@@ -959,7 +968,9 @@ class DecodeCore:
         return cmds + self._begin_release(req, ev.now)
 
     def _begin_release(self, req: _Request, now: float) -> list[DecodeCommand]:
-        abort = SendAbort(req.request_id, req.room, req.generation, req.token, req.attempt)
+        abort = SendAbort(
+            req.request_id, req.room, req.generation, req.token, req.attempt, req.prefill
+        )
         if self._b.release_before_drain:
             return [abort, *self._release(req, "aborted_before_drain")]
         if self.prefill_dead_of(req.prefill):
@@ -1094,7 +1105,14 @@ class DecodeCore:
                 else:
                     req.deadline = ev.now + self.config.abort_retry_s
                     cmds.append(
-                        SendAbort(req.request_id, req.room, req.generation, req.token, req.attempt)
+                        SendAbort(
+                            req.request_id,
+                            req.room,
+                            req.generation,
+                            req.token,
+                            req.attempt,
+                            req.prefill,
+                        )
                     )
         return cmds
 

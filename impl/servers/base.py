@@ -127,6 +127,21 @@ async def abort_with(context: grpc.aio.ServicerContext, reply: Reply) -> NoRetur
     raise AssertionError("grpc's abort returned")  # it always raises
 
 
+async def refuse_unknown_instance(
+    context: grpc.aio.ServicerContext, what: str, instance: int, count: int, server: str
+) -> None:
+    """Refuse a message naming a peer instance the server does not know (`what`, e.g. "decode
+    instance 3"): INVALID_ARGUMENT naming it and the instances there are."""
+    if instance >= count:
+        await abort_with(
+            context,
+            Reply(
+                Status.INVALID_ARGUMENT,
+                f"{what} {instance} does not exist: this {server} serves {count} (0..{count - 1})",
+            ),
+        )
+
+
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", max_message_bytes),

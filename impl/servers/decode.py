@@ -47,6 +47,7 @@ from kvhandoff.impl.servers.base import (
     CommonSettings,
     abort_with,
     check_bounds,
+    refuse_unknown_instance,
 )
 from kvhandoff.impl.tls import Identity
 from kvhandoff.impl.transport import OneSidedTransport, Transport, open_transport
@@ -58,7 +59,10 @@ MAX_TENANT = 128
 @dataclass(frozen=True)
 class DecodeSettings:
     common: CommonSettings
-    prefill_address: str
+    # One address per prefill instance, in instance order (the router names an instance in
+    # each submit); decode watches each one's health on its own.
+    prefill_addresses: tuple[str, ...]
+    instance: int = 0  # this decode's instance number, which its grants name
     shape: PoolShape = field(default_factory=PoolShape)
     num_pages: int = 64
     max_prompt_tokens: int = 256
@@ -164,7 +168,8 @@ class DecodeServer(BaseServer):
         )
         self._queued: dict[RequestId, Entry[_Waiting]] = {}
         self._pumping = False
-        self.prefill_max_prompt: int | None = None  # from prefill's Info (heartbeat)
+        # Each prefill instance's prompt limit, from its Info (heartbeat).
+        self.prefill_max_prompts: dict[int, int] = {}
         self.metrics.gauge("kvhandoff_admission_queue_length", lambda: float(len(self.queue)))
         self.metrics.gauge("kvhandoff_pages_free", lambda: float(self.core.free_pages))
         self.metrics.gauge("kvhandoff_pages_used", lambda: float(self.core.used_pages))
@@ -176,8 +181,12 @@ class DecodeServer(BaseServer):
     async def start(self) -> None:
         await super().start()
         if self.boot > 1:
-            self.log_event("decode_restart", boot=self.boot, boot_epoch=self.boot_epoch)
-        self.spawn(self._heartbeat())
+            # Several decode instances log into files of their own: the line names its
+            # instance (absent: instance 0, as docs/event-log.md says).
+            where = {"decode_instance": self.settings.instance} if self.settings.instance else {}
+            self.log_event("decode_restart", boot=self.boot, boot_epoch=self.boot_epoch, **where)
+        for prefill in range(len(self.settings.prefill_addresses)):
+            self.spawn(self._heartbeat(prefill))
 
     async def stop(self, grace: float | None = 1.0) -> None:
         await super().stop(grace)
@@ -256,10 +265,11 @@ class DecodeServer(BaseServer):
             w.event.token,
             time.monotonic(),
             w.event.attempt,
+            w.event.prefill,
         )
         reply = self.reply_of(self.feed(ev))
         if reply.status is not Status.OK and why_late:
-            if self.core.prefill_dead:
+            if self.core.prefill_dead_of(w.event.prefill):
                 # The pages are held by requests whose prefill is gone: say so, not only "0 free".
                 why_late += " (prefill is not answering decode's health checks)"
             reply = Reply(reply.status, f"{why_late}: {reply.message}")
@@ -283,12 +293,8 @@ class DecodeServer(BaseServer):
         # and wait for prefill's rejection, which decides the request (an early rejection).
         b = self.mode.behaviour
         prefill_rejects = not (b.placeholder_rejection or b.truncate_oversized)
-        held = (
-            valid
-            and prefill_rejects
-            and self.prefill_max_prompt is not None
-            and ev.prompt_len > self.prefill_max_prompt
-        )
+        limit = self.prefill_max_prompts.get(ev.prefill)
+        held = valid and prefill_rejects and limit is not None and ev.prompt_len > limit
         must_wait = held or (valid and (need > self.core.free_pages or len(self.queue) > 0))
         if not must_wait or self.queue.max_len == 0:
             return self.reply_of(self.feed(ev))
@@ -320,21 +326,25 @@ class DecodeServer(BaseServer):
             self.metrics.inc("kvhandoff_admission_refused_total", reason="deadline")
             self._admit(entry, f"waited {self.queue.timeout_s:g}s in decode's admission queue")
 
-    def _stub(self) -> Any:
-        return rpc.prefill_stub(self.channel(self.settings.prefill_address))
+    def _stub(self, prefill: int) -> Any:
+        return rpc.prefill_stub(self.channel(self.settings.prefill_addresses[prefill]))
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self, prefill: int) -> None:
         while not self._stopping:
             epoch: int | None
             try:
-                info = await self._stub().Info(
+                info = await self._stub(prefill).Info(
                     pb.InfoRequest(), timeout=max(self.settings.heartbeat_interval_s, 0.5)
                 )
                 epoch = int(info.boot_epoch)
-                self.prefill_max_prompt = int(info.max_prompt_tokens) or None
+                limit = int(info.max_prompt_tokens)
+                if limit:
+                    self.prefill_max_prompts[prefill] = limit
+                else:
+                    self.prefill_max_prompts.pop(prefill, None)
             except grpc.RpcError:
                 epoch = None
-            self.feed(dc.PrefillHeartbeat(epoch, time.monotonic()))
+            self.feed(dc.PrefillHeartbeat(epoch, time.monotonic(), prefill))
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def _send_grant(self, cmd: dc.SendGrant) -> None:
@@ -346,6 +356,7 @@ class DecodeServer(BaseServer):
             token=cmd.token,
             prompt_tokens=cmd.prompt_len,
             attempt=cmd.attempt,
+            decode_instance=self.settings.instance,
         )
         if isinstance(self.transport, OneSidedTransport) and self.landing is not None:
             grant.transfer_endpoint = self.transport.endpoint
@@ -353,7 +364,7 @@ class DecodeServer(BaseServer):
             grant.transfer_slot_bytes = self.settings.shape.page_bytes
         status, message, ack = await self.send_control(
             "grant",
-            lambda: self._stub().ReceiveGrant(
+            lambda: self._stub(cmd.prefill).ReceiveGrant(
                 grant, timeout=self.common.rpc_timeout_s, wait_for_ready=True
             ),
         )
@@ -364,7 +375,11 @@ class DecodeServer(BaseServer):
         if not self._stopping:
             self.feed(
                 dc.GrantDelivered(
-                    cmd.request_id, cmd.generation, int(ack.boot_epoch), time.monotonic()
+                    cmd.request_id,
+                    cmd.generation,
+                    int(ack.boot_epoch),
+                    time.monotonic(),
+                    cmd.prefill,
                 )
             )
 
@@ -379,7 +394,7 @@ class DecodeServer(BaseServer):
         )
         await self.send_control(
             "abort",
-            lambda: self._stub().ReceiveAbort(
+            lambda: self._stub(cmd.prefill).ReceiveAbort(
                 abort, timeout=self.common.rpc_timeout_s, wait_for_ready=True
             ),
         )
@@ -416,6 +431,13 @@ class DecodeServer(BaseServer):
                     f"tenant {request.tenant!r} must be 1..{MAX_TENANT} characters",
                 ),
             )
+        await refuse_unknown_instance(
+            context,
+            "prefill instance",
+            request.prefill_instance,
+            len(self.settings.prefill_addresses),
+            "decode",
+        )
         if rid in self._waiters:
             await abort_with(
                 context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
@@ -433,6 +455,7 @@ class DecodeServer(BaseServer):
                     secrets.token_bytes(16),
                     time.monotonic(),
                     int(request.attempt),
+                    int(request.prefill_instance),
                 )
             )
             if isinstance(first, Reply):

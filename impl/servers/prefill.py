@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,6 +45,7 @@ from kvhandoff.impl.servers.base import (
     CommonSettings,
     abort_with,
     check_bounds,
+    refuse_unknown_instance,
     status_of,
 )
 from kvhandoff.impl.tls import Identity
@@ -51,6 +53,10 @@ from kvhandoff.impl.tokenizer import PLACEHOLDER_TOKEN, VOCAB_SIZE
 from kvhandoff.impl.transport import OneSidedTransport, Transport, WriteOp, open_transport
 
 WRITE_PAGES = "/kvhandoff.v1.Decode/WritePages"
+
+
+# How many recent grants prefill remembers the sender of (a few bytes each).
+MAX_REMEMBERED_GRANTS = 65536
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,10 @@ class _Destination:
 @dataclass(frozen=True)
 class PrefillSettings:
     common: CommonSettings
-    decode_address: str
+    # One address per decode instance, in instance order: a grant names the instance that sent
+    # it, and a submit the instance the router placed the request on.
+    decode_addresses: tuple[str, ...]
+    instance: int = 0  # this prefill's instance number, which its restart line names
     shape: PoolShape = field(default_factory=PoolShape)
     num_pages: int = 64
     max_prompt_tokens: int = 256
@@ -149,6 +158,12 @@ class PrefillServer(BaseServer):
         self.stall_after: dict[RequestId, int] = {}
         self._stopped_writes: set[tuple[RequestId, int]] = set()
         self.digest_seconds = 0.0  # sender-side digests, for the transfer benchmark
+        # Which decode instance each message goes to: the one that sent the grant (for the
+        # writes, the completion and the drain ack), else the one the router placed the request
+        # on (a rejection before any grant). Grants are remembered for a bounded number of
+        # recent ones: an ack can follow a request's answer, so they are not dropped with it.
+        self._placed_decode: dict[RequestId, int] = {}
+        self._grant_sender: OrderedDict[tuple[RequestId, int], int] = OrderedDict()
         self.metrics.gauge("kvhandoff_parked_grants", lambda: float(self.core.parked_grants))
         self.metrics.gauge("kvhandoff_sender_digest_seconds_total", lambda: self.digest_seconds)
 
@@ -158,7 +173,8 @@ class PrefillServer(BaseServer):
     async def start(self) -> None:
         await super().start()
         if self.restarted or self.event_log.resumed:
-            self.log_event("prefill_restart", boot_epoch=self.boot_epoch)
+            where = {"prefill_instance": self.settings.instance} if self.settings.instance else {}
+            self.log_event("prefill_restart", boot_epoch=self.boot_epoch, **where)
 
     async def stop(self, grace: float | None = 1.0) -> None:
         await super().stop(grace)
@@ -166,8 +182,14 @@ class PrefillServer(BaseServer):
 
     # -------------------------------------------------------------- core driving
 
+    def _decode_for(self, rid: RequestId, generation: int | None = None) -> int:
+        """The decode instance a message about `rid` (and that grant) goes to."""
+        sender = self._grant_sender.get((rid, generation)) if generation is not None else None
+        return sender if sender is not None else self._placed_decode.get(rid, 0)
+
     def feed(self, event: pc.PrefillEvent) -> Reply:
         reply = Reply(Status.OK)
+        answered: list[RequestId] = []
         for cmd in self.core.handle(event):
             match cmd:
                 case Log():
@@ -188,12 +210,15 @@ class PrefillServer(BaseServer):
                         self._stopped_writes.add(key)
                         writer.cancel()
                 case pc.SendCompletion():
-                    self.spawn(self._send_completion(cmd))
+                    to = self._decode_for(cmd.request_id, int(cmd.generation))
+                    self.spawn(self._send_completion(cmd, to))
                 case pc.SendRejection():
-                    self.spawn(self._send_rejection(cmd))
+                    self.spawn(self._send_rejection(cmd, self._decode_for(cmd.request_id)))
                 case pc.SendAbortAck():
-                    self.spawn(self._send_abort_ack(cmd))
+                    to = self._decode_for(cmd.request_id, int(cmd.generation))
+                    self.spawn(self._send_abort_ack(cmd, to))
                 case pc.AnswerRequest():
+                    answered.append(cmd.request_id)
                     fut = self._waiters.get(cmd.request_id)
                     if fut is not None and not fut.done():
                         fut.set_result((cmd.status, cmd.message))
@@ -201,6 +226,8 @@ class PrefillServer(BaseServer):
                     for key in [k for k in self._destinations if k[0] == cmd.request_id]:
                         if key not in self._writers:
                             del self._destinations[key]
+        for rid in answered:  # after the loop: the commands before the answer still named it
+            self._placed_decode.pop(rid, None)
         return reply
 
     def _writer_done(self, cmd: pc.StartWrites, task: asyncio.Task[Any]) -> None:
@@ -219,8 +246,8 @@ class PrefillServer(BaseServer):
     async def _on_tick(self, now: float) -> None:
         self.feed(pc.Tick(now))
 
-    def _stub(self) -> Any:
-        return rpc.decode_stub(self.channel(self.settings.decode_address))
+    def _stub(self, decode: int) -> Any:
+        return rpc.decode_stub(self.channel(self.settings.decode_addresses[decode]))
 
     async def _write(self, cmd: pc.StartWrites) -> None:
         rid, gen = cmd.request_id, cmd.generation
@@ -238,7 +265,8 @@ class PrefillServer(BaseServer):
                     f"{rid!r} names no landing pool (is decode running --transport grpc?)"
                 )
             batches = self._encode(cmd, wire, dest)
-            write_pages = self.channel(self.settings.decode_address).stream_unary(
+            address = self.settings.decode_addresses[self._decode_for(rid, int(gen))]
+            write_pages = self.channel(address).stream_unary(
                 WRITE_PAGES,
                 request_serializer=None,
                 response_deserializer=pb.WriteSummary.FromString,
@@ -373,7 +401,7 @@ class PrefillServer(BaseServer):
                     return  # stopped while the pages were on the wire: no notice for them
             yield batch.payload
 
-    async def _send_completion(self, cmd: pc.SendCompletion) -> None:
+    async def _send_completion(self, cmd: pc.SendCompletion, decode: int) -> None:
         completion = pb.Completion(
             request_id=cmd.request_id,
             room=cmd.room,
@@ -385,14 +413,14 @@ class PrefillServer(BaseServer):
         )
         status, message, _ = await self.send_control(
             "completion",
-            lambda: self._stub().Complete(
+            lambda: self._stub(decode).Complete(
                 completion, timeout=self.common.rpc_timeout_s, wait_for_ready=True
             ),
         )
         if not self._stopping:
             self.feed(pc.CompletionAnswered(cmd.request_id, cmd.generation, status, message))
 
-    async def _send_rejection(self, cmd: pc.SendRejection) -> None:
+    async def _send_rejection(self, cmd: pc.SendRejection, decode: int) -> None:
         rejection = pb.Rejection(
             request_id=cmd.request_id,
             room=cmd.room,
@@ -402,7 +430,7 @@ class PrefillServer(BaseServer):
         )
         status, message, _ = await self.send_control(
             "rejection",
-            lambda: self._stub().Reject(
+            lambda: self._stub(decode).Reject(
                 rejection, timeout=self.common.rpc_timeout_s, wait_for_ready=True
             ),
         )
@@ -411,7 +439,7 @@ class PrefillServer(BaseServer):
                 "prefill_notice_failed", request_id=cmd.request_id, code=status.value, error=message
             )
 
-    async def _send_abort_ack(self, cmd: pc.SendAbortAck) -> None:
+    async def _send_abort_ack(self, cmd: pc.SendAbortAck, decode: int) -> None:
         ack = pb.AbortAck(
             request_id=cmd.request_id,
             room=cmd.room,
@@ -421,7 +449,7 @@ class PrefillServer(BaseServer):
         )
         await self.send_control(
             "abort_ack",
-            lambda: self._stub().ReceiveAbortAck(
+            lambda: self._stub(decode).ReceiveAbortAck(
                 ack, timeout=self.common.rpc_timeout_s, wait_for_ready=True
             ),
         )
@@ -455,9 +483,17 @@ class PrefillServer(BaseServer):
             await abort_with(
                 context, Reply(Status.ALREADY_EXISTS, f"request {rid!r} is already active")
             )
+        await refuse_unknown_instance(
+            context,
+            "decode instance",
+            request.decode_instance,
+            len(self.settings.decode_addresses),
+            "prefill",
+        )
         fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         self._prompts[rid] = list(request.prompt_tokens)
+        self._placed_decode[rid] = int(request.decode_instance)
         try:
             reply = self.feed(
                 pc.SubmitRequest(
@@ -471,6 +507,8 @@ class PrefillServer(BaseServer):
             )
             if reply.status is not Status.OK:
                 self._prompts.pop(rid, None)
+                if rid not in self.core.active_requests():
+                    self._placed_decode.pop(rid, None)
                 await abort_with(context, reply)
             try:
                 status, message = await fut
@@ -500,6 +538,18 @@ class PrefillServer(BaseServer):
                     f"grant of {len(request.page_ids)} pages must have 1..{self.max_grant_pages}",
                 ),
             )
+        await refuse_unknown_instance(
+            context,
+            "grant from decode instance",
+            request.decode_instance,
+            len(self.settings.decode_addresses),
+            "prefill",
+        )
+        grant_key = (RequestId(request.request_id), int(request.generation))
+        self._grant_sender[grant_key] = int(request.decode_instance)
+        self._grant_sender.move_to_end(grant_key)
+        while len(self._grant_sender) > MAX_REMEMBERED_GRANTS:
+            self._grant_sender.popitem(last=False)
         if request.transfer_endpoint:
             if request.transfer_slot_bytes != self.settings.shape.page_bytes:
                 await abort_with(

@@ -6,6 +6,7 @@ import asyncio
 import secrets
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,8 +40,10 @@ DEFAULT_MAX_TOKENS = 16
 @dataclass(frozen=True)
 class RouterSettings:
     common: CommonSettings
-    prefill_address: str
-    decode_address: str
+    # One address per instance of each role, in instance order: the router places each request
+    # on one of each (the least loaded, the first among equals).
+    prefill_addresses: tuple[str, ...]
+    decode_addresses: tuple[str, ...]
     context_window: int = 256
     max_new_tokens: int = 1024
     max_in_flight: int = 1024  # requests in the cluster at once; more wait in the queue
@@ -74,6 +77,17 @@ class RouterServer(BaseServer):
         )
         self._in_flight = 0
         self._epochs: dict[str, int] = {}
+        # Where each active request was placed: (prefill instance, decode instance), and how many
+        # active requests each instance holds (the placement's load).
+        self._placed: dict[RequestId, tuple[int, int]] = {}
+        # Where recent requests ran: a retry under the same id goes back there (the spec's
+        # request keeps its placement across attempts), bounded like the router's failed ids.
+        self._ran_on: OrderedDict[RequestId, tuple[int, int]] = OrderedDict()
+        # Placements fixed from outside for the next request of that id (a test harness that
+        # plays the spec's fixed placements: `Cluster.pin_placement`); taken when placed.
+        self.pinned: dict[RequestId, tuple[int, int]] = {}
+        self._prefill_load = [0] * len(settings.prefill_addresses)
+        self._decode_load = [0] * len(settings.decode_addresses)
         self._epoch_seen = asyncio.Event()
         self.metrics.gauge("kvhandoff_admission_queue_length", lambda: float(len(self.queue)))
         self.metrics.gauge("kvhandoff_requests_in_flight", lambda: float(self._in_flight))
@@ -83,8 +97,10 @@ class RouterServer(BaseServer):
 
     async def start(self) -> None:
         await super().start()
-        self.spawn(self._track_epoch(self.settings.prefill_address, rpc.prefill_stub))
-        self.spawn(self._track_epoch(self.settings.decode_address, rpc.decode_stub))
+        for address in self.settings.prefill_addresses:
+            self.spawn(self._track_epoch(address, rpc.prefill_stub))
+        for address in self.settings.decode_addresses:
+            self.spawn(self._track_epoch(address, rpc.decode_stub))
 
     # -------------------------------------------------------------- admission queue
 
@@ -153,15 +169,17 @@ class RouterServer(BaseServer):
                 case Reply():
                     reply = cmd
                 case rc.ForwardToPrefill():
-                    self.spawn(
-                        self._to_prefill(cmd, self._epoch_now(self.settings.prefill_address))
-                    )
+                    i, j = self.placement(cmd.request_id)
+                    address = self.settings.prefill_addresses[i]
+                    self.spawn(self._to_prefill(cmd, address, j, self._epoch_now(address)))
                 case rc.ForwardToDecode():
-                    self.spawn(self._to_decode(cmd, self._epoch_now(self.settings.decode_address)))
+                    i, j = self.placement(cmd.request_id)
+                    address = self.settings.decode_addresses[j]
+                    self.spawn(self._to_decode(cmd, address, i, self._epoch_now(address)))
                 case rc.CancelAtPrefill():
                     self.spawn(
                         call_quietly(
-                            self._prefill().Cancel(
+                            self._prefill(cmd.request_id).Cancel(
                                 pb.CancelRequest(
                                     request_id=cmd.request_id,
                                     reason=cmd.reason,
@@ -175,7 +193,7 @@ class RouterServer(BaseServer):
                 case rc.AbortAtDecode():
                     self.spawn(
                         call_quietly(
-                            self._decode().Cancel(
+                            self._decode(cmd.request_id).Cancel(
                                 pb.CancelRequest(
                                     request_id=cmd.request_id,
                                     reason=cmd.reason,
@@ -192,11 +210,42 @@ class RouterServer(BaseServer):
                         fut.set_result((cmd.status, cmd.message))
         return reply
 
-    def _prefill(self) -> Any:
-        return rpc.prefill_stub(self.channel(self.settings.prefill_address))
+    def placement(self, request_id: RequestId) -> tuple[int, int]:
+        """The (prefill, decode) instances `request_id` was placed on; a request the router no
+        longer holds (its answer went out) is addressed where instance 0 serves."""
+        return self._placed.get(request_id, (0, 0))
 
-    def _decode(self) -> Any:
-        return rpc.decode_stub(self.channel(self.settings.decode_address))
+    def _place(self, request_id: RequestId, retry: bool) -> None:
+        # The least loaded instance of each role (the first among equals), as a router that
+        # balances by requests in flight does; a retry goes where the request ran before.
+        before = self._ran_on.get(request_id) if retry else None
+        before = self.pinned.pop(request_id, before)
+        if before is not None:
+            i, j = before
+        else:
+            i = self._prefill_load.index(min(self._prefill_load))
+            j = self._decode_load.index(min(self._decode_load))
+        self._placed[request_id] = (i, j)
+        self._prefill_load[i] += 1
+        self._decode_load[j] += 1
+
+    def _unplace(self, request_id: RequestId) -> None:
+        placed = self._placed.pop(request_id, None)
+        if placed is not None:
+            self._prefill_load[placed[0]] -= 1
+            self._decode_load[placed[1]] -= 1
+            self._ran_on[request_id] = placed
+            self._ran_on.move_to_end(request_id)
+            while len(self._ran_on) > self.core.config.max_failed_ids:
+                self._ran_on.popitem(last=False)
+
+    def _prefill(self, request_id: RequestId) -> Any:
+        i = self.placement(request_id)[0]
+        return rpc.prefill_stub(self.channel(self.settings.prefill_addresses[i]))
+
+    def _decode(self, request_id: RequestId) -> Any:
+        j = self.placement(request_id)[1]
+        return rpc.decode_stub(self.channel(self.settings.decode_addresses[j]))
 
     # -------------------------------------------------------------- peer incarnations
     #
@@ -251,16 +300,18 @@ class RouterServer(BaseServer):
     def _unreachable(role: str) -> tuple[Status, str]:
         return (Status.UNAVAILABLE, f"{role} did not come back within the call's deadline")
 
-    async def _to_prefill(self, cmd: rc.ForwardToPrefill, epoch: int | None = None) -> None:
+    async def _to_prefill(
+        self, cmd: rc.ForwardToPrefill, address: str, decode: int, epoch: int | None = None
+    ) -> None:
         prompt = self._prompts.get(cmd.request_id, [])
-        peer = await self._resolve_epoch(self.settings.prefill_address, epoch)
+        peer = await self._resolve_epoch(address, epoch)
         if peer is None:
             if not self._stopping:
                 status, message = self._unreachable("prefill")
                 self.feed(rc.PrefillFinished(cmd.request_id, status, message, True))
             return
         try:
-            await self._prefill().Submit(
+            await rpc.prefill_stub(self.channel(address)).Submit(
                 pb.PrefillSubmitRequest(
                     request_id=cmd.request_id,
                     tenant=cmd.tenant,
@@ -268,6 +319,7 @@ class RouterServer(BaseServer):
                     prompt_tokens=prompt,
                     peer_epoch=peer,
                     attempt=cmd.attempt,
+                    decode_instance=decode,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -279,15 +331,17 @@ class RouterServer(BaseServer):
         if not self._stopping:
             self.feed(rc.PrefillFinished(cmd.request_id, status, message, broken))
 
-    async def _to_decode(self, cmd: rc.ForwardToDecode, epoch: int | None = None) -> None:
-        peer = await self._resolve_epoch(self.settings.decode_address, epoch)
+    async def _to_decode(
+        self, cmd: rc.ForwardToDecode, address: str, prefill: int, epoch: int | None = None
+    ) -> None:
+        peer = await self._resolve_epoch(address, epoch)
         if peer is None:
             if not self._stopping:
                 status, message = self._unreachable("decode")
                 self.feed(rc.DecodeFinished(cmd.request_id, status, message))
             return
         try:
-            resp = await self._decode().Submit(
+            resp = await rpc.decode_stub(self.channel(address)).Submit(
                 pb.DecodeSubmitRequest(
                     request_id=cmd.request_id,
                     tenant=cmd.tenant,
@@ -296,6 +350,7 @@ class RouterServer(BaseServer):
                     max_tokens=cmd.max_tokens,
                     peer_epoch=peer,
                     attempt=cmd.attempt,
+                    prefill_instance=prefill,
                 ),
                 timeout=self.common.rpc_timeout_s,
                 wait_for_ready=True,
@@ -375,6 +430,7 @@ class RouterServer(BaseServer):
         fut: asyncio.Future[tuple[Status, str]] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         self._prompts[rid] = list(request.prompt_tokens)
+        self._place(rid, request.retry)
         try:
             reply = self.feed(
                 rc.ClientSubmit(
@@ -398,6 +454,7 @@ class RouterServer(BaseServer):
         finally:
             self._waiters.pop(rid, None)
             self._prompts.pop(rid, None)
+            self._unplace(rid)
         tokens = self._answers.pop(rid, [])
         if status is not Status.OK:
             await abort_with(context, Reply(status, message))

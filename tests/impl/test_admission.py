@@ -88,7 +88,7 @@ def test_a_prompt_over_prefills_limit_reserves_no_decode_page(
     # Issue 15: oversized prompts held up to 128 decode pages until prefill refused them.
     cluster = make_cluster("reference", prefill_pages=8, decode_pages=64, context_window=200)
     server = cluster.decode_server
-    assert _eventually(lambda: server.prefill_max_prompt == 32)
+    assert _eventually(lambda: server.prefill_max_prompts.get(0) == 32)
     with cluster.client() as c:
         r = c.generate("t", encode("Y" * 100), 4, request_id="too-long")
     assert r.code == "OUT_OF_RANGE" and "prefill's limit of 32 tokens" in r.error

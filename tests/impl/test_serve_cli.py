@@ -343,3 +343,85 @@ def test_a_short_log_key_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     key.write_bytes(b"short")
     assert main(["serve", "all", "--log-key-file", str(key)]) == 2
     assert "holds 5 bytes; a log key needs at least 16" in capsys.readouterr().err
+
+
+def test_serve_all_starts_several_instances_of_each_worker(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        kvhandoff(
+            "serve",
+            "all",
+            "--insecure",
+            "--device",
+            "cpu",
+            "--json",
+            "--prefill-instances",
+            "2",
+            "--decode-instances",
+            "3",
+            "--metrics-port",
+            "0",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert_matches_schema("serve-all", info)
+        assert len(info["prefills"]) == 2 and len(info["decodes"]) == 3
+        assert set(info["metrics"]) == {
+            "router",
+            "prefill",
+            "prefill1",
+            "decode",
+            "decode1",
+            "decode2",
+        }
+        assert info["prefill"] == info["prefills"][0] and info["decode"] == info["decodes"][0]
+        assert all(a.startswith("127.0.0.1:") for a in info["prefills"] + info["decodes"])
+        from kvhandoff.impl.client import Client
+
+        with Client(str(info["router"])) as c:
+            assert [c.generate("t", [72, 105], 2).text for _ in range(4)] == ["Hi"] * 4
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["serve", "prefill", "--insecure", "--decode", "127.0.0.1:1,localhost"],
+            "'localhost' is not HOST:PORT (several instances: comma-separated",
+        ),
+        (
+            [
+                "serve",
+                "decode",
+                "--insecure",
+                "--prefill",
+                "127.0.0.1:1",
+                "--decode-instances",
+                "2",
+            ],
+            "start one server per instance and list their addresses",
+        ),
+        (
+            ["serve", "decode", "--insecure", "--prefill", "127.0.0.1:1", "--instance", "-1"],
+            "--instance -1: a prefill or decode instance number is >= 0",
+        ),
+        (
+            ["serve", "all", "--insecure", "--prefill-instances", "0"],
+            "prefill_instances=0: a cluster runs 1..16 instances of a role",
+        ),
+    ],
+)
+def test_bad_instance_options_are_exit_2_naming_the_value(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

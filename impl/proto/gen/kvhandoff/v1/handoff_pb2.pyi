@@ -65,20 +65,22 @@ class CancelResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PrefillSubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "peer_epoch", "attempt")
+    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "peer_epoch", "attempt", "decode_instance")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PEER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     room: int
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     peer_epoch: int
     attempt: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., peer_epoch: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    decode_instance: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., peer_epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., decode_instance: _Optional[int] = ...) -> None: ...
 
 class PrefillSubmitResponse(_message.Message):
     __slots__ = ("request_id",)
@@ -87,7 +89,7 @@ class PrefillSubmitResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "page_ids", "token", "prompt_tokens", "transfer_endpoint", "transfer_base", "transfer_slot_bytes", "attempt")
+    __slots__ = ("request_id", "room", "generation", "page_ids", "token", "prompt_tokens", "transfer_endpoint", "transfer_base", "transfer_slot_bytes", "attempt", "decode_instance")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,7 @@ class Grant(_message.Message):
     TRANSFER_BASE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
@@ -108,7 +111,8 @@ class Grant(_message.Message):
     transfer_base: int
     transfer_slot_bytes: int
     attempt: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., transfer_endpoint: _Optional[str] = ..., transfer_base: _Optional[int] = ..., transfer_slot_bytes: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    decode_instance: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., transfer_endpoint: _Optional[str] = ..., transfer_base: _Optional[int] = ..., transfer_slot_bytes: _Optional[int] = ..., attempt: _Optional[int] = ..., decode_instance: _Optional[int] = ...) -> None: ...
 
 class GrantAck(_message.Message):
     __slots__ = ("boot_epoch",)
@@ -135,7 +139,7 @@ class AbortResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class DecodeSubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "max_tokens", "peer_epoch", "attempt")
+    __slots__ = ("request_id", "tenant", "room", "prompt_tokens", "max_tokens", "peer_epoch", "attempt", "prefill_instance")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +147,7 @@ class DecodeSubmitRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PEER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     room: int
@@ -150,7 +155,8 @@ class DecodeSubmitRequest(_message.Message):
     max_tokens: int
     peer_epoch: int
     attempt: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., peer_epoch: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    prefill_instance: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., room: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., peer_epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., prefill_instance: _Optional[int] = ...) -> None: ...
 
 class DecodeSubmitResponse(_message.Message):
     __slots__ = ("request_id", "tokens")
