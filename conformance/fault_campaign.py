@@ -37,7 +37,7 @@ from typing import Any
 
 from kvhandoff.conformance.grpc_target import GrpcTarget, log_headers, split_by_server
 from kvhandoff.conformance.target import Target
-from kvhandoff.conformance.validate import Event, search_logs
+from kvhandoff.conformance.validate import Event, deployment_of, search_logs
 from kvhandoff.spec.actions import Action, ClientCancelRequest, PrefillRestart, RouterSubmitRequest
 from kvhandoff.spec.config import Config
 
@@ -104,7 +104,8 @@ def trace_problems(
     tenant's canary in an answer, an unanswered request, pages held at quiescence, data. Each
     kind is judged on its own (a divergent trace is still checked for leaks and answers)."""
     out: list[Problem] = []
-    report = search_logs(headers, split_by_server(events))
+    logs = split_by_server(events)
+    report = search_logs(headers, logs, deployment=deployment_of(logs, headers))
     if not report.ok:
         prop = report.violated[0] if report.violated else "conformance"
         out.append(("unexplained_event", prop, report.message))
@@ -181,11 +182,19 @@ def run_fault_campaign(
     device: str = "cpu",
     keep_going: bool = False,
     save_logs: Path | None = None,
+    instances: bool = False,
 ) -> FaultReport:
+    """`instances`: the scenario on two prefill and two decode servers (`campaign_config`),
+    each trace drawing one placement of the requests; a crash or restart is of one instance."""
     from kvhandoff.conformance.campaign import campaign_config
     from kvhandoff.impl.servers.faults import FaultPlan
+    from kvhandoff.spec.config import placements
 
-    cfg = config or campaign_config()
+    cfg = config or campaign_config(instances=instances)
+    # One placement per trace where there are several instances (nothing is drawn with one of
+    # each, so such a campaign's traces are as before).
+    placed = placements(cfg)
+    prefills, decodes = cfg.prefill_instances, cfg.decode_instances
     report = FaultReport(mode, sorted(faults))
     # Short timers so a trace with lost aborts or stalled writes settles in well under a second.
     settings: dict[str, Any] = {
@@ -209,12 +218,13 @@ def run_fault_campaign(
     try:
         for i in range(traces):
             rng = random.Random(seed * 1_000_003 + i)
+            scenario = rng.choice(placed) if len(placed) > 1 else cfg
             target.stall = (
                 {r for r in range(len(cfg.requests)) if rng.random() < 0.15}
                 if "timeout" in faults
                 else set()
             )
-            target.start(cfg, mode)
+            target.start(scenario, mode)
             target.cluster.set_faults(plan)
             plan.reseed(seed * 7_919 + i)
             program: list[Action] = []
@@ -244,22 +254,19 @@ def run_fault_campaign(
                     r = rng.choice(submitted)
                     program.append(ClientCancelRequest(r))
                     target.cancel(r)
-                elif what == "restart":
-                    for r in submitted:
-                        target.wait_answered(r)
-                    target.settle()
+                elif what in ("restart", "crash_prefill"):
+                    if what == "restart":
+                        for r in submitted:
+                            target.wait_answered(r)
+                        target.settle()
                     crashes += 1
-                    program.append(PrefillRestart())
-                    target.restart_prefill()
-                    report.injected["restart"] += 1
-                elif what == "crash_prefill":
-                    crashes += 1
-                    program.append(PrefillRestart())
-                    target.restart_prefill()
-                    report.injected["crash_prefill"] += 1
+                    pinst = rng.randrange(prefills) if prefills > 1 else 0
+                    program.append(PrefillRestart(pinst=pinst))
+                    target.restart_prefill(pinst)
+                    report.injected[what] += 1
                 else:
                     crashes += 1
-                    target.restart_decode()
+                    target.restart_decode(rng.randrange(decodes) if decodes > 1 else 0)
                     report.injected["crash_decode"] += 1
             for r in sorted(target.stall):
                 if r in submitted:
@@ -268,7 +275,7 @@ def run_fault_campaign(
             target.settle()
             report.traces += 1
             events = target.take_events()
-            headers = log_headers(target, cfg)
+            headers = log_headers(target, scenario)
             problems = trace_problems(target, submitted, headers, events)
             program_text = " ".join(type(a).__name__ for a in program)
             if saved is not None:
@@ -331,7 +338,10 @@ def revalidate(path: Path) -> tuple[int, list[dict[str, Any]]]:
                 continue
             rec = json.loads(line)
             traces += 1
-            report = search_logs(rec["headers"], split_by_server(rec["events"]))
+            logs = split_by_server(rec["events"])
+            report = search_logs(
+                rec["headers"], logs, deployment=deployment_of(logs, rec["headers"])
+            )
             if not report.ok:
                 unexplained.append(
                     {

@@ -1599,7 +1599,14 @@ def instance_logs(files: Sequence[tuple[Path, dict[str, Any], list[Event]]]) -> 
             for ev in events:
                 rid = ev.get("args", {}).get("request_id")
                 if rid is not None:
-                    decode_of[str(rid)] = k
+                    decode_of.setdefault(str(rid), k)
+        elif header.get("server") == "router":
+            for ev in events:
+                j = ev.get("args", {}).get("decode_instance")
+                if ev.get("event") in ("router_submit_request", "router_retry_request") and (
+                    isinstance(j, int)
+                ):
+                    decode_of[str(ev["args"].get("request_id"))] = j
     pool = int(files[0][1].get("config", {}).get("decode_pages", 64))
     out: list[list[Event]] = []
     for path, header, events in files:
@@ -1631,7 +1638,8 @@ def deployment_of(
 ) -> Deployment | None:
     """The deployment logs read by `instance_logs` come from, when it has several instances of
     a role (None for one of each): the instances are those the lines' servers and the headers
-    name, a request placed where its lines were logged."""
+    name, a request placed where the router's submission line says (`prefill_instance`,
+    `decode_instance`), else where its lines were logged."""
     counts = {"prefill": 1, "decode": 1}
     for h in headers:
         role = str(h.get("server"))
@@ -1640,15 +1648,26 @@ def deployment_of(
             if isinstance(instance, int):
                 counts[role] = max(counts[role], instance + 1)
     placed: dict[str, list[int]] = {}
+    declared: dict[str, list[int]] = {}
     for log in logs:
         for ev in log:
+            args = ev.get("args", {})
+            rid = args.get("request_id")
+            if ev.get("event") in ("router_submit_request", "router_retry_request"):
+                # The router names the placement where it had a choice: what it says holds
+                # even for a worker that never logged the request (a hand-over lost in a crash).
+                i, j = args.get("prefill_instance"), args.get("decode_instance")
+                if isinstance(i, int) and isinstance(j, int):
+                    declared[str(rid)] = [i, j]
+                    counts["prefill"] = max(counts["prefill"], i + 1)
+                    counts["decode"] = max(counts["decode"], j + 1)
             role, k = role_and_instance(str(ev.get("server", "")))
             if role not in counts:
                 continue
             counts[role] = max(counts[role], k + 1)
-            rid = ev.get("args", {}).get("request_id")
             if rid is not None:
                 placed.setdefault(str(rid), [0, 0])[0 if role == "prefill" else 1] = k
+    placed.update(declared)
     if counts["prefill"] == 1 and counts["decode"] == 1:
         return None
     return Deployment(

@@ -61,7 +61,8 @@ def register(sub: Any) -> None:
         "one instance, a partition cuts one decode instance off one prefill instance. The "
         "in-process target plays them all; the gRPC target (--target grpc) runs two prefill and "
         "two decode servers, each request pinned where its placement puts it, with crashes of "
-        "one prefill instance between requests",
+        "one prefill instance between requests (with --faults, of one instance of either role "
+        "at any time)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
@@ -194,11 +195,6 @@ def run_conform(args: argparse.Namespace) -> int:
     if args.traces < 1 or args.steps < 1:
         raise UsageError("--traces and --steps must be at least 1")
     if getattr(args, "faults", None) is not None:
-        if args.instances:
-            raise UsageError(
-                "--faults runs one prefill and one decode server: use --instances without "
-                "--faults (the in-process and the gRPC targets play several instances)"
-            )
         return _fault_campaign(args)
 
     if args.transport != "grpc":
@@ -293,7 +289,13 @@ def _fault_campaign(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as exc:
         raise UsageError(str(exc)) from exc
     report = run_fault_campaign(
-        args.mode, args.traces, args.seed, faults, Path(args.out), steps=args.steps
+        args.mode,
+        args.traces,
+        args.seed,
+        faults,
+        Path(args.out),
+        steps=args.steps,
+        instances=args.instances,
     )
     if args.json:
         output.print_json("fault-campaign", report.to_json(), sort_keys=True)

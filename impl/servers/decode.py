@@ -391,6 +391,7 @@ class DecodeServer(BaseServer):
             generation=cmd.generation,
             token=cmd.token,
             attempt=cmd.attempt,
+            decode_instance=self.settings.instance,
         )
         await self.send_control(
             "abort",

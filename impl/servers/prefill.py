@@ -160,8 +160,10 @@ class PrefillServer(BaseServer):
         self.digest_seconds = 0.0  # sender-side digests, for the transfer benchmark
         # Which decode instance each message goes to: the one that sent the grant (for the
         # writes, the completion and the drain ack), else the one the router placed the request
-        # on (a rejection before any grant). Grants are remembered for a bounded number of
-        # recent ones: an ack can follow a request's answer, so they are not dropped with it.
+        # on (a rejection before any grant). The sender of each recent grant and abort is
+        # remembered (a bounded number): an ack can follow a request's answer, so they are not
+        # dropped with it, and an abort names its sender, so that a restarted prefill acks it to
+        # the right instance.
         self._placed_decode: dict[RequestId, int] = {}
         self._grant_sender: OrderedDict[tuple[RequestId, int], int] = OrderedDict()
         self.metrics.gauge("kvhandoff_parked_grants", lambda: float(self.core.parked_grants))
@@ -181,6 +183,13 @@ class PrefillServer(BaseServer):
         self.transport.close()
 
     # -------------------------------------------------------------- core driving
+
+    def _remember_sender(self, rid: RequestId, generation: int, decode: int) -> None:
+        key = (rid, generation)
+        self._grant_sender[key] = decode
+        self._grant_sender.move_to_end(key)
+        while len(self._grant_sender) > MAX_REMEMBERED_GRANTS:
+            self._grant_sender.popitem(last=False)
 
     def _decode_for(self, rid: RequestId, generation: int | None = None) -> int:
         """The decode instance a message about `rid` (and that grant) goes to."""
@@ -545,11 +554,9 @@ class PrefillServer(BaseServer):
             len(self.settings.decode_addresses),
             "prefill",
         )
-        grant_key = (RequestId(request.request_id), int(request.generation))
-        self._grant_sender[grant_key] = int(request.decode_instance)
-        self._grant_sender.move_to_end(grant_key)
-        while len(self._grant_sender) > MAX_REMEMBERED_GRANTS:
-            self._grant_sender.popitem(last=False)
+        self._remember_sender(
+            RequestId(request.request_id), int(request.generation), int(request.decode_instance)
+        )
         if request.transfer_endpoint:
             if request.transfer_slot_bytes != self.settings.shape.page_bytes:
                 await abort_with(
@@ -586,6 +593,18 @@ class PrefillServer(BaseServer):
         self, request: pb.Abort, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
         await check_bounds(context, request)
+        await refuse_unknown_instance(
+            context,
+            "abort from decode instance",
+            request.decode_instance,
+            len(self.settings.decode_addresses),
+            "prefill",
+        )
+        # The drain ack goes back to the abort's sender: a prefill that restarted since the
+        # grant has no other record of it.
+        self._remember_sender(
+            RequestId(request.request_id), int(request.generation), int(request.decode_instance)
+        )
         reply = self.feed(
             pc.AbortReceived(
                 RequestId(request.request_id),

@@ -165,7 +165,7 @@ class RouterServer(BaseServer):
         for cmd in self.core.handle(event):
             match cmd:
                 case Log():
-                    self.log(cmd)
+                    self.log(self._with_placement(cmd))
                 case Reply():
                     reply = cmd
                 case rc.ForwardToPrefill():
@@ -209,6 +209,16 @@ class RouterServer(BaseServer):
                     if fut is not None and not fut.done():
                         fut.set_result((cmd.status, cmd.message))
         return reply
+
+    def _with_placement(self, line: Log) -> Log:
+        """A submission's log line names where the request was placed, where there is a choice:
+        a worker that never logs the request (a hand-over lost in its crash) cannot say."""
+        several = len(self._prefill_load) > 1 or len(self._decode_load) > 1
+        if not several or line.kind not in ("router_submit_request", "router_retry_request"):
+            return line
+        rid = RequestId(str(line.args["request_id"]))
+        i, j = self.placement(rid)
+        return Log(line.kind, {**line.args, "prefill_instance": i, "decode_instance": j})
 
     def placement(self, request_id: RequestId) -> tuple[int, int]:
         """The (prefill, decode) instances `request_id` was placed on; a request the router no

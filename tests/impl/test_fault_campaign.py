@@ -5,6 +5,7 @@ The long run is `benchmarks/fault_campaign.py`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,34 @@ def test_keep_going_counts_every_failing_trace_and_kept_logs_are_judged_again(
     assert traces == 4
     diverged = {int(f["trace"]) for f in report.failures if f["kind"] == "unexplained_event"}
     assert {u["trace"] for u in unexplained} == diverged
+
+
+def test_a_short_fault_campaign_on_two_of_each_conforms(tmp_path: Path) -> None:
+    # Crashes and restarts of one instance of either role, placements drawn per trace.
+    report = run_fault_campaign("reference", 12, 4, parse_faults("all"), tmp_path, instances=True)
+    assert report.conforms, report.failure
+    assert report.traces == 12
+    kinds = {k.split("_")[0] for k in report.injected}
+    assert {"crash", "late", "dup", "drop"} <= kinds, report.injected
+
+
+def test_a_lost_hand_over_on_instances_is_placed_by_the_router_line(tmp_path: Path) -> None:
+    # Fault campaign on instances, seed 1 trace 148: prefill instance 1 restarted with request
+    # 1's hand-over in flight and never logged the request. The router's submission line names
+    # the placement; without it the request reads as placed on prefill 0, where the router's
+    # error answer has no explanation.
+    from kvhandoff.conformance.validate import validate_logs
+
+    log = DATA / "instances_lost_handover_seed1_trace148.log.jsonl"
+    assert validate_logs([log]).ok
+    stripped = []
+    for line in log.read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("event") == "router_submit_request":
+            del ev["args"]["prefill_instance"], ev["args"]["decode_instance"]
+        stripped.append(json.dumps(ev))
+    copy = tmp_path / log.name
+    copy.write_text("\n".join(stripped) + "\n")
+    report = validate_logs([copy])
+    assert not report.ok
+    assert "router_answer_client" in report.message

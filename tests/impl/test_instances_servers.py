@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -264,3 +265,37 @@ def test_a_restart_of_one_decode_instance_leaves_the_other_serving(
     results = _in_parallel(cluster, 4, "after the restart")
     assert all(r.status == "ok" for r in results), [r.error for r in results]
     assert cluster.wait_quiescent()
+
+
+def test_prefill_acks_an_abort_to_the_decode_instance_that_sent_it(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    # Found by the fault campaign on instances: decode instance 1's grant was lost when prefill
+    # crashed under it, and the new incarnation, which knows nothing of the grant, acked decode
+    # 1's aborts to decode instance 0, leaving instance 1's pages fenced for good.
+    cluster = make_cluster("reference", decode_instances=2, log_dir=tmp_path / "logs")
+    with grpc.insecure_channel(cluster.prefill) as channel:
+        rpc.prefill_stub(channel).ReceiveAbort(
+            pb.Abort(request_id="never-granted", room=7, generation=5, decode_instance=1),
+            timeout=10,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            rpc.prefill_stub(channel).ReceiveAbort(
+                pb.Abort(request_id="x", room=7, generation=5, decode_instance=2), timeout=10
+            )
+    assert "abort from decode instance 2 does not exist" in str(err.value.details())
+
+    def acked() -> dict[str, list[object]]:
+        return {
+            name: [
+                e["args"]["request_id"]
+                for e in _events(tmp_path / "logs" / f"{name}.jsonl")
+                if e["event"] == "decode_receive_abort_ack"
+            ]
+            for name in ("decode", "decode1")
+        }
+
+    deadline = time.monotonic() + 10
+    while not any(acked().values()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert acked() == {"decode": [], "decode1": ["never-granted"]}

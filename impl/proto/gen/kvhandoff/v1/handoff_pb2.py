@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvhandoff/v1/handoff.proto\x12\x0ckvhandoff.v1\"\r\n\x0bInfoRequest\"\x95\x01\n\nServerInfo\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x12\n\nboot_epoch\x18\x03 \x01(\x04\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x04\x12\x16\n\x0e\x63ontext_window\x18\x05 \x01(\x04\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x11\n\tnum_pages\x18\x07 \x01(\r\"o\n\x0fGenerateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\r\n\x05retry\x18\x05 \x01(\x08\"6\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"D\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"\x10\n\x0e\x43\x61ncelResponse\"\x9d\x01\n\x14PrefillSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04room\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x03(\r\x12\x12\n\npeer_epoch\x18\x05 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\x07 \x01(\r\"+\n\x15PrefillSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xee\x01\n\x05Grant\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x10\n\x08page_ids\x18\x04 \x03(\r\x12\r\n\x05token\x18\x05 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\x12\x19\n\x11transfer_endpoint\x18\x07 \x01(\t\x12\x15\n\rtransfer_base\x18\x08 \x01(\x04\x12\x1b\n\x13transfer_slot_bytes\x18\t \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\n \x01(\r\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\x0b \x01(\r\"\x1e\n\x08GrantAck\x12\x12\n\nboot_epoch\x18\x01 \x01(\x04\"]\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\"\x0f\n\rAbortResponse\"\xb1\x01\n\x13\x44\x65\x63odeSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04room\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\npeer_epoch\x18\x06 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x18\n\x10prefill_instance\x18\x08 \x01(\r\":\n\x14\x44\x65\x63odeSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"\xd9\x01\n\tPageWrite\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x12\n\nmessage_id\x18\x05 \x01(\x04\x12\x10\n\x08page_ids\x18\x06 \x03(\r\x12\x0f\n\x07\x64igests\x18\x07 \x03(\x0c\x12\x12\n\npage_shape\x18\x08 \x03(\r\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\n \x01(\x0c\x12\x0e\n\x06landed\x18\x0b \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x0c \x01(\r\"&\n\x0cWriteSummary\x12\x16\n\x0epages_accepted\x18\x01 \x01(\r\"\x86\x01\n\nCompletion\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x12\n\npage_count\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\"&\n\x11\x43ompletionVerdict\x12\x11\n\tvalidated\x18\x01 \x01(\x08\"\\\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\"\x0e\n\x0cRejectionAck\"`\n\x08\x41\x62ortAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\"\x12\n\x10\x41\x62ortAckResponse2\xd5\x01\n\x06Router\x12I\n\x08Generate\x12\x1d.kvhandoff.v1.GenerateRequest\x1a\x1e.kvhandoff.v1.GenerateResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.kvhandoff.v1.CancelRequest\x1a\x1c.kvhandoff.v1.CancelResponse\x12;\n\x04Info\x12\x19.kvhandoff.v1.InfoRequest\x1a\x18.kvhandoff.v1.ServerInfo2\xdd\x02\n\x07Prefill\x12Q\n\x06Submit\x12\".kvhandoff.v1.PrefillSubmitRequest\x1a#.kvhandoff.v1.PrefillSubmitResponse\x12;\n\x0cReceiveGrant\x12\x13.kvhandoff.v1.Grant\x1a\x16.kvhandoff.v1.GrantAck\x12@\n\x0cReceiveAbort\x12\x13.kvhandoff.v1.Abort\x1a\x1b.kvhandoff.v1.AbortResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.kvhandoff.v1.CancelRequest\x1a\x1c.kvhandoff.v1.CancelResponse\x12;\n\x04Info\x12\x19.kvhandoff.v1.InfoRequest\x1a\x18.kvhandoff.v1.ServerInfo2\xf1\x03\n\x06\x44\x65\x63ode\x12O\n\x06Submit\x12!.kvhandoff.v1.DecodeSubmitRequest\x1a\".kvhandoff.v1.DecodeSubmitResponse\x12\x43\n\nWritePages\x12\x17.kvhandoff.v1.PageWrite\x1a\x1a.kvhandoff.v1.WriteSummary(\x01\x12\x45\n\x08\x43omplete\x12\x18.kvhandoff.v1.Completion\x1a\x1f.kvhandoff.v1.CompletionVerdict\x12=\n\x06Reject\x12\x17.kvhandoff.v1.Rejection\x1a\x1a.kvhandoff.v1.RejectionAck\x12I\n\x0fReceiveAbortAck\x12\x16.kvhandoff.v1.AbortAck\x1a\x1e.kvhandoff.v1.AbortAckResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.kvhandoff.v1.CancelRequest\x1a\x1c.kvhandoff.v1.CancelResponse\x12;\n\x04Info\x12\x19.kvhandoff.v1.InfoRequest\x1a\x18.kvhandoff.v1.ServerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvhandoff/v1/handoff.proto\x12\x0ckvhandoff.v1\"\r\n\x0bInfoRequest\"\x95\x01\n\nServerInfo\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x12\n\nboot_epoch\x18\x03 \x01(\x04\x12\x19\n\x11max_prompt_tokens\x18\x04 \x01(\x04\x12\x16\n\x0e\x63ontext_window\x18\x05 \x01(\x04\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x11\n\tnum_pages\x18\x07 \x01(\r\"o\n\x0fGenerateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\r\n\x05retry\x18\x05 \x01(\x08\"6\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"D\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"\x10\n\x0e\x43\x61ncelResponse\"\x9d\x01\n\x14PrefillSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04room\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x03(\r\x12\x12\n\npeer_epoch\x18\x05 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\x07 \x01(\r\"+\n\x15PrefillSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xee\x01\n\x05Grant\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x10\n\x08page_ids\x18\x04 \x03(\r\x12\r\n\x05token\x18\x05 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\x12\x19\n\x11transfer_endpoint\x18\x07 \x01(\t\x12\x15\n\rtransfer_base\x18\x08 \x01(\x04\x12\x1b\n\x13transfer_slot_bytes\x18\t \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\n \x01(\r\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\x0b \x01(\r\"\x1e\n\x08GrantAck\x12\x12\n\nboot_epoch\x18\x01 \x01(\x04\"v\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\x06 \x01(\r\"\x0f\n\rAbortResponse\"\xb1\x01\n\x13\x44\x65\x63odeSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04room\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\npeer_epoch\x18\x06 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x18\n\x10prefill_instance\x18\x08 \x01(\r\":\n\x14\x44\x65\x63odeSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"\xd9\x01\n\tPageWrite\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x12\n\nmessage_id\x18\x05 \x01(\x04\x12\x10\n\x08page_ids\x18\x06 \x03(\r\x12\x0f\n\x07\x64igests\x18\x07 \x03(\x0c\x12\x12\n\npage_shape\x18\x08 \x03(\r\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\n \x01(\x0c\x12\x0e\n\x06landed\x18\x0b \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x0c \x01(\r\"&\n\x0cWriteSummary\x12\x16\n\x0epages_accepted\x18\x01 \x01(\r\"\x86\x01\n\nCompletion\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x12\n\npage_count\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\"&\n\x11\x43ompletionVerdict\x12\x11\n\tvalidated\x18\x01 \x01(\x08\"\\\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\"\x0e\n\x0cRejectionAck\"`\n\x08\x41\x62ortAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\"\x12\n\x10\x41\x62ortAckResponse2\xd5\x01\n\x06Router\x12I\n\x08Generate\x12\x1d.kvhandoff.v1.GenerateRequest\x1a\x1e.kvhandoff.v1.GenerateResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.kvhandoff.v1.CancelRequest\x1a\x1c.kvhandoff.v1.CancelResponse\x12;\n\x04Info\x12\x19.kvhandoff.v1.InfoRequest\x1a\x18.kvhandoff.v1.ServerInfo2\xdd\x02\n\x07Prefill\x12Q\n\x06Submit\x12\".kvhandoff.v1.PrefillSubmitRequest\x1a#.kvhandoff.v1.PrefillSubmitResponse\x12;\n\x0cReceiveGrant\x12\x13.kvhandoff.v1.Grant\x1a\x16.kvhandoff.v1.GrantAck\x12@\n\x0cReceiveAbort\x12\x13.kvhandoff.v1.Abort\x1a\x1b.kvhandoff.v1.AbortResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.kvhandoff.v1.CancelRequest\x1a\x1c.kvhandoff.v1.CancelResponse\x12;\n\x04Info\x12\x19.kvhandoff.v1.InfoRequest\x1a\x18.kvhandoff.v1.ServerInfo2\xf1\x03\n\x06\x44\x65\x63ode\x12O\n\x06Submit\x12!.kvhandoff.v1.DecodeSubmitRequest\x1a\".kvhandoff.v1.DecodeSubmitResponse\x12\x43\n\nWritePages\x12\x17.kvhandoff.v1.PageWrite\x1a\x1a.kvhandoff.v1.WriteSummary(\x01\x12\x45\n\x08\x43omplete\x12\x18.kvhandoff.v1.Completion\x1a\x1f.kvhandoff.v1.CompletionVerdict\x12=\n\x06Reject\x12\x17.kvhandoff.v1.Rejection\x1a\x1a.kvhandoff.v1.RejectionAck\x12I\n\x0fReceiveAbortAck\x12\x16.kvhandoff.v1.AbortAck\x1a\x1e.kvhandoff.v1.AbortAckResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.kvhandoff.v1.CancelRequest\x1a\x1c.kvhandoff.v1.CancelResponse\x12;\n\x04Info\x12\x19.kvhandoff.v1.InfoRequest\x1a\x18.kvhandoff.v1.ServerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,33 +52,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GRANTACK']._serialized_start=914
   _globals['_GRANTACK']._serialized_end=944
   _globals['_ABORT']._serialized_start=946
-  _globals['_ABORT']._serialized_end=1039
-  _globals['_ABORTRESPONSE']._serialized_start=1041
-  _globals['_ABORTRESPONSE']._serialized_end=1056
-  _globals['_DECODESUBMITREQUEST']._serialized_start=1059
-  _globals['_DECODESUBMITREQUEST']._serialized_end=1236
-  _globals['_DECODESUBMITRESPONSE']._serialized_start=1238
-  _globals['_DECODESUBMITRESPONSE']._serialized_end=1296
-  _globals['_PAGEWRITE']._serialized_start=1299
-  _globals['_PAGEWRITE']._serialized_end=1516
-  _globals['_WRITESUMMARY']._serialized_start=1518
-  _globals['_WRITESUMMARY']._serialized_end=1556
-  _globals['_COMPLETION']._serialized_start=1559
-  _globals['_COMPLETION']._serialized_end=1693
-  _globals['_COMPLETIONVERDICT']._serialized_start=1695
-  _globals['_COMPLETIONVERDICT']._serialized_end=1733
-  _globals['_REJECTION']._serialized_start=1735
-  _globals['_REJECTION']._serialized_end=1827
-  _globals['_REJECTIONACK']._serialized_start=1829
-  _globals['_REJECTIONACK']._serialized_end=1843
-  _globals['_ABORTACK']._serialized_start=1845
-  _globals['_ABORTACK']._serialized_end=1941
-  _globals['_ABORTACKRESPONSE']._serialized_start=1943
-  _globals['_ABORTACKRESPONSE']._serialized_end=1961
-  _globals['_ROUTER']._serialized_start=1964
-  _globals['_ROUTER']._serialized_end=2177
-  _globals['_PREFILL']._serialized_start=2180
-  _globals['_PREFILL']._serialized_end=2529
-  _globals['_DECODE']._serialized_start=2532
-  _globals['_DECODE']._serialized_end=3029
+  _globals['_ABORT']._serialized_end=1064
+  _globals['_ABORTRESPONSE']._serialized_start=1066
+  _globals['_ABORTRESPONSE']._serialized_end=1081
+  _globals['_DECODESUBMITREQUEST']._serialized_start=1084
+  _globals['_DECODESUBMITREQUEST']._serialized_end=1261
+  _globals['_DECODESUBMITRESPONSE']._serialized_start=1263
+  _globals['_DECODESUBMITRESPONSE']._serialized_end=1321
+  _globals['_PAGEWRITE']._serialized_start=1324
+  _globals['_PAGEWRITE']._serialized_end=1541
+  _globals['_WRITESUMMARY']._serialized_start=1543
+  _globals['_WRITESUMMARY']._serialized_end=1581
+  _globals['_COMPLETION']._serialized_start=1584
+  _globals['_COMPLETION']._serialized_end=1718
+  _globals['_COMPLETIONVERDICT']._serialized_start=1720
+  _globals['_COMPLETIONVERDICT']._serialized_end=1758
+  _globals['_REJECTION']._serialized_start=1760
+  _globals['_REJECTION']._serialized_end=1852
+  _globals['_REJECTIONACK']._serialized_start=1854
+  _globals['_REJECTIONACK']._serialized_end=1868
+  _globals['_ABORTACK']._serialized_start=1870
+  _globals['_ABORTACK']._serialized_end=1966
+  _globals['_ABORTACKRESPONSE']._serialized_start=1968
+  _globals['_ABORTACKRESPONSE']._serialized_end=1986
+  _globals['_ROUTER']._serialized_start=1989
+  _globals['_ROUTER']._serialized_end=2202
+  _globals['_PREFILL']._serialized_start=2205
+  _globals['_PREFILL']._serialized_end=2554
+  _globals['_DECODE']._serialized_start=2557
+  _globals['_DECODE']._serialized_end=3054
 # @@protoc_insertion_point(module_scope)

@@ -121,18 +121,20 @@ class GrantAck(_message.Message):
     def __init__(self, boot_epoch: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("request_id", "room", "generation", "token", "attempt")
+    __slots__ = ("request_id", "room", "generation", "token", "attempt", "decode_instance")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     room: int
     generation: int
     token: bytes
     attempt: int
-    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., attempt: _Optional[int] = ...) -> None: ...
+    decode_instance: int
+    def __init__(self, request_id: _Optional[str] = ..., room: _Optional[int] = ..., generation: _Optional[int] = ..., token: _Optional[bytes] = ..., attempt: _Optional[int] = ..., decode_instance: _Optional[int] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ()
