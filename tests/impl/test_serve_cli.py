@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -301,24 +302,31 @@ def test_prompt_text_and_prompt_files_use_the_byte_tokenizer(tmp_path: Path) -> 
     assert _read_prompt(from_file) == _read_prompt(from_text) == [104, 195, 169]
 
 
-def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> None:
-    import urllib.request
-
-    from kvhandoff.impl.client import Client
-
+def _serve_all_json(*extra: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """`serve all --insecure --json --metrics-port 0` with `extra` options, started, and the line
+    it printed (checked against its schema)."""
     args = ["serve", "all", "--device", "cpu", "--json", "--metrics-port", "0", "--insecure"]
     proc = subprocess.Popen(
-        kvhandoff(*args, "--state-dir", str(tmp_path / "state")),
+        kvhandoff(*args, *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env(),
         cwd=ROOT,
     )
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    assert_matches_schema("serve-all", info)
+    return proc, info
+
+
+def test_serve_all_json_prints_each_servers_metrics_address(tmp_path: Path) -> None:
+    import urllib.request
+
+    from kvhandoff.impl.client import Client
+
+    proc, info = _serve_all_json("--state-dir", str(tmp_path / "state"))
     try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
-        assert_matches_schema("serve-all", info)
         metrics = info["metrics"]
         assert set(metrics) == {"router", "prefill", "decode"}
         assert len({a.rsplit(":", 1)[1] for a in metrics.values()}) == 3
@@ -346,31 +354,8 @@ def test_a_short_log_key_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_serve_all_starts_several_instances_of_each_worker(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        kvhandoff(
-            "serve",
-            "all",
-            "--insecure",
-            "--device",
-            "cpu",
-            "--json",
-            "--prefill-instances",
-            "2",
-            "--decode-instances",
-            "3",
-            "--metrics-port",
-            "0",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env(),
-        cwd=ROOT,
-    )
+    proc, info = _serve_all_json("--prefill-instances", "2", "--decode-instances", "3")
     try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
-        assert_matches_schema("serve-all", info)
         assert len(info["prefills"]) == 2 and len(info["decodes"]) == 3
         assert set(info["metrics"]) == {
             "router",
