@@ -146,7 +146,9 @@ def _drive(config: Config, s: State, allow: Callable[[Action], bool], limit: int
 
 def round_config(config: Config) -> Config:
     """The spec scenario of a round: A (two pages), B (one page), C (two pages), all in decode at
-    once, the scenario's limits otherwise."""
+    once, the scenario's limits otherwise. A round plays one prefill against one decode: on a
+    cluster of several instances its requests are pinned to instance 0 of each (`_start_held`),
+    and its spec scenario is one instance of each."""
     pages = max(1, min(2, config.prefill_max_prompt, config.decode_max_prompt))
     # B belongs to another tenant (its pages are the ones A's forged write aims at).
     first = config.tenants[0]
@@ -163,6 +165,9 @@ def round_config(config: Config) -> Config:
         prefill_pool_pages=max(config.prefill_pool_pages, 2 * pages + 1),
         max_active=3,
         submit_in_order=True,
+        prefill_instances=1,
+        decode_instances=1,
+        placement="fixed",
     )
 
 
@@ -360,6 +365,8 @@ class GrpcProber:
         """Submit request r with its prefill's writes held; wait for decode's grant."""
         c = self.cluster
         rid = self.rids[r]
+        if len(c.prefill_servers) > 1 or len(c.decode_servers) > 1:
+            c.pin_placement(rid, 0, 0)
         c.stall_prefill_writes(rid, 0)
         spec = self.config.requests[r]
         tokens = [_canary(self.config, r)] * (spec.pages * self.config.page_size)

@@ -333,8 +333,6 @@ class GrpcTarget(Target):
         every = self.probe_every
         if not every or self.cluster is None or (self.trace_no - 1) % every:
             return None
-        if config.prefill_instances > 1 or config.decode_instances > 1:
-            return None  # the prober plays one prefill against one decode
         from kvhandoff.conformance.grpc_probe import GrpcProber
 
         prober = GrpcProber(self, config, self.trace_no, self.rounds)

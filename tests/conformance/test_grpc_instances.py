@@ -71,6 +71,9 @@ def test_the_reference_conforms_on_two_of_each_real_servers(tmp_path: Path) -> N
     assert report.traces == 6
     assert report.coverage is not None
     assert report.coverage.fired["decode_receive_completion"] > 0
+    # Two adversarial rounds (traces 1 and 5), played against instance 0 of each.
+    assert sum(report.coverage.probes.values()) > 0
+    assert report.coverage.probes["write_corrupt_data:refused"] == 2 * 2
 
 
 @pytest.mark.slow
