@@ -87,6 +87,10 @@ class HarnessServicer:
         # Made now, started by Reset (a gRPC backend starts its cluster only then).
         self._target: Target | None = self._factory()
         self._fine_grained = self._target.fine_grained
+        # What the backend plays beyond version 1's one instance of each and no retries: told
+        # in Info, and what Reset, Retry, the attempts and the instance RPCs then accept.
+        self._retries = self._target.retries
+        self._instances = self._target.instances
         self._lock = threading.Lock()
         self._session = ""
         self._config: Config | None = None
@@ -128,6 +132,31 @@ class HarnessServicer:
                 f"request {r} is out of range: the scenario has {n} requests (0..{n - 1})",
             )
 
+    def _check_instance(self, role: str, i: int) -> None:
+        """An instance number of the current scenario (instance 0 always exists)."""
+        assert self._config is not None
+        n = self._config.prefill_instances if role == "prefill" else self._config.decode_instances
+        if not 0 <= i < n:
+            raise _Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{role} instance {i} is out of range: the scenario has {n} {role} "
+                f"instance{'s' if n != 1 else ''} (0..{n - 1})",
+            )
+
+    def _attempt(self, request: Any) -> dict[str, int | None]:
+        """The `attempt=` keyword for a backend that plays retries (None where the message
+        names none); nothing for one that does not, which is refused an attempt."""
+        given = request.attempt if request.HasField("attempt") else None
+        if self._retries:
+            return {"attempt": given}
+        if given is not None:
+            raise _Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"attempt {given} given, but the {self.backend} backend does not play retries "
+                "(Info.retries is false): leave it unset",
+            )
+        return {}
+
     def _capable(self, target: Target, method: str, rpc: str) -> None:
         if not _overrides(target, method):
             raise _Refusal(
@@ -155,6 +184,8 @@ class HarnessServicer:
             fine_grained=self._fine_grained,
             modes=list(MODES),
             event_log_version=1,
+            retries=self._retries,
+            instances=self._instances,
         )
 
     def Reset(self, request: Any, context: Any) -> Any:
@@ -175,7 +206,7 @@ class HarnessServicer:
                 )
             try:
                 config = Config.from_json(data)
-                require_one_prefill_rank(config)
+                require_one_prefill_rank(config, retries=self._retries, instances=self._instances)
             except (ConfigError, TypeError, UnsupportedScenario) as exc:
                 raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"config_json: {exc}") from None
             pool = max(config.decode_pages, sum(q.pages for q in config.requests))
@@ -258,14 +289,21 @@ class HarnessServicer:
         def body() -> Any:
             target = self._check_session(request.session)
             self._kind(request.kind, STEP_KINDS, "step kind")
-            self._check_request(request.request)
-            self._capable(target, "deliver", "Deliver")
             page = request.page if request.HasField("page") else None
+            if request.kind == "heartbeat":
+                # Names no request: decode instance `request` probes prefill instance `page`.
+                self._check_instance("decode", request.request)
+                self._check_instance("prefill", page or 0)
+            else:
+                self._check_request(request.request)
+            self._capable(target, "deliver", "Deliver")
             if request.kind == "write" and page is None:
                 raise _Refusal(
                     grpc.StatusCode.INVALID_ARGUMENT, "Deliver of kind 'write' needs a page"
                 )
-            return pb.Performed(performed=target.deliver(request.kind, request.request, page))
+            attempt = self._attempt(request)
+            performed = target.deliver(request.kind, request.request, page, **attempt)
+            return pb.Performed(performed=performed)
 
         return self._serve("Deliver", context, body)
 
@@ -275,7 +313,8 @@ class HarnessServicer:
             self._kind(request.kind, MESSAGE_KINDS, "message kind")
             self._check_request(request.request)
             self._capable(target, method, rpc)
-            performed = getattr(target, method)(request.kind, request.request)
+            attempt = self._attempt(request)
+            performed = getattr(target, method)(request.kind, request.request, **attempt)
             return pb.Performed(performed=bool(performed))
 
         return self._serve(rpc, context, body)
@@ -296,20 +335,72 @@ class HarnessServicer:
 
         return self._serve(rpc, context, body)
 
+    def _instances_of(self, request: Any, which: tuple[str, ...]) -> dict[str, int]:
+        """The `pinst=` / `dinst=` keywords of an instance RPC, where not 0 (a backend of one
+        instance of each is called as in version 1, with none)."""
+        where: dict[str, int] = {}
+        for role in which:
+            i = getattr(request, f"{role}_instance")
+            self._check_instance(role, i)
+            if i:
+                where["pinst" if role == "prefill" else "dinst"] = i
+        return where
+
+    def Retry(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._check_request(request.request)
+            if not self._retries:
+                raise _Refusal(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"the {self.backend} backend does not play retries (Info.retries is false)",
+                )
+            return pb.Performed(performed=bool(target.retry(request.request)))
+
+        return self._serve("Retry", context, body)
+
     def RestartPrefill(self, request: Any, context: Any) -> Any:
-        return self._on_target("RestartPrefill", "restart_prefill", request, context)
+        def body() -> Any:
+            target = self._check_session(request.session)
+            target.restart_prefill(**self._instances_of(request, ("prefill",)))
+            return pb.Done()
+
+        return self._serve("RestartPrefill", context, body)
 
     def RestartDecode(self, request: Any, context: Any) -> Any:
-        return self._on_target("RestartDecode", "restart_decode", request, context)
+        def body() -> Any:
+            target = self._check_session(request.session)
+            target.restart_decode(**self._instances_of(request, ("decode",)))
+            return pb.Done()
+
+        return self._serve("RestartDecode", context, body)
 
     def SuspectPrefillDead(self, request: Any, context: Any) -> Any:
         # A partition (spec decode_suspect_prefill_dead): performed or not, like a step.
         def body() -> Any:
             target = self._check_session(request.session)
             self._capable(target, "suspect_prefill_dead", "SuspectPrefillDead")
-            return pb.Performed(performed=bool(target.suspect_prefill_dead()))
+            where = self._instances_of(request, ("decode", "prefill"))
+            return pb.Performed(performed=bool(target.suspect_prefill_dead(**where)))
 
         return self._serve("SuspectPrefillDead", context, body)
+
+    def Probe(self, request: Any, context: Any) -> Any:
+        from kvhandoff.conformance.adversary import ATTACKS, Attack
+
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._kind(request.attack, ATTACKS, "attack")
+            self._check_request(request.request)
+            self._capable(target, "probe", "Probe")
+            got = target.probe(Attack(request.attack, request.request))
+            if got is None:
+                return pb.ProbeResponse(performed=False)
+            return pb.ProbeResponse(
+                performed=True, outcome=got.outcome, changed=got.changed, detail=got.detail
+            )
+
+        return self._serve("Probe", context, body)
 
     def Settle(self, request: Any, context: Any) -> Any:
         return self._on_target("Settle", "settle", request, context)

@@ -177,6 +177,16 @@ class RemoteTarget(Target):
     def fine_grained(self, value: bool) -> None:
         raise AttributeError("a remote target's granularity is the engine's (Info.fine_grained)")
 
+    @property
+    def retries(self) -> bool:  # type: ignore[override]
+        """Whether the engine plays retries (Info.retries): `retry`, and the attempt of a message."""
+        return bool(self.connect().retries)
+
+    @property
+    def instances(self) -> bool:  # type: ignore[override]
+        """Whether the engine plays several prefill and decode instances (Info.instances)."""
+        return bool(self.connect().instances)
+
     def modes(self) -> list[str]:
         """The modes the engine accepts (empty: it does not say)."""
         return list(self.connect().modes)
@@ -235,7 +245,9 @@ class RemoteTarget(Target):
     # Fine-grained operations: a coarse engine is never asked them (the Target contract: it
     # supports submit, cancel, crashes and settle only), so its report lists no noise.
 
-    def deliver(self, kind: str, r: int, page: int | None = None) -> bool:
+    def deliver(
+        self, kind: str, r: int, page: int | None = None, attempt: int | None = None
+    ) -> bool:
         from kvhandoff.conformance.proto.rpc import pb
 
         if not self.fine_grained:
@@ -243,24 +255,33 @@ class RemoteTarget(Target):
         req = pb.DeliverRequest(session=self._session, kind=kind, request=r)
         if page is not None:
             req.page = page
+        if attempt is not None:
+            req.attempt = attempt
         return self._optional(f"deliver {kind}", "Deliver", req)
 
-    def _message_fault(self, rpc: str, kind: str, r: int) -> bool:
+    def _message_fault(self, rpc: str, kind: str, r: int, attempt: int | None) -> bool:
         from kvhandoff.conformance.proto.rpc import pb
 
         if not self.fine_grained:
             return False
         req = pb.MessageRef(session=self._session, kind=kind, request=r)
+        if attempt is not None:
+            req.attempt = attempt
         return self._optional(f"{rpc.lower()} {kind}", rpc, req)
 
-    def drop(self, kind: str, r: int) -> bool:
-        return self._message_fault("Drop", kind, r)
+    def drop(self, kind: str, r: int, attempt: int | None = None) -> bool:
+        return self._message_fault("Drop", kind, r, attempt)
 
-    def retransmit(self, kind: str, r: int) -> bool:
-        return self._message_fault("Retransmit", kind, r)
+    def retransmit(self, kind: str, r: int, attempt: int | None = None) -> bool:
+        return self._message_fault("Retransmit", kind, r, attempt)
 
-    def duplicate(self, kind: str, r: int) -> bool:
-        return self._message_fault("Duplicate", kind, r)
+    def duplicate(self, kind: str, r: int, attempt: int | None = None) -> bool:
+        return self._message_fault("Duplicate", kind, r, attempt)
+
+    def retry(self, r: int) -> bool:
+        if not self.retries:
+            return False
+        return self._optional("retry", "Retry", self._request_ref(r))
 
     def fire_timeout(self, r: int) -> bool:
         if not self.fine_grained:
@@ -272,29 +293,56 @@ class RemoteTarget(Target):
             return False
         return self._optional("prefill_abort", "PrefillAbort", self._request_ref(r))
 
-    def _restart(self, op: str, rpc: str) -> None:
+    def _instance_ref(self, pinst: int = 0, dinst: int = 0) -> Any:
+        from kvhandoff.conformance.proto.rpc import pb
+
+        if (pinst or dinst) and not self.instances:
+            # The suite asks for another instance only of an engine that said it has them.
+            raise ValueError(
+                f"prefill instance {pinst}, decode instance {dinst} asked of {self.address}, "
+                "which plays one instance of each (Info.instances is false)"
+            )
+        return pb.InstanceRef(session=self._session, prefill_instance=pinst, decode_instance=dinst)
+
+    def _restart(self, op: str, rpc: str, ref: Any) -> None:
         # The Target API has no "not performed" for a crash; an engine that cannot crash a
         # worker says UNIMPLEMENTED, and the crash is reported as not covered.
         if op in self._uncovered:
             return
         try:
-            self._rpc(rpc, self._session_ref())
+            self._rpc(rpc, ref)
         except HarnessUnimplemented as exc:
             self._uncovered[op] = exc.detail
 
-    def suspect_prefill_dead(self) -> bool:
-        from kvhandoff.conformance.proto.rpc import pb
-
+    def suspect_prefill_dead(self, dinst: int = 0, pinst: int = 0) -> bool:
         if not self.fine_grained:
             return False
-        req = pb.SessionRef(session=self._session)
+        req = self._instance_ref(pinst, dinst)
         return self._optional("suspect_prefill_dead", "SuspectPrefillDead", req)
 
-    def restart_prefill(self) -> None:
-        self._restart("restart_prefill", "RestartPrefill")
+    def restart_prefill(self, pinst: int = 0) -> None:
+        self._restart("restart_prefill", "RestartPrefill", self._instance_ref(pinst=pinst))
 
-    def restart_decode(self) -> None:
-        self._restart("restart_decode", "RestartDecode")
+    def restart_decode(self, dinst: int = 0) -> None:
+        self._restart("restart_decode", "RestartDecode", self._instance_ref(dinst=dinst))
+
+    def probe(self, attack: Any) -> Any:
+        """The engine's decode against one forged message (the Probe RPC); None where the engine
+        has nothing to forge it from now, or cannot probe at all (then reported not covered)."""
+        from kvhandoff.conformance.adversary import ProbeResult
+        from kvhandoff.conformance.proto.rpc import pb
+
+        if not self.fine_grained or "probe" in self._uncovered:
+            return None
+        req = pb.ProbeRequest(session=self._session, attack=attack.kind, request=attack.request)
+        try:
+            got = self._rpc("Probe", req)
+        except HarnessUnimplemented as exc:
+            self._uncovered["probe"] = exc.detail
+            return None
+        if not got.performed:
+            return None
+        return ProbeResult(got.outcome, got.changed, got.detail)
 
     def settle(self) -> None:
         self._rpc("Settle", self._session_ref())

@@ -204,16 +204,19 @@ def replay_trace(
         # A probe's failure counts only where the events themselves diverge nowhere (the
         # event that first diverges says more about what the target did).
         probed: list[dict[str, Any]] = []
+        answered = 0  # probes the target answered
 
         def probe_divergence(at: int) -> None:
             # The adversarial probes of a lockstep run (`conformance.adversary`), so that a
             # campaign failure they found replays too.
+            nonlocal answered
             state = next(iter(oracle.frontier))
             for attack in adversary.attacks_for(state):
                 want = adversary.expected(REFERENCE, config, state, attack)
                 got = target.probe(attack) if want is not None else None
                 if want is None or got is None:
                     continue
+                answered += 1
                 problem = adversary.judge(attack, want, got)
                 if problem is not None:
                     probed.append(
@@ -329,6 +332,15 @@ def replay_trace(
         if report.first_divergence is None and probed:
             report.first_divergence = probed[0]
         report.not_covered = target.not_covered()
+        if trace.header.get("failure") == "adversarial" and not answered:
+            # The saved failure was a forged message's; a target that answered no probe cannot
+            # show it again, and its "conforms" must not read as if it had.
+            note = (
+                "this trace's failure was found by an adversarial probe (a forged message "
+                "against decode), and the target answered none (Target.probe)"
+            )
+            why = report.not_covered.get("probe")
+            report.not_covered["probe"] = f"{why}; {note}" if why else note
     finally:
         target.close()
         target.shortfall = {}

@@ -51,7 +51,8 @@ def register(sub: Any) -> None:
         default=0,
         metavar="N",
         help="client retries under the same request id per program (the spec's "
-        "router_retry_request; default 0). Only the in-process target plays them",
+        "router_retry_request; default 0). The in-process target plays them, and an engine "
+        "behind the harness service (--target HOST:PORT) whose Info says retries",
     )
     p.add_argument(
         "--instances",
@@ -62,7 +63,8 @@ def register(sub: Any) -> None:
         "in-process target plays them all; the gRPC target (--target grpc) runs two prefill and "
         "two decode servers, each request pinned where its placement puts it, with crashes of "
         "one prefill instance between requests (with --faults, of one instance of either role "
-        "at any time)",
+        "at any time); an engine behind the harness service plays them if its Info says "
+        "instances",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")

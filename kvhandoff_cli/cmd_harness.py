@@ -37,8 +37,9 @@ def register(sub: Any) -> None:
         "--backend",
         default="inproc",
         choices=("inproc", "grpc"),
-        help="inproc: the protocol cores on a fake network (fine-grained); grpc: the real "
-        "servers on loopback (coarse)",
+        help="inproc: the protocol cores on a fake network (fine-grained: retries, several "
+        "instances and adversarial probes too); grpc: the real servers on loopback (coarse: "
+        "several instances)",
     )
     p.add_argument(
         "--json", action="store_true", help="print the address as one JSON line once serving"

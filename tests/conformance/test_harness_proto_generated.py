@@ -20,7 +20,8 @@ def test_every_target_operation_has_its_rpc() -> None:
     rpcs = set(harness_pb2.DESCRIPTOR.services_by_name["Harness"].methods_by_name)
     assert rpcs == {
         "Info", "Reset", "Submit", "Cancel", "Deliver", "Drop", "Retransmit", "Duplicate",
-        "FireTimeout", "PrefillAbort", "RestartPrefill", "RestartDecode", "SuspectPrefillDead",
+        "FireTimeout", "PrefillAbort", "Retry", "RestartPrefill", "RestartDecode", "SuspectPrefillDead",
+        "Probe",
         "Settle", "Events",
         "Answers", "Quiescent", "Describe", "WaitAnswered", "Close", "Shutdown",
     }  # fmt: skip

@@ -58,12 +58,12 @@ def stub(inproc_server: HarnessServer) -> Iterator[Any]:
 def test_reference_conforms_through_the_harness_service(
     inproc_server: HarnessServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["conform", "--target", inproc_server.address, "--traces", "50", "--seed", "3"]
+    argv = ["conform", "--target", inproc_server.address, "--traces", "25", "--seed", "3"]
     code = main([*argv, "--json", "--out", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
-    # Hypothesis runs the examples it discards too: at least the 50 asked for.
-    assert out["verdict"] == "conforms" and out["traces"] >= 50
+    # Hypothesis runs the examples it discards too: at least the 25 asked for.
+    assert out["verdict"] == "conforms" and out["traces"] >= 25
     assert out["target"] == inproc_server.address and out["not_covered"] == {}
 
 
@@ -76,6 +76,8 @@ def test_the_service_adds_transport_not_behaviour(
     local = campaign.run("inproc", "reference", traces=20, seed=5, out_dir=tmp_path)
     assert remote.verdict == local.verdict == "conforms"
     assert remote.step_count == local.step_count > 20
+    assert remote.coverage is not None and local.coverage is not None
+    assert remote.coverage.probes == local.coverage.probes  # forged messages, through Probe
 
 
 def test_incident_diverges_through_the_harness_service_and_the_failure_replays(

@@ -11,16 +11,20 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("name", "fine_grained", "modes", "event_log_version")
+    __slots__ = ("name", "fine_grained", "modes", "event_log_version", "retries", "instances")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINE_GRAINED_FIELD_NUMBER: _ClassVar[int]
     MODES_FIELD_NUMBER: _ClassVar[int]
     EVENT_LOG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
     name: str
     fine_grained: bool
     modes: _containers.RepeatedScalarFieldContainer[str]
     event_log_version: int
-    def __init__(self, name: _Optional[str] = ..., fine_grained: _Optional[bool] = ..., modes: _Optional[_Iterable[str]] = ..., event_log_version: _Optional[int] = ...) -> None: ...
+    retries: bool
+    instances: bool
+    def __init__(self, name: _Optional[str] = ..., fine_grained: _Optional[bool] = ..., modes: _Optional[_Iterable[str]] = ..., event_log_version: _Optional[int] = ..., retries: _Optional[bool] = ..., instances: _Optional[bool] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ("config_json", "mode")
@@ -48,6 +52,16 @@ class Done(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class InstanceRef(_message.Message):
+    __slots__ = ("session", "prefill_instance", "decode_instance")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    prefill_instance: int
+    decode_instance: int
+    def __init__(self, session: _Optional[str] = ..., prefill_instance: _Optional[int] = ..., decode_instance: _Optional[int] = ...) -> None: ...
+
 class RequestRef(_message.Message):
     __slots__ = ("session", "request")
     SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -63,26 +77,52 @@ class Performed(_message.Message):
     def __init__(self, performed: _Optional[bool] = ...) -> None: ...
 
 class DeliverRequest(_message.Message):
-    __slots__ = ("session", "kind", "request", "page")
+    __slots__ = ("session", "kind", "request", "page", "attempt")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     PAGE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     session: str
     kind: str
     request: int
     page: int
-    def __init__(self, session: _Optional[str] = ..., kind: _Optional[str] = ..., request: _Optional[int] = ..., page: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, session: _Optional[str] = ..., kind: _Optional[str] = ..., request: _Optional[int] = ..., page: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class MessageRef(_message.Message):
-    __slots__ = ("session", "kind", "request")
+    __slots__ = ("session", "kind", "request", "attempt")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     session: str
     kind: str
     request: int
-    def __init__(self, session: _Optional[str] = ..., kind: _Optional[str] = ..., request: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, session: _Optional[str] = ..., kind: _Optional[str] = ..., request: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("session", "attack", "request")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    attack: str
+    request: int
+    def __init__(self, session: _Optional[str] = ..., attack: _Optional[str] = ..., request: _Optional[int] = ...) -> None: ...
+
+class ProbeResponse(_message.Message):
+    __slots__ = ("performed", "outcome", "changed", "detail")
+    PERFORMED_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    performed: bool
+    outcome: str
+    changed: bool
+    detail: str
+    def __init__(self, performed: _Optional[bool] = ..., outcome: _Optional[str] = ..., changed: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class EventsResponse(_message.Message):
     __slots__ = ("headers", "events")

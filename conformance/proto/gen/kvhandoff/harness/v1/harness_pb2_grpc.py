@@ -85,20 +85,30 @@ class HarnessStub:
                 request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.RequestRef.SerializeToString,
                 response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
                 _registered_method=True)
+        self.Retry = channel.unary_unary(
+                '/kvhandoff.harness.v1.Harness/Retry',
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.RequestRef.SerializeToString,
+                response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
+                _registered_method=True)
         self.RestartPrefill = channel.unary_unary(
                 '/kvhandoff.harness.v1.Harness/RestartPrefill',
-                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.SerializeToString,
                 response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.FromString,
                 _registered_method=True)
         self.RestartDecode = channel.unary_unary(
                 '/kvhandoff.harness.v1.Harness/RestartDecode',
-                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.SerializeToString,
                 response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.FromString,
                 _registered_method=True)
         self.SuspectPrefillDead = channel.unary_unary(
                 '/kvhandoff.harness.v1.Harness/SuspectPrefillDead',
-                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.SerializeToString,
                 response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
+                _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/kvhandoff.harness.v1.Harness/Probe',
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.ProbeResponse.FromString,
                 _registered_method=True)
         self.Settle = channel.unary_unary(
                 '/kvhandoff.harness.v1.Harness/Settle',
@@ -216,22 +226,36 @@ class HarnessServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Retry(self, request, context):
+        """retry(r)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RestartPrefill(self, request, context):
-        """restart_prefill()
+        """restart_prefill(pinst)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RestartDecode(self, request, context):
-        """restart_decode()
+        """restart_decode(dinst)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SuspectPrefillDead(self, request, context):
-        """suspect_prefill_dead()
+        """suspect_prefill_dead(dinst, pinst)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Probe(self, request, context):
+        """probe(attack)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -346,20 +370,30 @@ def add_HarnessServicer_to_server(servicer, server):
                     request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.RequestRef.FromString,
                     response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.SerializeToString,
             ),
+            'Retry': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retry,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.RequestRef.FromString,
+                    response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.SerializeToString,
+            ),
             'RestartPrefill': grpc.unary_unary_rpc_method_handler(
                     servicer.RestartPrefill,
-                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.FromString,
                     response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.SerializeToString,
             ),
             'RestartDecode': grpc.unary_unary_rpc_method_handler(
                     servicer.RestartDecode,
-                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.FromString,
                     response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.SerializeToString,
             ),
             'SuspectPrefillDead': grpc.unary_unary_rpc_method_handler(
                     servicer.SuspectPrefillDead,
-                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.FromString,
                     response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.ProbeRequest.FromString,
+                    response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.ProbeResponse.SerializeToString,
             ),
             'Settle': grpc.unary_unary_rpc_method_handler(
                     servicer.Settle,
@@ -684,6 +718,33 @@ class Harness:
             _registered_method=True)
 
     @staticmethod
+    def Retry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvhandoff.harness.v1.Harness/Retry',
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.RequestRef.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RestartPrefill(request,
             target,
             options=(),
@@ -698,7 +759,7 @@ class Harness:
             request,
             target,
             '/kvhandoff.harness.v1.Harness/RestartPrefill',
-            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.SerializeToString,
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.FromString,
             options,
             channel_credentials,
@@ -725,7 +786,7 @@ class Harness:
             request,
             target,
             '/kvhandoff.harness.v1.Harness/RestartDecode',
-            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.SerializeToString,
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Done.FromString,
             options,
             channel_credentials,
@@ -752,8 +813,35 @@ class Harness:
             request,
             target,
             '/kvhandoff.harness.v1.Harness/SuspectPrefillDead',
-            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.InstanceRef.SerializeToString,
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.Performed.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvhandoff.harness.v1.Harness/Probe',
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.ProbeRequest.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.ProbeResponse.FromString,
             options,
             channel_credentials,
             insecure,
