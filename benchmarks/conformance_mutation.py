@@ -1,13 +1,17 @@
 """The conformance suite's mutation score: how many realistic implementation bugs it kills.
 
-    python benchmarks/conformance_mutation.py [--target inproc|grpc|both] [--only NAME,...]
+    python benchmarks/conformance_mutation.py [--target inproc|grpc|harness|both|all]
+                                             [--only NAME,...]
                                              [--jobs N] [--timeout S] [--json] [-- CONFORM ARGS]
 
 For every mutant of `benchmarks/mutants/catalogue.py` (a single bug in `impl/`), the repository's
 packages are copied to a temporary folder, the mutant is applied to the copy (never to the tree
 itself), and the default `kvhandoff conform --json` runs against it in a subprocess whose
 PYTHONPATH points at the copy, once per target. A mutant is *killed* by a target when the
-campaign diverges (exit 1); exit 3 (the target failed: a crash of the mutated implementation) is
+campaign diverges (exit 1). The `harness` target is the in-process implementation behind the
+reference harness server (`kvhandoff harness-serve --backend inproc`, started in the same
+subprocess, on loopback), driven through `--target HOST:PORT` as an engine team's would be: what
+the suite catches through the service. A mutant is killed when the campaign diverges (exit 1); exit 3 (the target failed: a crash of the mutated implementation) is
 counted as killed too and shown as `crash`; exit 0 is *survived*; a timeout is shown as
 `timeout` and counts as survived (the default campaign must catch the bug in its default run
 time). Anything after `--` is passed to `conform` (say `-- --traces 1000` for a deeper campaign).
@@ -83,17 +87,31 @@ def run_one(mutant: Mutant | None, target: str, timeout: float, extra: list[str]
         if mutant is not None:
             mutant.apply_to(root)
         env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+        # Fail loudly if the copy is not what runs (an installed tree would shadow it).
+        check = (
+            "import sys; import kvhandoff.impl as impl; "
+            f"assert impl.__file__.startswith({str(root)!r}), impl.__file__; "
+            "from kvhandoff.cli.main import main; "
+        )
+        if target == "harness":
+            # The mutated implementation serves the harness service from this very process;
+            # the suite reaches it over loopback gRPC only.
+            program = (
+                check + "from kvhandoff.conformance.harness_server import serve; "
+                "server = serve('127.0.0.1:0', 'inproc'); "
+                "sys.argv[sys.argv.index('HARNESS')] = server.address; "
+                "code = main(sys.argv[1:]); server.stop(); sys.exit(code)"
+            )
+        else:
+            program = check + "sys.exit(main())"
         cmd = [
             sys.executable,
             "-c",
-            # Fail loudly if the copy is not what runs (an installed tree would shadow it).
-            "import sys; import kvhandoff.impl as impl; "
-            f"assert impl.__file__.startswith({str(root)!r}), impl.__file__; "
-            "from kvhandoff.cli.main import main; sys.exit(main())",
+            program,
             "conform",
             "--json",
             "--target",
-            target,
+            "HARNESS" if target == "harness" else target,
             "--out",
             str(root / "report"),
             *(mutant.conform_args if mutant is not None else ()),
@@ -142,7 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         cut = args_in.index("--")
         args_in, extra = args_in[:cut], args_in[cut + 1 :]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="both", choices=("inproc", "grpc", "both"))
+    p.add_argument(
+        "--target",
+        default="both",
+        choices=("inproc", "grpc", "harness", "both", "all"),
+        help="inproc, grpc, harness (the in-process implementation behind the harness service), "
+        "both (inproc and grpc: the default) or all three",
+    )
     p.add_argument("--only", help="comma-separated mutant names (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     p.add_argument(
@@ -174,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             eq = " [argued equivalent]" if m.equivalent else ""
             print(f"{m.name:48} {m.where:5} {m.bug}{eq}")
         return 0
-    targets = ["inproc", "grpc"] if args.target == "both" else [args.target]
+    targets = {"both": ["inproc", "grpc"], "all": ["inproc", "grpc", "harness"]}.get(
+        args.target, [args.target]
+    )
 
     start = time.perf_counter()
     # The unmutated tree first: a campaign that fails on it would make every kill meaningless.
@@ -196,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         reach = [
             by[(m.name, t)]
             for m in mutants
+            # Only the gRPC target runs the servers' edge code.
             if (t == "grpc" or m.where != "edge") and not m.equivalent
         ]
         summary[t] = {

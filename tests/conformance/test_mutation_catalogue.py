@@ -62,6 +62,15 @@ def test_the_default_inproc_campaign_kills_a_cheap_mutant(name: str) -> None:
     assert outcome.traces is not None and outcome.traces >= 1
 
 
+def test_the_harness_target_kills_a_mutant_only_a_forged_message_shows() -> None:
+    # Decode takes any capability token: no honest prefill sends a wrong one, so only the
+    # adversarial probes (through the service's Probe) can show it.
+    mutant = BY_NAME["write_token_not_checked"]
+    outcome = bench.run_one(mutant, "harness", timeout=120, extra=["--traces", "10"])
+    assert outcome.verdict == "killed", outcome
+    assert "forged write_forged_token" in outcome.detail
+
+
 def test_the_unmutated_tree_survives_the_same_run() -> None:
     # Without this, a campaign broken for every tree would "kill" every mutant.
     outcome = bench.run_one(None, "inproc", timeout=120, extra=["--traces", "20"])
