@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,7 +26,7 @@ from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.target import Target
 from kvhandoff.impl.core import prefill as pc
 from kvhandoff.spec.actions import PrefillRestart
-from kvhandoff.spec.config import default_config
+from kvhandoff.spec.config import RequestSpec, default_config
 from tests.conformance.test_instances_conformance import TWO_PREFILLS, _OnePeer, _run_with
 
 DATA = Path(__file__).parent / "data"
@@ -336,3 +337,55 @@ def test_a_shrunk_program_on_instances_replays_through_the_service(
     quiet = replay_trace(one, RemoteTarget(v1_server.address), "m7_release_before_drain")
     assert quiet.verdict == "conforms"
     assert "adversarial probe" in quiet.not_covered["probe"]
+
+
+def test_the_real_servers_behind_the_service_run_where_the_placement_says(
+    tmp_path: Path,
+) -> None:
+    placed = replace(
+        campaign.campaign_config(instances=True),
+        placement="fixed",
+        requests=(
+            RequestSpec("a", 2, 1, prefill_instance=1, decode_instance=1),
+            RequestSpec("b", 1, 2, prefill_instance=0, decode_instance=1),
+            RequestSpec("a", 1, 3, prefill_instance=1, decode_instance=0),
+        ),
+    )
+    server = serve("127.0.0.1:0", "grpc")
+    target = RemoteTarget(server.address)
+    try:
+        assert target.instances and not target.retries and not target.fine_grained
+        target.start(placed, "reference")
+        for r in range(3):
+            target.submit(r)
+        target.settle()
+        target.restart_prefill(pinst=1)
+        target.settle()
+        events = target.take_events()
+        admitted = {
+            e["args"]["request_id"]: e["server"]
+            for e in events
+            if e["event"] in ("prefill_admit_request", "decode_reserve_pages")
+            and e["server"].startswith("prefill")
+        }
+        assert admitted == {
+            target.request_id(0): "prefill1",
+            target.request_id(1): "prefill",
+            target.request_id(2): "prefill1",
+        }
+        assert [e["server"] for e in events if e["event"] == "prefill_restart"] == ["prefill1"]
+        assert {h["config"].get("instance", 0) for h in target.last_headers} == {0, 1}
+        target.close()
+        report = campaign.run(
+            server.address,
+            "reference",
+            traces=4,
+            seed=0,
+            out_dir=tmp_path,
+            target=target,
+            instances=True,
+        )
+        assert report.verdict == "conforms", report.failures
+    finally:
+        target.shutdown()
+        server.stop()
