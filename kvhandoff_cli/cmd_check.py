@@ -255,6 +255,9 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
             f"obligations discharged (scope: "
             f"{result.extra.get('obligations_scope', result.extra.get('scope'))})"
         )
+        why_not = result.extra.get("any_size_unavailable")
+        if why_not:
+            print(f"  not proved for any size: {why_not}")
         for o in result.extra.get("failed_obligations", [])[:5]:
             where = f" under {o['action']}" if o["action"] else ""
             print(f"  FAILED obligation: {o['kind']} of {o['invariant']}{where}")

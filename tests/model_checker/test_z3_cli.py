@@ -101,6 +101,10 @@ def test_kind_proves_the_reference_with_two_prefill_ranks_and_prove_says_why_not
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["scope"] == "fixed-config"
     assert "one prefill rank" in out["any_size_unavailable"]
+    # The text says why too, beside the scope.
+    assert main(["check", *SEQUENTIAL, "--engine", "prove", *sets]) == 0
+    text = capsys.readouterr().out
+    assert "not proved for any size: prefill_ranks=2: the derived any-size model has one" in text
 
 
 def test_the_matrix_checks_the_first_rank_variant_with_two_ranks(
