@@ -357,6 +357,14 @@ def run(
             target, target_name, mode, traces, steps, seed, cfg, out
         )
         coarse.not_covered = target.not_covered()
+        if getattr(target, "adversary_round", None) is None:
+            # Only the gRPC target plays a malicious prefill against a coarse decode; a verdict
+            # without it says nothing of decode's integrity checks.
+            coarse.not_covered["adversarial rounds"] = (
+                "this coarse target plays none (the suite cannot forge messages against its "
+                "decode), so decode's integrity checks (token, room, generation, page digest, "
+                "completion count and digest, release fence) were not tested"
+            )
         return coarse
     program: list[Action] = []
     programs: list[ProgramRecord] = []

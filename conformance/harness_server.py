@@ -216,6 +216,15 @@ class HarnessServicer:
                     f"config_json: a pool of {pool} pages of {config.page_size} tokens is over "
                     f"this server's limit of {MAX_POOL_TOKENS} tokens",
                 )
+            shortfall = dict(request.shortfall)
+            for r, tokens in sorted(shortfall.items()):
+                if r >= len(config.requests) or tokens >= config.page_size:
+                    raise _Refusal(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"shortfall {{{r}: {tokens}}}: a shortfall names a request of the "
+                        f"scenario (0..{len(config.requests) - 1}) and is under page_size "
+                        f"({config.page_size}) tokens",
+                    )
             if request.mode not in MODES:
                 raise _Refusal(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -225,6 +234,7 @@ class HarnessServicer:
                 self._target = self._factory()
             self._session = ""  # the old session ends even if start fails
             self._config = config
+            self._target.shortfall = shortfall
             self._target.start(config, request.mode)
             self._session = uuid.uuid4().hex
             return pb.ResetResponse(
@@ -442,6 +452,21 @@ class HarnessServicer:
             )
 
         return self._serve("Answers", context, body)
+
+    def PageContents(self, request: Any, context: Any) -> Any:
+        def body() -> Any:
+            target = self._check_session(request.session)
+            self._capable(target, "page_contents", "PageContents")
+            contents = target.page_contents()
+            if contents is None:
+                return pb.PageContentsResponse(known=False)
+            pages = [
+                pb.PageContent(page=p, writer=w) if w is not None else pb.PageContent(page=p)
+                for p, w in sorted(contents.items())
+            ]
+            return pb.PageContentsResponse(known=True, pages=pages)
+
+        return self._serve("PageContents", context, body)
 
     def Quiescent(self, request: Any, context: Any) -> Any:
         def body() -> Any:

@@ -220,9 +220,9 @@ class RemoteTarget(Target):
         from kvhandoff.conformance.proto.rpc import pb
 
         self.connect()
-        reply = self._rpc(
-            "Reset", pb.ResetRequest(config_json=json.dumps(config.to_json()), mode=mode)
-        )
+        reset = pb.ResetRequest(config_json=json.dumps(config.to_json()), mode=mode)
+        reset.shortfall.update({r: n for r, n in self.shortfall.items() if n})
+        reply = self._rpc("Reset", reset)
         if len(reply.request_ids) != len(config.requests):
             raise HarnessBroken(
                 self.address,
@@ -343,6 +343,20 @@ class RemoteTarget(Target):
         if not got.performed:
             return None
         return ProbeResult(got.outcome, got.changed, got.detail)
+
+    def page_contents(self) -> dict[int, str | None] | None:
+        """Whose data each decode page holds (the PageContents RPC); None where the engine
+        cannot tell (then reported not covered, and the data check is not made)."""
+        if "page_contents" in self._uncovered:
+            return None
+        try:
+            got = self._rpc("PageContents", self._session_ref())
+        except HarnessUnimplemented as exc:
+            self._uncovered["page_contents"] = exc.detail
+            return None
+        if not got.known:
+            return None
+        return {c.page: (c.writer if c.HasField("writer") else None) for c in got.pages}
 
     def settle(self) -> None:
         self._rpc("Settle", self._session_ref())

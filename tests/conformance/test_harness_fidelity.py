@@ -26,7 +26,7 @@ from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.target import Target
 from kvhandoff.impl.core import prefill as pc
 from kvhandoff.spec.actions import PrefillRestart
-from kvhandoff.spec.config import RequestSpec, default_config
+from kvhandoff.spec.config import Config, RequestSpec, default_config
 from tests.conformance.test_instances_conformance import TWO_PREFILLS, _OnePeer, _run_with
 
 DATA = Path(__file__).parent / "data"
@@ -48,6 +48,7 @@ class _VersionOne(InProcTarget):
     retries = False
     instances = False
     probe = Target.probe  # the base class's: "cannot", so Probe is UNIMPLEMENTED
+    page_contents = Target.page_contents  # and PageContents
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,15 @@ class _Recording(InProcTarget):
     same list."""
 
     calls: ClassVar[list[tuple[Any, ...]]] = []
+
+    def start(self, config: Config, mode: str) -> None:
+        self.calls.append(("start", config, mode, dict(self.shortfall)))
+        super().start(config, mode)
+
+    def page_contents(self) -> dict[int, str | None]:
+        contents = super().page_contents()
+        self.calls.append(("page_contents", contents))
+        return contents
 
     def deliver(
         self, kind: str, r: int, page: int | None = None, attempt: int | None = None
@@ -158,6 +168,10 @@ def test_the_suite_s_retry_operations_reach_the_engine_with_their_attempts(
 ) -> None:
     here, there = _calls_both_ways(tmp_path, max_retries=1)
     assert here == there
+    # Prompts that end inside a page reach the engine (Reset's shortfall), and its pages are
+    # read back for the data check (PageContents).
+    assert any(c[0] == "start" and c[3] for c in there)
+    assert any(c[0] == "page_contents" and any(c[1].values()) for c in there)
     assert any(c[0] == "retry" and c[-1] for c in there)
     attempts = {c[4] for c in there if c[0] == "deliver"}
     assert {None, 0, 1} <= attempts
@@ -276,6 +290,11 @@ def test_an_engine_of_version_1_is_asked_only_what_it_plays(
         assert "prefill_instances=2, decode_instances=2" in msg
         one = json.dumps(default_config().to_json())
         s = stub.Reset(pb.ResetRequest(config_json=one, mode="reference"), timeout=10).session
+        bad = pb.ResetRequest(config_json=one, mode="reference", shortfall={0: 16})
+        code, msg = _refused(stub.Reset, bad)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "shortfall {0: 16}" in msg and "under page_size (16) tokens" in msg
+        s = stub.Reset(pb.ResetRequest(config_json=one, mode="reference"), timeout=10).session
         code, msg = _refused(stub.Retry, pb.RequestRef(session=s, request=0))
         assert code == grpc.StatusCode.UNIMPLEMENTED and "does not play retries" in msg
         code, msg = _refused(
@@ -301,6 +320,10 @@ def test_an_engine_of_version_1_is_asked_only_what_it_plays(
         assert [e["event"] for e in events if e["event"] == "prefill_restart"] == [
             "prefill_restart"
         ]
+    # What it cannot do is reported, not skipped in silence.
+    report = campaign.run(v1_server.address, "reference", traces=5, out_dir=tmp_path)
+    assert report.verdict == "conforms"
+    assert {"probe", "page_contents"} <= set(report.not_covered)
     # The suite does not ask it for retries or instances, and says why.
     argv = ["conform", "--target", v1_server.address, "--traces", "5", "--out", str(tmp_path)]
     assert main([*argv, "--instances"]) == 2

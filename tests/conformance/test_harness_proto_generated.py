@@ -21,7 +21,7 @@ def test_every_target_operation_has_its_rpc() -> None:
     assert rpcs == {
         "Info", "Reset", "Submit", "Cancel", "Deliver", "Drop", "Retransmit", "Duplicate",
         "FireTimeout", "PrefillAbort", "Retry", "RestartPrefill", "RestartDecode", "SuspectPrefillDead",
-        "Probe",
+        "Probe", "PageContents",
         "Settle", "Events",
         "Answers", "Quiescent", "Describe", "WaitAnswered", "Close", "Shutdown",
     }  # fmt: skip

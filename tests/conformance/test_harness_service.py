@@ -125,6 +125,9 @@ def test_the_real_servers_behind_the_harness_service_leak_and_conform_coarsely(
         run = campaign.run(server.address, "reference", traces=5, steps=20, out_dir=tmp_path)
         assert run.verdict == "conforms", run.failures
         assert run.traces == 5
+        # The gRPC target's adversarial rounds need its cluster: through the service there are
+        # none, and the report says so.
+        assert "decode's integrity checks" in run.not_covered["adversarial rounds"]
     finally:
         server.stop()
 

@@ -62,6 +62,14 @@ def test_the_default_inproc_campaign_kills_a_cheap_mutant(name: str) -> None:
     assert outcome.traces is not None and outcome.traces >= 1
 
 
+@pytest.mark.parametrize("name", ["pages_not_zeroed", "page_count_rounded_down"])
+def test_the_harness_target_kills_what_the_pages_and_short_prompts_show(name: str) -> None:
+    # Unzeroed pages are seen only by reading the pages back (PageContents); a page too few
+    # only with a prompt that ends inside a page (Reset's shortfall).
+    outcome = bench.run_one(BY_NAME[name], "harness", timeout=120, extra=["--traces", "20"])
+    assert outcome.verdict == "killed", outcome
+
+
 def test_the_harness_target_kills_a_mutant_only_a_forged_message_shows() -> None:
     # Decode takes any capability token: no honest prefill sends a wrong one, so only the
     # adversarial probes (through the service's Probe) can show it.

@@ -27,12 +27,21 @@ class InfoResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., fine_grained: _Optional[bool] = ..., modes: _Optional[_Iterable[str]] = ..., event_log_version: _Optional[int] = ..., retries: _Optional[bool] = ..., instances: _Optional[bool] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
-    __slots__ = ("config_json", "mode")
+    __slots__ = ("config_json", "mode", "shortfall")
+    class ShortfallEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    SHORTFALL_FIELD_NUMBER: _ClassVar[int]
     config_json: str
     mode: str
-    def __init__(self, config_json: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+    shortfall: _containers.ScalarMap[int, int]
+    def __init__(self, config_json: _Optional[str] = ..., mode: _Optional[str] = ..., shortfall: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
     __slots__ = ("session", "request_ids")
@@ -167,6 +176,22 @@ class AnswersResponse(_message.Message):
     ANSWERS_FIELD_NUMBER: _ClassVar[int]
     answers: _containers.RepeatedCompositeFieldContainer[Answer]
     def __init__(self, answers: _Optional[_Iterable[_Union[Answer, _Mapping]]] = ...) -> None: ...
+
+class PageContent(_message.Message):
+    __slots__ = ("page", "writer")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    page: int
+    writer: str
+    def __init__(self, page: _Optional[int] = ..., writer: _Optional[str] = ...) -> None: ...
+
+class PageContentsResponse(_message.Message):
+    __slots__ = ("known", "pages")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    pages: _containers.RepeatedCompositeFieldContainer[PageContent]
+    def __init__(self, known: _Optional[bool] = ..., pages: _Optional[_Iterable[_Union[PageContent, _Mapping]]] = ...) -> None: ...
 
 class QuiescentResponse(_message.Message):
     __slots__ = ("quiescent",)

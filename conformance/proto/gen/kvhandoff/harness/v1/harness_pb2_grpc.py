@@ -125,6 +125,11 @@ class HarnessStub:
                 request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
                 response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.AnswersResponse.FromString,
                 _registered_method=True)
+        self.PageContents = channel.unary_unary(
+                '/kvhandoff.harness.v1.Harness/PageContents',
+                request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+                response_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.PageContentsResponse.FromString,
+                _registered_method=True)
         self.Quiescent = channel.unary_unary(
                 '/kvhandoff.harness.v1.Harness/Quiescent',
                 request_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
@@ -282,6 +287,13 @@ class HarnessServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PageContents(self, request, context):
+        """page_contents()
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Quiescent(self, request, context):
         """quiescent()
         """
@@ -409,6 +421,11 @@ def add_HarnessServicer_to_server(servicer, server):
                     servicer.Answers,
                     request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
                     response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.AnswersResponse.SerializeToString,
+            ),
+            'PageContents': grpc.unary_unary_rpc_method_handler(
+                    servicer.PageContents,
+                    request_deserializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.FromString,
+                    response_serializer=kvhandoff_dot_harness_dot_v1_dot_harness__pb2.PageContentsResponse.SerializeToString,
             ),
             'Quiescent': grpc.unary_unary_rpc_method_handler(
                     servicer.Quiescent,
@@ -923,6 +940,33 @@ class Harness:
             '/kvhandoff.harness.v1.Harness/Answers',
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
             kvhandoff_dot_harness_dot_v1_dot_harness__pb2.AnswersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PageContents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvhandoff.harness.v1.Harness/PageContents',
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.SessionRef.SerializeToString,
+            kvhandoff_dot_harness_dot_v1_dot_harness__pb2.PageContentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
