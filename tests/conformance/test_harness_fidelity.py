@@ -24,22 +24,13 @@ from kvhandoff.conformance.proto.rpc import harness_stub, pb
 from kvhandoff.conformance.remote_target import RemoteTarget
 from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.target import Target
-from kvhandoff.impl.core import prefill as pc
 from kvhandoff.spec.actions import PrefillRestart
 from kvhandoff.spec.config import Config, RequestSpec, default_config
 from tests.conformance.test_instances_conformance import TWO_PREFILLS, _OnePeer, _run_with
+from tests.conformance.test_retry import ignore_attempts_on_abort
 
 DATA = Path(__file__).parent / "data"
 RETRY_TRACE = DATA / "retry_stale_abort.jsonl"
-
-
-@pytest.fixture(scope="module")
-def inproc_server() -> Iterator[HarnessServer]:
-    server = serve("127.0.0.1:0", "inproc")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class _VersionOne(InProcTarget):
@@ -190,16 +181,7 @@ def test_a_retry_trace_replays_through_the_service_and_its_mutant_is_caught(
     assert stale, "the first attempt's abort, delivered by its attempt, is found stale"
     # The engine behind the service (this process) ignores attempts: prefill finishes the
     # retry on its first attempt's abort.
-    original = pc.PrefillCore._on_abort
-
-    def on_abort(self: pc.PrefillCore, ev: pc.AbortReceived) -> list[pc.PrefillCommand]:
-        self._stale = lambda rid, attempt: None  # type: ignore[method-assign]
-        try:
-            return original(self, ev)
-        finally:
-            del self._stale
-
-    monkeypatch.setattr(pc.PrefillCore, "_on_abort", on_abort)
+    ignore_attempts_on_abort(monkeypatch)
     report = replay_trace(RETRY_TRACE, RemoteTarget(inproc_server.address))
     assert not report.conforms and report.first_divergence is not None
     event = report.first_divergence["event"]

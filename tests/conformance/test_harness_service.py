@@ -37,15 +37,6 @@ from kvhandoff.spec.trace import dump_trace
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def inproc_server() -> Iterator[HarnessServer]:
-    server = serve("127.0.0.1:0", "inproc")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def stub(inproc_server: HarnessServer) -> Iterator[Any]:
     with grpc.insecure_channel(inproc_server.address) as channel:

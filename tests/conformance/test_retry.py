@@ -34,11 +34,9 @@ def test_a_trace_whose_retry_meets_its_first_attempt_s_abort_conforms() -> None:
     assert report.answers["r0"]["ok"] and report.answers["r0"]["read"] == ["a", "a"]
 
 
-def test_a_prefill_that_ignores_attempts_diverges_on_that_trace(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The mutant abort_matched_by_request_id_only (benchmarks/mutants/catalogue.py), by
-    # another route: prefill's abort handler never finds an abort stale.
+def ignore_attempts_on_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant abort_matched_by_request_id_only (benchmarks/mutants/catalogue.py), by
+    another route: prefill's abort handler never finds an abort stale."""
     original = pc.PrefillCore._on_abort
 
     def on_abort(self: pc.PrefillCore, ev: pc.AbortReceived) -> list[pc.PrefillCommand]:
@@ -49,6 +47,12 @@ def test_a_prefill_that_ignores_attempts_diverges_on_that_trace(
             del self._stale
 
     monkeypatch.setattr(pc.PrefillCore, "_on_abort", on_abort)
+
+
+def test_a_prefill_that_ignores_attempts_diverges_on_that_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ignore_attempts_on_abort(monkeypatch)
     report = replay_trace(TRACE, InProcTarget())
     assert not report.conforms
     assert report.first_divergence is not None
