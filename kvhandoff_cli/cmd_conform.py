@@ -184,7 +184,8 @@ def _not_covered_lines(not_covered: dict[str, str]) -> list[str]:
     if not not_covered:
         return []
     return [
-        f"  not covered (the target cannot perform these; their steps were skipped): "
+        "  not covered (the target cannot perform these; their steps were skipped and their "
+        f"checks not made, --json says why): "
         f"{', '.join(sorted(not_covered))}"
     ]
 
