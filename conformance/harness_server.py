@@ -17,6 +17,8 @@ Rules it follows (harness.proto's header):
   the gRPC cluster cannot drop one message) is UNIMPLEMENTED;
 - the backend raising is INTERNAL, with the exception in the message;
 and after any of them it keeps serving. Calls are serialised: a `Target` is single-threaded.
+Info declares what the backend plays (`Target.retries`, `Target.instances`); Reset, Retry, the
+message operations' `attempt` and the instance RPCs then accept it, and refuse it otherwise.
 """
 
 from __future__ import annotations
