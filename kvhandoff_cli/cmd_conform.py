@@ -40,9 +40,11 @@ def register(sub: Any) -> None:
         "--traces",
         type=int,
         default=None,
-        help="programs to run (default 1000 in-process, where a program costs about 13 ms, and "
-        "100 against servers); Hypothesis may run a few more than asked (those it discards are "
-        "run too), and the report says how many ran",
+        help="programs to run (default 1000 on a fine-grained target: in-process, where a "
+        "program costs about 13 ms, or an engine behind the harness service that controls "
+        "single messages; 100 on a coarse one: the real servers, SGLang, vLLM); Hypothesis may "
+        "run a few more than asked (those it discards are run too), and the report says how "
+        "many ran",
     )
     p.add_argument("--steps", type=int, default=20, help="spec steps per program (default 20)")
     p.add_argument(
@@ -191,11 +193,12 @@ def _not_covered_lines(not_covered: dict[str, str]) -> list[str]:
 
 
 def run_conform(args: argparse.Namespace) -> int:
-    if args.traces is None:
-        # In-process, 300 programs missed three single-bug mutants that 1000 kill (programs
-        # 262-372; benchmarks/results/conformance_mutation.txt), at about 15 s on two cores.
-        args.traces = 1000 if args.target == "inproc" else 100
-    if args.traces < 1 or args.steps < 1:
+    faults = getattr(args, "faults", None) is not None
+    if args.traces is None and (args.target == "inproc" or faults):
+        # In-process is fine-grained, the fault campaign's real servers coarse; any other
+        # target is asked once it exists (`_conform`).
+        args.traces = _default_traces(fine_grained=not faults)
+    if (args.traces is not None and args.traces < 1) or args.steps < 1:
         raise UsageError("--traces and --steps must be at least 1")
     if getattr(args, "faults", None) is not None:
         return _fault_campaign(args)
@@ -234,8 +237,20 @@ def _event_log_suffix(path: str) -> str:
     return next((s for s in (".log.jsonl", ".round.jsonl") if path.endswith(s)), "")
 
 
+def _default_traces(fine_grained: bool) -> int:
+    """Programs to run when --traces is not given: 1000 on a fine-grained target, where a
+    program costs about 13 ms in-process (300 missed three single-bug mutants that 1000 kill,
+    and through the harness service 100 missed four that 1000 kill at the same programs as
+    in-process: benchmarks/results/conformance_mutation.txt); 100 on a coarse one (real
+    servers: seconds a program)."""
+    return 1000 if fine_grained else 100
+
+
 def _conform(args: argparse.Namespace, target: Any) -> int:
     from kvhandoff.conformance import campaign
+
+    if args.traces is None:
+        args.traces = _default_traces(bool(target.fine_grained))
 
     report = campaign.run(
         args.target,

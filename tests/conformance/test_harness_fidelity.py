@@ -394,3 +394,32 @@ def test_the_real_servers_behind_the_service_run_where_the_placement_says(
     finally:
         target.shutdown()
         server.stop()
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_default_program_count_follows_the_engine_s_granularity(
+    inproc_server: HarnessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1000 programs kill at the same programs through the service as in-process, 100 miss four
+    # (benchmarks/results/conformance_mutation.txt): a fine-grained engine gets the 1000.
+    seen: list[int] = []
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["traces"])
+        raise _Stop
+
+    monkeypatch.setattr(campaign, "run", run)
+    with pytest.raises(_Stop):
+        main(["conform", "--target", inproc_server.address])
+    coarse = serve("127.0.0.1:0", "grpc")  # the real servers start only at Reset
+    try:
+        with pytest.raises(_Stop):
+            main(["conform", "--target", coarse.address])
+    finally:
+        coarse.stop()
+    with pytest.raises(_Stop):
+        main(["conform", "--target", inproc_server.address, "--traces", "7"])
+    assert seen == [1000, 100, 7]
