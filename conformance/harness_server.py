@@ -97,6 +97,14 @@ class HarnessServicer:
         self._session = ""
         self._config: Config | None = None
 
+    def plays(self) -> dict[str, bool]:
+        """What the backend plays, as Info says it (and `harness-serve --json` prints it)."""
+        return {
+            "fine_grained": self._fine_grained,
+            "retries": self._retries,
+            "instances": self._instances,
+        }
+
     # ------------------------------------------------------------------ plumbing
 
     def _serve(self, rpc: str, context: Any, body: Callable[[], R]) -> R:

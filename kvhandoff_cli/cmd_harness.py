@@ -42,7 +42,10 @@ def register(sub: Any) -> None:
         "several instances)",
     )
     p.add_argument(
-        "--json", action="store_true", help="print the address as one JSON line once serving"
+        "--json",
+        action="store_true",
+        help="print the address, the backend and what it plays (fine_grained, retries, "
+        "instances: the flags `conform` can use against it) as one JSON line once serving",
     )
     p.set_defaults(func=run_harness_serve)
 
@@ -79,7 +82,10 @@ def run_harness_serve(args: argparse.Namespace) -> int:
         if args.json:
             from kvhandoff.cli import output
 
-            output.print_json("harness-serve", {"address": server.address, "backend": args.backend})
+            output.print_json(
+                "harness-serve",
+                {"address": server.address, "backend": args.backend, **server.servicer.plays()},
+            )
         else:
             print(
                 f"kvhandoff harness-serve: backend {args.backend} on {server.address} "

@@ -150,6 +150,8 @@ def test_harness_serve_json(tmp_path: Path) -> None:
         out = json.loads(line)
         _validate("harness-serve", out)
         assert out["backend"] == "inproc" and out["address"].startswith("127.0.0.1:")
+        # What an orchestrator needs to pick the conform flags: the in-process backend plays all.
+        assert out["fine_grained"] and out["retries"] and out["instances"]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
