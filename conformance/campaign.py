@@ -86,7 +86,9 @@ class _TargetFailed(BaseException):
         self.error = error
 
 
-def campaign_config(max_retries: int = 0, instances: bool = False) -> Config:
+def campaign_config(
+    max_retries: int = 0, instances: bool = False, rooms_any: bool = False
+) -> Config:
     """The sequential scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
     reused) with a budget of up to 4 faults per program, up to two partitions among them (decode takes
     the live prefill for dead: `decode_suspect_prefill_dead`, off in the scenario itself), and
@@ -96,10 +98,16 @@ def campaign_config(max_retries: int = 0, instances: bool = False) -> Config:
     `instances`: the same requests on two prefill and two decode instances of three pages each,
     the router placing each request anywhere (each program plays one placement, drawn from
     `spec.config.placements`); a crash restarts one instance, a partition cuts one decode
-    instance off one prefill instance."""
+    instance off one prefill instance.
+
+    `rooms_any`: the clients choose the requests' rooms (`rooms="any"`, the spec's client-chosen
+    room): each program plays one way of sharing rooms among the requests, drawn like a
+    placement (three requests: five ways, from all apart to all on one room)."""
     cfg = replace(default_config(), max_faults=4, max_partitions=2, max_retries=max_retries)
     if instances:
         cfg = replace(cfg, prefill_instances=2, decode_instances=2, decode_pages=6)
+    if rooms_any:
+        cfg = replace(cfg, rooms="any")
     return cfg
 
 
@@ -329,11 +337,13 @@ def run(
     target: Target | None = None,
     max_retries: int = 0,
     instances: bool = False,
+    rooms_any: bool = False,
 ) -> CampaignReport:
     """Run a campaign; never raises for a divergence (it is reported). `max_retries` is the
-    sequential scenario's retry budget and `instances` puts it on several instances
-    (`campaign_config`; both ignored when `config` is given)."""
-    cfg = config or campaign_config(max_retries, instances)
+    sequential scenario's retry budget, `instances` puts it on several instances and
+    `rooms_any` lets the clients choose the rooms (`campaign_config`; all ignored when `config`
+    is given)."""
+    cfg = config or campaign_config(max_retries, instances, rooms_any)
     # (Before a target is made: a scenario no target plays is refused at once; whether this
     # one plays retries and instances is asked once it exists. Each program plays one fixed
     # placement: the first stands for them all here.)

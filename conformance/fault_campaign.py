@@ -183,6 +183,7 @@ def run_fault_campaign(
     keep_going: bool = False,
     save_logs: Path | None = None,
     instances: bool = False,
+    rooms_any: bool = False,
 ) -> FaultReport:
     """`instances`: the scenario on two prefill and two decode servers (`campaign_config`),
     each trace drawing one placement of the requests; a crash or restart is of one instance."""
@@ -190,7 +191,7 @@ def run_fault_campaign(
     from kvhandoff.impl.servers.faults import FaultPlan
     from kvhandoff.spec.config import placements
 
-    cfg = config or campaign_config(instances=instances)
+    cfg = config or campaign_config(instances=instances, rooms_any=rooms_any)
     # One placement per trace where there are several instances (nothing is drawn with one of
     # each, so such a campaign's traces are as before).
     placed = placements(cfg)

@@ -85,9 +85,10 @@ def require_one_prefill_rank(
         require_playable_instances(config)
     if config.rooms != "fixed":
         raise UnsupportedScenario(
-            f"rooms={config.rooms}: conformance plays each request with the room the scenario "
-            "gives it; set rooms=fixed, and give two requests one room in --set requests= to play "
-            "a collision (`kvhandoff check --set rooms=any` checks every choice of rooms)"
+            f"rooms={config.rooms}: a run plays each request with one room; set rooms=fixed and "
+            "give two requests one room in --set requests= to play a collision, or let "
+            "`kvhandoff conform --rooms-any` draw one choice of rooms per program "
+            "(`kvhandoff check --set rooms=any` checks every choice)"
         )
     # Checked here too, so that every caller refuses it unless its target plays a client's
     # retry under the same request id (`Target.retries`; the registry's row for

@@ -68,6 +68,14 @@ def register(sub: Any) -> None:
         "at any time); an engine behind the harness service plays them if its Info says "
         "instances",
     )
+    p.add_argument(
+        "--rooms-any",
+        action="store_true",
+        help="let the clients choose the requests' rooms (the spec's rooms=any: a client's "
+        "bootstrap_room is taken as sent): each program plays one way of sharing rooms among "
+        "the three requests (five, from all apart to all on one room) instead of the scenario's "
+        "rooms; with every target, and with --instances and --faults",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument(
@@ -262,6 +270,7 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         target=target,
         max_retries=args.max_retries,
         instances=args.instances,
+        rooms_any=args.rooms_any,
     )
     if args.junit:
         output.write_junit(Path(args.junit), [output.conform_suite(report, args.seed)])
@@ -314,6 +323,7 @@ def _fault_campaign(args: argparse.Namespace) -> int:
         Path(args.out),
         steps=args.steps,
         instances=args.instances,
+        rooms_any=args.rooms_any,
     )
     if args.json:
         output.print_json("fault-campaign", report.to_json(), sort_keys=True)
