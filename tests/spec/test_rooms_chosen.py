@@ -103,6 +103,9 @@ def test_rooms_is_checked_written_and_read_back() -> None:
     assert "rooms chosen" not in config_summary(Config())
 
 
-def test_conformance_refuses_client_chosen_rooms_and_says_what_to_do() -> None:
-    with pytest.raises(UnsupportedScenario, match="rooms=any: conformance plays each request"):
+def test_a_conformance_run_plays_one_choice_of_rooms_and_says_what_to_do() -> None:
+    # A run plays one choice; `conform --rooms-any` draws one per program.
+    with pytest.raises(
+        UnsupportedScenario, match="rooms=any: a run plays each request with one room"
+    ):
         require_one_prefill_rank(parse_set(Config(), ["rooms=any"]), retries=True)
