@@ -14,7 +14,7 @@ plays back deterministically.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from kvhandoff.spec.actions import (
     FAULT_ACTIONS,
     Action,
     DecodeWaitingTimeout,
+    PrefillAbortRequest,
+    PrefillWriteError,
     action_name,
     is_fault,
 )
@@ -87,11 +89,15 @@ class _TargetFailed(BaseException):
 
 
 def campaign_config(
-    max_retries: int = 0, instances: bool = False, rooms_any: bool = False
+    max_retries: int = 0,
+    instances: bool = False,
+    rooms_any: bool = False,
+    write_errors: bool = True,
 ) -> Config:
     """The sequential scenario (3 requests, tenants a/b, request 1 too long for prefill, rooms
     reused) with a budget of up to 4 faults per program, up to two partitions among them (decode takes
-    the live prefill for dead: `decode_suspect_prefill_dead`, off in the scenario itself), and
+    the live prefill for dead: `decode_suspect_prefill_dead`, off in the scenario itself), one
+    failed page write (`write_errors`, below), and
     `max_retries` client retries under the same request id (`router_retry_request`; only a
     target with `Target.retries` plays them).
 
@@ -102,8 +108,18 @@ def campaign_config(
 
     `rooms_any`: the clients choose the requests' rooms (`rooms="any"`, the spec's client-chosen
     room): each program plays one way of sharing rooms among the requests, drawn like a
-    placement (three requests: five ways, from all apart to all on one room)."""
-    cfg = replace(default_config(), max_faults=4, max_partitions=2, max_retries=max_retries)
+    placement (three requests: five ways, from all apart to all on one room).
+
+    `write_errors` (on unless asked otherwise): one failed page write per program too (prefill
+    fails a transfer with writes still on the wire: `prefill_write_error`, off in the scenario),
+    allowed in the programs whose swarm allows prefill's own abort (`_WITH`)."""
+    cfg = replace(
+        default_config(),
+        max_faults=4,
+        max_partitions=2,
+        max_write_errors=1 if write_errors else 0,
+        max_retries=max_retries,
+    )
     if instances:
         cfg = replace(cfg, prefill_instances=2, decode_instances=2, decode_pages=6)
     if rooms_any:
@@ -150,8 +166,18 @@ def draw_scenario(data: st.DataObject, config: Config) -> tuple[Config, dict[int
 
 
 FAULT_KINDS: tuple[type, ...] = tuple(
-    k for k in FAULT_ACTIONS if k.__name__ not in ("PrefillLeaseExpire", "NetworkFailTransfer")
+    k
+    for k in FAULT_ACTIONS
+    if k.__name__ not in ("PrefillLeaseExpire", "NetworkFailTransfer", "PrefillWriteError")
 )
+"""The fault kinds a program's swarm draws from. A failed write (`PrefillWriteError`) is not
+drawn on its own: it goes with `PrefillAbortRequest` (`_WITH`)."""
+
+_WITH: dict[type, type] = {PrefillWriteError: PrefillAbortRequest}
+"""Fault kinds a program allows whenever it allows another: a failed write is prefill failing
+a request on its own, with writes still on the wire, and the target is asked the same call
+(`prefill_abort`). Drawn as a kind of its own it would move every later draw of every campaign,
+`write_errors` or not."""
 
 
 # The outcome fields of event-log lines: (event, outcome) pairs are counted by them.
@@ -281,7 +307,89 @@ class ProgramRecord:
     steps: int
     seconds: float
     outcome: str  # "passed" | "diverged"
-    phase: str  # "generate" | "shrink" (Hypothesis re-running smaller programs after a failure)
+    # "directed" (written by hand: `DIRECTED`) | "generate" | "shrink" (Hypothesis re-running
+    # smaller programs after a failure)
+    phase: str
+
+
+@dataclass(frozen=True)
+class Directed:
+    """A program written by hand, for a hazard the random programs reach only by luck.
+
+    It plays request `request` of the campaign's scenario alone, and takes `steps` in order, each
+    the first enabled action of that name; the run then settles, which delivers what is still in
+    flight. A step the spec does not enable ends it early (a shorter program, not a failure)."""
+
+    name: str
+    hazard: str
+    request: int
+    steps: tuple[str, ...]
+
+
+DIRECTED: tuple[Directed, ...] = (
+    Directed(
+        "stale_abort_meets_retry",
+        "decode's abort of a first attempt, still in flight across a prefill restart, reaches "
+        "prefill after the client's retry was admitted there: prefill must tell it by its attempt "
+        "and keep the retry (random programs of --max-retries 1 first met it at the 966th)",
+        0,
+        (
+            "router_submit_request",
+            "prefill_admit_request",
+            "decode_admit_request",
+            "prefill_receive_grant",
+            "prefill_write_page",
+            "decode_waiting_timeout",
+            "prefill_restart",
+            "router_retry_request",
+            "prefill_admit_request",
+        ),
+    ),
+    Directed(
+        "stale_notice_meets_retry",
+        "prefill's rejection notice of a first attempt, still in flight across a decode restart, "
+        "reaches decode after the retry was admitted there: decode must tell it by its attempt "
+        "(random programs of --max-retries 1 first met it at the 618th)",
+        1,
+        (
+            "router_submit_request",
+            "prefill_reject_request",
+            "decode_admit_request",
+            "decode_restart",
+            "router_retry_request",
+            "decode_admit_request",
+        ),
+    ),
+)
+"""The directed programs a campaign with client retries runs before its random ones (on a
+target that plays retries, with the scenario's rooms). Each was found by the random campaign once
+and is kept so that finding it again does not rest on the draws: the catalogue mutants
+`abort_matched_by_request_id_only` and `stale_attempt_notice_taken` each diverge on one."""
+
+
+def _follower(
+    hand: Directed, taken: list[Action], seen: set[str]
+) -> Callable[[list[Action]], Action | None]:
+    """A program chooser that takes the directed program's next step (appending it to `taken`)
+    while the spec enables it, and ends the program otherwise."""
+
+    def choose(options: list[Action]) -> Action | None:
+        seen.update(action_name(a) for a in options)
+        if len(taken) == len(hand.steps):
+            return None
+        for a in options:
+            if action_name(a) == hand.steps[len(taken)]:
+                taken.append(a)
+                return a
+        return None
+
+    return choose
+
+
+def _directed_scenario(cfg: Config, directed: Directed) -> Config:
+    """The campaign's scenario (its first placement) with the directed program's request alone."""
+    first = placements(cfg)[0]
+    return replace(first, requests=(first.requests[directed.request],))
 
 
 @dataclass
@@ -338,12 +446,13 @@ def run(
     max_retries: int = 0,
     instances: bool = False,
     rooms_any: bool = False,
+    write_errors: bool = True,
 ) -> CampaignReport:
     """Run a campaign; never raises for a divergence (it is reported). `max_retries` is the
-    sequential scenario's retry budget, `instances` puts it on several instances and
-    `rooms_any` lets the clients choose the rooms (`campaign_config`; all ignored when `config`
-    is given)."""
-    cfg = config or campaign_config(max_retries, instances, rooms_any)
+    sequential scenario's retry budget, `instances` puts it on several instances,
+    `rooms_any` lets the clients choose the rooms and `write_errors` lets a page write fail
+    mid-transfer (`campaign_config`; all ignored when `config` is given)."""
+    cfg = config or campaign_config(max_retries, instances, rooms_any, write_errors)
     # (Before a target is made: a scenario no target plays is refused at once; whether this
     # one plays retries and instances is asked once it exists. Each program plays one fixed
     # placement: the first stands for them all here.)
@@ -381,6 +490,53 @@ def run(
     counters = {"traces": 0, "steps": 0}
     used: dict[str, Any] = {"config": cfg, "shortfall": {}}
     coverage = Coverage()
+    start = time.perf_counter()
+    failures: list[Failure] = []
+
+    def report() -> CampaignReport:
+        return CampaignReport(
+            target=target_name,
+            mode=mode,
+            traces=counters["traces"],
+            steps=steps,
+            verdict="diverges" if failures else "conforms",
+            failures=failures,
+            seconds=time.perf_counter() - start,
+            step_count=counters["steps"],
+            not_covered=target.not_covered(),
+            coverage=coverage,
+            traces_to_failure=counters.get("first_failure"),
+            programs=programs,
+        )
+
+    directed = DIRECTED if cfg.max_retries > 0 and target.retries and cfg.rooms != "any" else ()
+    for hand in directed:
+        scenario = _directed_scenario(cfg, hand)
+        taken: list[Action] = []
+        seen_here: set[str] = set()
+        follow = _follower(hand, taken, seen_here)
+        counters["traces"] += 1
+        began, outcome = time.perf_counter(), "passed"
+        try:
+            try:
+                session = run_program(target, scenario, mode, follow, len(hand.steps))
+                coverage.add(session, seen_here)
+            finally:
+                target.close()
+        except Divergence as exc:
+            counters.setdefault("first_failure", counters["traces"])
+            outcome = "diverged"
+            path = save_failure(out, target_name, mode, seed, scenario, taken, exc)
+            failures.append(Failure(exc.kind, exc.property, str(path), exc.message))
+        finally:
+            counters["steps"] += len(taken)
+            programs.append(
+                ProgramRecord(
+                    counters["traces"], len(taken), time.perf_counter() - began, outcome, "directed"
+                )
+            )
+        if failures:
+            return report()
 
     @settings(
         max_examples=traces,
@@ -406,6 +562,7 @@ def run(
         # Swarm testing: each program allows its own subset of fault kinds, and the first
         # `calm` steps none (so that programs reach the handoff before a fault strikes).
         kinds = data.draw(st.sets(st.sampled_from(FAULT_KINDS)), label="fault kinds")
+        kinds = kinds | {k for k, along in _WITH.items() if along in kinds}
         if scenario.max_active > cfg.max_active:
             # With several requests in flight the spec's one-request timeout is often no step
             # the target can take (a target's clock may fire every waiting request's timeout at
@@ -465,8 +622,6 @@ def run(
                 )
             )
 
-    start = time.perf_counter()
-    failures: list[Failure] = []
     try:
         one_program()
     except _TargetFailed as stop:
@@ -476,21 +631,7 @@ def run(
             out, target_name, mode, seed, used["config"], list(program), exc, used["shortfall"]
         )
         failures.append(Failure(exc.kind, exc.property, str(path), exc.message))
-    seconds = time.perf_counter() - start
-    return CampaignReport(
-        target=target_name,
-        mode=mode,
-        traces=counters["traces"],
-        steps=steps,
-        verdict="diverges" if failures else "conforms",
-        failures=failures,
-        seconds=seconds,
-        step_count=counters["steps"],
-        not_covered=target.not_covered(),
-        coverage=coverage,
-        traces_to_failure=counters.get("first_failure"),
-        programs=programs,
-    )
+    return report()
 
 
 def save_failure(

@@ -433,10 +433,12 @@ class InProcTarget(Target):
     def prefill_abort(self, r: int) -> bool:
         rid = RequestId(self.request_id(r))
         for key, w in list(self.writers.items()):
-            if key[0] == rid and w.in_flight == 0 and w.start.attempt == self._attempt(rid):
-                # Writing: its write stream breaks.
+            if key[0] == rid and w.start.attempt == self._attempt(rid):
+                # Writing: its write stream breaks. With writes of it still on the wire (a
+                # failed write, the spec's `prefill_write_error`), those are not recalled: they
+                # stay in flight and may still land.
                 del self.writers[key]
-                self._drop_stream(key)
+                self._drop_stream(key, writes=False)
                 self._to_prefill(
                     pc.WritesFinished(rid, w.start.generation, Status.UNAVAILABLE, "injected")
                 )
@@ -844,11 +846,11 @@ class InProcTarget(Target):
             return True
         return False
 
-    def _drop_stream(self, key: tuple[RequestId, int]) -> None:
+    def _drop_stream(self, key: tuple[RequestId, int], writes: bool = True) -> None:
+        """Forget a stream's close and (unless `writes` is False) its writes still in flight."""
+        kinds = ("write", "stream_close") if writes else ("stream_close",)
         self.pending = [
-            p
-            for p in self.pending
-            if not (p.kind in ("write", "stream_close") and (p.rid, p.generation) == key)
+            p for p in self.pending if not (p.kind in kinds and (p.rid, p.generation) == key)
         ]
 
     def _land(self, p: _Pending) -> None:

@@ -153,7 +153,7 @@ MAPPING: tuple[Row, ...] = (
     Row(
         "prefill_finish_request",
         "prefill",
-        "stutter | prefill_abort_request",
+        "stutter | prefill_abort_request | prefill_write_error",
         "request_id, status",
         "an error finish is a prefill-side abort (a failed write stream, or giving up before the "
         "grant) or the end of an abort; never a stutter while the spec's prefill waits for the "

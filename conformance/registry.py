@@ -286,6 +286,13 @@ REGISTRY: tuple[Counterpart, ...] = (
         ("prefill_finish_request",),
     ),
     _row(
+        "prefill_write_error",
+        _call("prefill_abort", _request),
+        ("prefill_finish_request",),
+        note="the same call as prefill_abort_request, asked while writes of the request are in "
+        "flight: they stay there and may still land",
+    ),
+    _row(
         "prefill_restart",
         _instance_call("restart_prefill", "pinst", returns=True),
         ("prefill_restart",),

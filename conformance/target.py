@@ -182,7 +182,9 @@ class Target(abc.ABC):
 
     def prefill_abort(self, r: int) -> bool:
         """Prefill fails request r on its own: its write stream breaks, or, before its grant,
-        its scheduler gives up on it."""
+        its scheduler gives up on it. Asked with writes of r still in flight too (the spec's
+        `prefill_write_error`: a write failed on prefill's side): those stay in flight and may
+        still land; False where the target cannot leave them so."""
         return False
 
     def suspect_prefill_dead(self) -> bool:

@@ -48,6 +48,7 @@ from kvhandoff.spec.actions import (
     PrefillRejectRequest,
     PrefillRestart,
     PrefillSendCompletion,
+    PrefillWriteError,
     PrefillWritePage,
     RetransmitMessage,
     RouterRetryRequest,
@@ -422,7 +423,10 @@ class Matchers:
         out = [Match(())] if s.requests[r].p != "admitted" else []
         by_decode = str(ev["args"].get("reason", "")).startswith("decode aborted")
         if ev["args"].get("status") != "ok" and not by_decode:
+            # Between writes, prefill's own abort; with writes of the grant still on the wire, a
+            # failed write (the two guards split the states between them).
             out.append(Match((PrefillAbortRequest(r),)))
+            out.append(Match((PrefillWriteError(r),)))
         return out
 
     # decode
@@ -1519,6 +1523,7 @@ def config_from_logs(
         max_cancels=big,
         max_prefill_aborts=big,
         max_partitions=big,
+        max_write_errors=big,
         **several,
     )
     return config, ids

@@ -76,6 +76,16 @@ def register(sub: Any) -> None:
         "the three requests (five, from all apart to all on one room) instead of the scenario's "
         "rooms; with every target, and with --instances and --faults",
     )
+    p.add_argument(
+        "--no-write-errors",
+        dest="write_errors",
+        action="store_false",
+        help="leave out the failed page write (the spec's prefill_write_error: a write fails on "
+        "prefill's side mid-transfer, prefill fails the request and tells decode while other "
+        "writes of the grant are still on the wire, where they may still land). By default a "
+        "program may take one, where its faults include prefill's own abort and the target "
+        "controls single writes",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument(
@@ -271,6 +281,7 @@ def _conform(args: argparse.Namespace, target: Any) -> int:
         max_retries=args.max_retries,
         instances=args.instances,
         rooms_any=args.rooms_any,
+        write_errors=args.write_errors,
     )
     if args.junit:
         output.write_junit(Path(args.junit), [output.conform_suite(report, args.seed)])
@@ -310,6 +321,7 @@ def _fault_campaign(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--faults runs over the real gRPC servers: use --target grpc, not {args.target!r}"
         )
+
     try:
         faults = parse_faults(args.faults)
         get_mode(args.mode)

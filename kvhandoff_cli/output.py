@@ -123,7 +123,7 @@ def conform_suite(report: Any, seed: int) -> ET.Element:
     )
     classname = f"kvhandoff.conform.{kind}.{report.mode}"
     programs = list(getattr(report, "programs", []))
-    generated = [p for p in programs if p.phase == "generate"]
+    generated = [p for p in programs if p.phase in ("directed", "generate")]
     shrink_runs = sum(1 for p in programs if p.phase == "shrink")
     for p in generated:
         case = _case(suite, classname, f"program {p.index:04d}", p.seconds)

@@ -78,6 +78,7 @@ from kvhandoff.spec.actions import (
     PrefillRestart,
     PrefillSendAbortAck,
     PrefillSendCompletion,
+    PrefillWriteError,
     PrefillWritePage,
     RetransmitMessage,
     RouterRetryRequest,
@@ -239,6 +240,7 @@ FAULT_FIELDS = (
     "cancels",
     "prefill_aborts",
     "partitions",
+    "write_errors",
 )
 GHOST_FIELDS = (
     "late_landing",
@@ -723,6 +725,8 @@ class Encoding:
             add("decode_waiting_timeout", (r,), True)
         for r in reqs:
             add("prefill_abort_request", (r,), True)
+        for r in reqs:
+            add("prefill_write_error", (r,), True)
         for i in range(self.prefill_instances):
             add("prefill_restart", (i,), True)
         for j in range(self.decode_instances):
@@ -1355,6 +1359,7 @@ _CLASSES: dict[str, Any] = {
         ClientCancelRequest,
         DecodeWaitingTimeout,
         PrefillAbortRequest,
+        PrefillWriteError,
         PrefillRestart,
         DecodeRestart,
         DecodeSuspectPrefillDead,

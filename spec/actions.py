@@ -232,6 +232,17 @@ class PrefillAbortRequest:
 
 
 @dataclass(frozen=True)
+class PrefillWriteError:
+    """Push path: one of prefill's page writes for the request fails (an RDMA or session error),
+    and prefill fails the transfer while its other writes of the grant are still on the wire
+    (SGLang's `transfer_worker`: Failed, and the status to decode, `conclude_failure`). Those
+    writes may still land: an error on one queue does not recall what another already carries.
+    Spends the write-error budget."""
+
+    request: int
+
+
+@dataclass(frozen=True)
 class PrefillRestart:
     """Prefill instance `pinst` crashes and restarts: it forgets every request it worked on;
     writes already issued may land.
@@ -321,6 +332,7 @@ Action = (
     | ClientCancelRequest
     | DecodeWaitingTimeout
     | PrefillAbortRequest
+    | PrefillWriteError
     | PrefillRestart
     | DecodeRestart
     | DecodeSuspectPrefillDead
@@ -361,6 +373,7 @@ FAULT_ACTIONS: tuple[type, ...] = (
     ClientCancelRequest,
     DecodeWaitingTimeout,
     PrefillAbortRequest,
+    PrefillWriteError,
     PrefillRestart,
     DecodeRestart,
     DecodeSuspectPrefillDead,

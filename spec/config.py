@@ -131,6 +131,11 @@ class Config:
     (`decode_suspect_prefill_dead`). 0 by default: the fault multiplies the states of every
     scenario, and the pinned counts (the sequential scenario's 71,075 for the reference) are
     without it; `--set max_partitions=1` turns it on."""
+    max_write_errors: int = 0
+    """Push path: page writes that fail on prefill's side mid-transfer (an RDMA or session error,
+    `prefill_write_error`): prefill fails the transfer and tells decode while its other writes of
+    the grant may still be on the wire. 0 by default, for the same reason as `max_partitions`;
+    `--set max_write_errors=1` turns it on."""
     response_bound: int = 0
     """Bounded response: once faults stop, steps within which every request must end; 0 = any
     finite bound (no cycle, no stuck state)."""
@@ -157,6 +162,7 @@ class Config:
             "max_cancels",
             "max_prefill_aborts",
             "max_partitions",
+            "max_write_errors",
             "response_bound",
             "max_retries",
         )

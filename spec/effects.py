@@ -420,6 +420,7 @@ _FAULTS = {
     "prefill_aborts_spent": "prefill_aborts",
     "retries_spent": "retries",  # kept in `Faults`, but not a fault (see `Faults.retries`)
     "partitions_spent": "partitions",
+    "write_errors_spent": "write_errors",
 }
 _WITHDRAW = ("answered",)
 """The client's answer, which an effect may only withdraw (`assign(answered(r), False)`: a retry

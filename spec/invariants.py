@@ -998,16 +998,21 @@ def fenced_writes_land_in_held_pages() -> Term:
                 And(held(m.req), forall(PAGE, lambda q: m.has_page(q) == d_holds(m.req, q))),
             ),
         ),
-        # A failure notice, a completion or a drain ack in flight: the writes they speak for
-        # are over (of the same rank, for completions and acks).
+        # A failure notice in flight: prefill stopped, but writes of the grant it names may be
+        # on the wire behind it (a failed write does not recall the others); of no other grant
+        # (none at all behind a notice sent before any grant, generation 0). Decode fences on
+        # the notice of a grant it holds, so they still land in its pages.
         # (A retry's earlier attempt's messages speak for that attempt's writes only.)
         each_message(
             ["failure"],
             lambda m: Or(
                 _stale_message(m),
-                each_write(lambda w: Not(And(w.req == m.req, current_write(w)))),
+                each_write(lambda w: Not(And(w.req == m.req, current_write(w), w.gen != m.gen))),
             ),
         ),
+        # A completion or a drain ack in flight: the writes it speaks for are over (of the same
+        # rank).
+        # (A retry's earlier attempt's messages speak for that attempt's writes only.)
         # Decode takes a completion or a drain ack for the grant of its generation, so what
         # one claims is about that grant's writes: a drain ack owed by a retried request's
         # first attempt may be sent while the second attempt's writes are on the wire.

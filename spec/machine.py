@@ -107,6 +107,7 @@ from kvhandoff.spec.actions import (
     PrefillRestart,
     PrefillSendAbortAck,
     PrefillSendCompletion,
+    PrefillWriteError,
     PrefillWritePage,
     RetransmitMessage,
     RouterRetryRequest,
@@ -203,6 +204,7 @@ from kvhandoff.spec.vocabulary import (
     max_prefill_aborts,
     max_retries,
     max_timeouts,
+    max_write_errors,
     next_gen,
     not_as_is,
     ok_after_crash,
@@ -255,6 +257,7 @@ from kvhandoff.spec.vocabulary import (
     timeouts_spent,
     truncated_len,
     waits_for,
+    write_errors_spent,
 )
 
 
@@ -805,8 +808,11 @@ def _decode_receive_completion_effect(design: Design) -> EffectFormula:
 
 # --- decode_receive_failure ----------------------------------------------------------------------
 #
-# Prefill's failure notices (a rejection, an abort, an expired lease) fail the request at decode;
-# prefill has stopped, so decode sends no abort of its own.
+# Prefill's failure notices (a rejection, an abort, an expired lease, a failed write) fail the
+# request at decode. Prefill has stopped, but a notice of a grant (generation not 0) may overtake
+# writes of that grant still on the wire (`prefill_write_error`): on a drain-fenced design decode
+# therefore sends an abort and holds the pages until the drain ack, as after an abort of its own
+# (`Design.fence_on_prefill_failure`). A notice sent before any grant has no write behind it.
 
 
 def _decode_receive_failure_guard(design: Design) -> GuardFormula:
@@ -825,12 +831,17 @@ def _decode_receive_failure_effect(design: Design) -> EffectFormula:
                 d_inst(t) == m.dinst,  # a request of the decode instance it was sent to
             )
 
+        # Where decode fences (see above), the abort that asks prefill for the drain ack.
+        drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        fence = drain and design.fence_on_prefill_failure
+
         def fail(t: Var, hit: Term) -> Updates:
             out: list[Any] = []
+            abort = And(d(t) == "reserved", m.gen != 0) if fence else FALSE
             for reason in FAILURE_REASONS:
                 why = f"prefill reported failure: {reason}"
                 when = And(hit, applies(t), m.reason_is(reason))
-                out += [_decode_fail_effect(design, t, why, when, FALSE)]
+                out += [_decode_fail_effect(design, t, why, when, abort)]
             return out
 
         if design.matching == "room":
@@ -1407,6 +1418,43 @@ def _prefill_abort_effect(design: Design) -> EffectFormula:
     return effect(body)
 
 
+# --- prefill_write_error -------------------------------------------------------------------------
+#
+# Push path: a page write fails on prefill's side (an RDMA error, a broken session) while others of
+# the same grant are still on the wire, on another queue or another rank's engine. Prefill fails
+# the transfer at once and tells decode (SGLang's `transfer_worker`: `record_failure`, then the
+# Failed status to every destination of the room, whatever its abort policy); the other writes
+# are not recalled and may still land. Unlike `prefill_abort_request`, which gives up between
+# writes, the notice can now overtake writes of the grant it names: "prefill stopped" no longer
+# means "nothing of prefill's is still coming".
+
+
+def _prefill_write_error_guard(design: Design) -> GuardFormula:
+    if design.transfer != "push":
+        return guard(lambda r: FALSE)  # the pull path's failed reads are `network_fail_transfer`
+    return guard(
+        lambda r: And(
+            _within_budget(write_errors_spent(), max_write_errors()),
+            p(r) == "granted",
+            _writes_in_flight_for(r),
+        )
+    )
+
+
+def _prefill_write_error_effect(design: Design) -> EffectFormula:
+    def body(r: Var) -> Updates:
+        out: list[Any] = [
+            assign(write_errors_spent(), write_errors_spent() + 1),
+            _stop_prefill_effect(r, TRUE),
+            send("failure", r, gen=p_gen(r), reason="aborted"),
+        ]
+        if design.router_honours_prefill_error:
+            out += [answer_error(r, "aborted by prefill")]
+        return out
+
+    return effect(body)
+
+
 # --- prefill_restart -----------------------------------------------------------------------------
 
 
@@ -1741,6 +1789,7 @@ FAULT_GROUPS: tuple[tuple[type, ...], ...] = (
     (ClientCancelRequest,),
     (DecodeWaitingTimeout,),
     (PrefillAbortRequest,),
+    (PrefillWriteError,),
     (PrefillRestart,),
     (DecodeRestart,),
     (DecodeSuspectPrefillDead,),
@@ -1772,6 +1821,7 @@ RULE_GUARDS: dict[str, Callable[[Design], GuardFormula]] = {
     "client_cancel_request": _client_cancel_guard,
     "decode_waiting_timeout": _decode_waiting_timeout_guard,
     "prefill_abort_request": _prefill_abort_guard,
+    "prefill_write_error": _prefill_write_error_guard,
     "decode_restart": _decode_restart_guard,
     "decode_suspect_prefill_dead": _decode_suspect_prefill_dead_guard,
     "prefill_lease_expire": _prefill_lease_expire_guard,
@@ -1812,6 +1862,7 @@ RULE_EFFECTS: dict[str, Callable[[Design], EffectFormula]] = {
     "client_cancel_request": _client_cancel_effect,
     "decode_waiting_timeout": _decode_waiting_timeout_effect,
     "prefill_abort_request": _prefill_abort_effect,
+    "prefill_write_error": _prefill_write_error_effect,
     "decode_restart": _decode_restart_effect,
     "decode_suspect_prefill_dead": _decode_suspect_prefill_dead_effect,
     "prefill_lease_expire": _prefill_lease_expire_effect,

@@ -383,6 +383,7 @@ class Faults(NamedTuple):
     # ration it, or a scenario with one fault could never retry the request that fault failed).
     retries: int = 0
     partitions: int = 0  # decode took a live prefill for dead (`decode_suspect_prefill_dead`)
+    write_errors: int = 0  # a page write of prefill's failed mid-transfer (`prefill_write_error`)
 
     @property
     def total(self) -> int:
@@ -394,6 +395,7 @@ class Faults(NamedTuple):
             + self.cancels
             + self.prefill_aborts
             + self.partitions
+            + self.write_errors
         )
 
 

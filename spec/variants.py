@@ -146,6 +146,15 @@ class Design:
     deferred release resolves on its 30 s timeout after heartbeat loss). Matters only where
     release waits for the drain ack."""
 
+    fence_on_prefill_failure: bool = True
+    """On a drain-fenced design, a failure notice from prefill for a grant decode holds fences
+    release like decode's own abort: decode sends the abort for the generation and frees the pages
+    only on prefill's drain ack (SGLang: after an RDMA or session failure's Failed status, the
+    deferred release waits for the ack). The notice says prefill stopped, not that its writes
+    drained: a failed write does not recall the others (`prefill_write_error`). False: decode
+    releases at once (`release_on_prefill_failure`). Matters only where release waits for the
+    drain ack."""
+
     load_failure: LoadFailure = "fail"
     """Pull: what decode does when a read of a page fails. `fail`: the request fails (vLLM's
     `kv_load_failure_policy="fail"`, its default since PR #34896). `recompute`: decode computes
@@ -322,6 +331,7 @@ FAULT_COUNTS = frozenset(
         "drops_spent",
         "duplicates_spent",
         "partitions_spent",
+        "write_errors_spent",
     }
 )
 """The fault counts a fault's effect spends (their sum is `faults_spent`)."""
@@ -1132,6 +1142,26 @@ VARIANTS: tuple[Variant, ...] = (
         release_fence="drain_ack",
         fence_survives_suspicion=False,
         config={"max_partitions": 1},
+    ),
+    _R.derive(
+        "release_on_prefill_failure",
+        "One-sided, drain-fenced: decode releases at once on prefill's failure notice.",
+        breaks=("no_late_write_lands_in_reallocated_page", "freed_pages_hold_no_readable_data"),
+        explanation=(
+            "No M-number: the window behind SGLang's deferred release after a Failed status "
+            "(engines.md 2.7: an RDMA or session failure, Failed and m7 to decode, release "
+            "deferred until the ack). Decode fences its own aborts but takes prefill's failure "
+            "notice as proof that prefill stopped writing, and frees the pages at once. A write "
+            "that fails on prefill's side does not recall the others of the grant, and nothing "
+            "at the receiver refuses a one-sided write: one lands in a page decode has freed "
+            "(10 steps), which then holds the tenant's data for whoever is granted it next. `one_sided_fenced` sends the abort and waits for the "
+            "ack (`fence_on_prefill_failure`); the reference refuses the late write. Checked "
+            "with one failed write allowed (`max_write_errors=1`): the bug needs it."
+        ),
+        write_path="one_sided",
+        release_fence="drain_ack",
+        fence_on_prefill_failure=False,
+        config={"max_write_errors": 1},
     ),
     _R.derive(
         "reference_pull",

@@ -278,6 +278,12 @@ partitions_spent = _sym(
     INT,
     "how many partitions (decode taking a live prefill for dead) the budget has spent",
 )
+write_errors_spent = _sym(
+    "write_errors_spent",
+    (),
+    INT,
+    "how many failed page writes (prefill failing a transfer mid-flight) the budget has spent",
+)
 faults_spent = _sym("faults_spent", (), INT, "how many faults of any kind have happened")
 max_faults = _sym("max_faults", (), INT, "how many faults a run may have in all (rigid)")
 max_drops = _sym("max_drops", (), INT, "how many message losses a run may have (rigid)")
@@ -295,6 +301,12 @@ max_partitions = _sym(
     (),
     INT,
     "how many partitions in which decode takes a live prefill for dead a run may have (rigid)",
+)
+max_write_errors = _sym(
+    "max_write_errors",
+    (),
+    INT,
+    "how many page writes may fail on prefill's side mid-transfer in a run (rigid)",
 )
 room = _sym("room", (REQ,), INT, "the room the router gave request r (rigid)")
 pending_ack = _sym(
@@ -477,6 +489,7 @@ CONCRETE = PythonReading(
         "prefill_aborts_spent": "S.faults.prefill_aborts",
         "duplicates_spent": "S.faults.duplicates",
         "partitions_spent": "S.faults.partitions",
+        "write_errors_spent": "S.faults.write_errors",
         "faults_spent": "S.faults.total",
         "max_faults": "C.max_faults",
         "max_crashes": "C.max_crashes",
@@ -486,6 +499,7 @@ CONCRETE = PythonReading(
         "max_cancels": "C.max_cancels",
         "max_prefill_aborts": "C.max_prefill_aborts",
         "max_partitions": "C.max_partitions",
+        "max_write_errors": "C.max_write_errors",
         "room": "C.requests[{0}].room",
         "pending_ack": "any(a[2] == {0} for a in S.pending_acks)",
         "pending_ack_gen": "next((a[1] for a in S.pending_acks if a[2] == {0}), 0)",

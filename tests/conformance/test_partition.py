@@ -17,9 +17,9 @@ from kvhandoff.conformance import campaign
 from kvhandoff.conformance.inproc import InProcTarget
 from kvhandoff.conformance.lockstep import Divergence, Session, run_program
 from kvhandoff.conformance.replay import replay_trace
-from kvhandoff.conformance.validate import Ids, Validator
+from kvhandoff.conformance.validate import Validator
 from kvhandoff.impl.core import decode as dc
-from kvhandoff.spec import Config, get_variant
+from kvhandoff.spec import get_variant
 from kvhandoff.spec.actions import (
     Action,
     DecodeAdmitRequest,
@@ -32,18 +32,13 @@ from kvhandoff.spec.actions import (
 )
 from kvhandoff.spec.trace import Trace, load_trace
 from tests.explored import explored
+from tests.stepping import log_ids, take_in
 
 CONFIG = replace(campaign.campaign_config(), max_partitions=1)
 DATA = Path(__file__).parent / "data"
 
 
-def _ids(config: Config) -> Ids:
-    return Ids(config.page_size, {f"r{r}": r for r in range(len(config.requests))})
-
-
-def _take(session: Session, kind: type) -> bool:
-    (action,) = [a for a in session.enabled() if isinstance(a, kind)]
-    return session.do(action)
+_ids, _take = log_ids, take_in
 
 
 def _granted_and_writing() -> Session:

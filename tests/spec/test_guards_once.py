@@ -62,6 +62,8 @@ WIDE = [
 ]
 """A prompt decode rejects, two of three requests in progress at once, submitted in any order
 (no faults: the small scenario has them; with them this one is many times larger)."""
+FAILED_WRITE = [*SMALL, "max_write_errors=1"]
+"""The small scenario with a page write that may fail on prefill's side (off by default)."""
 
 Seen = dict[str, set[bool]]
 
@@ -160,6 +162,12 @@ def test_they_agree_with_two_prefill_ranks_acknowledging_a_drain(seen: Seen) -> 
     assert _agree("one_sided_fenced", [*SMALL, "prefill_ranks=2"], seen) > 500
 
 
+def test_they_agree_with_a_failed_write(seen: Seen) -> None:
+    # The notice that overtakes the writes, on the design that answers it with an abort and
+    # waits for the drain ack (the others keep the branch the tests above compare).
+    assert _agree("one_sided_fenced", FAILED_WRITE, seen) > 500
+
+
 def test_they_agree_with_a_client_retry(seen: Seen) -> None:
     # With and without the attempt fence: the stale first-attempt messages the retry meets.
     assert _agree("reference", [*SMALL, "max_retries=1"], seen) == 30_334
@@ -176,6 +184,7 @@ def test_each_formula_is_enabled_somewhere_and_disabled_somewhere(seen: Seen) ->
         for name in VARIANTS:
             _agree(name, SMALL, seen)
         _agree("reference", WIDE, seen)
+        _agree("one_sided_fenced", FAILED_WRITE, seen)
     assert {name: seen[name] for name in RULE_GUARDS} == {
         name: {True, False} for name in RULE_GUARDS
     }
