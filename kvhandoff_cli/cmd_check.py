@@ -89,6 +89,15 @@ def register(sub: Any) -> None:
         "evaluate each safety property's and witness's formula (what the Z3 engines check) "
         "beside its Python function, naming any that disagree. Roughly doubles the search time",
     )
+    p.add_argument(
+        "--no-reduce",
+        action="store_true",
+        help="explicit search: store every state. By default states that differ only in ghost "
+        "flags that only witnesses read (a freed page was reused, a cancel came mid-transfer, "
+        "...) are one state: the same verdicts, counterexamples and witnesses, fewer states "
+        "(model_checker/reduction.py; turned off by itself for a variant with Python guards or "
+        "effects)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--junit",
@@ -234,6 +243,11 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
     print(
         f"variant {result.variant}, engine {result.engine}{states} in {result.seconds:.2f} s{speed}"
     )
+    if result.extra.get("cleared_flags"):
+        print(
+            "  (states that differ only in ghost flags no step or property reads counted once: "
+            "--no-reduce counts each)"
+        )
     for r in result.results:
         label = {
             "holds": "holds   ",
@@ -506,12 +520,15 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError("--dot needs --engine explore")
     if args.invariants and args.engine not in ("explore", "all"):
         raise UsageError(f"--invariants applies to --engine explore (or all), not {args.engine!r}")
+    if args.no_reduce and args.engine not in ("explore", "all"):
+        raise UsageError(f"--no-reduce applies to --engine explore (or all), not {args.engine!r}")
     options = EngineOptions(
         depth=args.depth,
         timeout=args.timeout,
         max_states=args.max_states,
         first=args.first,
         invariants=args.invariants,
+        reduce=not args.no_reduce,
     )
     names = list(ENGINES) if args.engine == "all" else [args.engine]
     runs = [run_engine(name, variant, config, options) for name in names]

@@ -49,13 +49,22 @@ class EngineOptions:
     """BMC only: stop at the first depth where some property fails."""
     invariants: bool = False
     """Explicit search only: evaluate spec/invariants.py's formulas on every state."""
+    reduce: bool = True
+    """Explicit search only: count states that differ only in ghost flags that only witnesses
+    read as one (`model_checker/reduction.py`)."""
 
 
 Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
 
 
 def _explore(variant: Variant, config: Config, options: EngineOptions) -> CheckResult:
-    result = explore(variant, config, max_states=options.max_states, invariants=options.invariants)
+    result = explore(
+        variant,
+        config,
+        max_states=options.max_states,
+        invariants=options.invariants,
+        reduce=options.reduce,
+    )
     _remember_explored(variant, config, result)
     return result
 
@@ -73,6 +82,11 @@ the matrix has just run. The variant is kept in the value so that its id is not 
 def _remember_explored(variant: Variant, config: Config, result: CheckResult) -> None:
     if result.extra.get("complete"):
         _EXPLORED[(id(variant), config)] = (variant, result)
+
+
+_UP_TO = ", up to ghost flags no property reads"
+"""A reduced search's depth (`model_checker/reduction.py`): every reachable state is, in all a
+property reads, one of its states, so a violation anywhere has one within that depth."""
 
 
 def state_space_depth(variant: Variant, config: Config) -> CheckResult | None:
@@ -124,11 +138,12 @@ def bmc_completeness(variant: Variant, config: Config, result: CheckResult) -> C
                 f"BMC finds no violation of {r.property} up to depth {r.depth}, but the explorer "
                 f"finds one of {theirs.depth} steps on the same variant and configuration"
             )
+    up_to = _UP_TO if searched.extra.get("cleared_flags") else ""
     if depth >= diameter:
         why = (
             f"complete: depth {depth} >= {diameter}, the depth of the state space (explicit "
             f"search of the same variant and configuration: {states:,} states, each within "
-            f"{diameter} steps of the initial state)"
+            f"{diameter} steps of the initial state{up_to})"
         )
         for r in bounded:
             r.verdict = "holds"
@@ -137,7 +152,7 @@ def bmc_completeness(variant: Variant, config: Config, result: CheckResult) -> C
     else:
         why = (
             f"not complete: the state space is {diameter} steps deep (explicit search: "
-            f"{states:,} states); --depth {diameter} would make this bound complete"
+            f"{states:,} states{up_to}); --depth {diameter} would make this bound complete"
         )
         result.extra["completeness"] = {"complete": False, "reason": why, "diameter": diameter}
     return result

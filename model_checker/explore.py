@@ -19,10 +19,16 @@ every request to an end. A state with no protocol step left that is not done ("s
 of protocol steps among states that are not done, breaks it; otherwise the bound is the longest
 protocol-only path to a done state, reported as `response_bound`.
 
-The search keeps every state: no symmetry reduction. Decode's pages look interchangeable, but two
-rules read their order (lowest free pages first; a grant written in page order), so states equal
-up to a page relabelling can behave differently, and keeping one per class changed the incident's
-shortest counterexample (see `spec/symmetry.py`, benchmarks/results/symmetry.txt).
+One reduction, on by default (`reduce=False` turns it off): states that differ only in the ghost
+flags that only witnesses read ("a freed page was reused", "a cancel came mid-transfer") are
+stored once, with those flags cleared, and the witnesses that read them are asked on the step
+that sets one (`model_checker/reduction.py`: why the verdicts, the safety counterexamples, the
+witnesses and the termination bound are those of the full search; 180,154 states for the
+reference on the default scenario where the full search has 257,024). No symmetry reduction:
+decode's pages look interchangeable, but two rules read their order (lowest free pages first; a
+grant written in page order), so states equal up to a page relabelling can behave differently,
+and keeping one per class changed the incident's shortest counterexample (see
+`spec/symmetry.py`, benchmarks/results/symmetry.txt).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 import networkx as nx
 
 from kvhandoff.model_checker import progress
+from kvhandoff.model_checker.reduction import Eraser, erasable_ghost_flags, flag_witnesses
 from kvhandoff.model_checker.result import CheckResult, PropertyResult, Verdict
 from kvhandoff.spec.actions import Action, action_name, is_fault
 from kvhandoff.spec.compiled import rules
@@ -82,6 +89,15 @@ class StateGraph:
     witness_disagreements: dict[str, int] | None = None
     """The same for the `sometimes` witnesses: the first state where a witness's formula (what
     the Z3 engines search for) and its Python function disagree."""
+    cleared: tuple[str, ...] = ()
+    """The ghost flags cleared in every stored state (`model_checker/reduction.py`): empty
+    unless the search was asked to `reduce`."""
+
+    def stored(self, state: State) -> State:
+        """`state` as the search stores it (its cleared flags cleared)."""
+        if not self.cleared:
+            return state
+        return evolved(state, {"ghost": evolved(state.ghost, dict.fromkeys(self.cleared, False))})
 
     def path_to(self, index: int) -> tuple[Action, ...]:
         actions: list[Action] = []
@@ -174,13 +190,17 @@ def build_graph(
     max_states: int | None = None,
     keep_edges: bool = False,
     invariants: bool = False,
+    reduce: bool = False,
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     """Breadth-first search. Returns the graph, the index of the first state violating each
     `always` property, and which witnesses were reached. With `invariants`, it also evaluates
     every invariant of `spec/invariants.py` (the formulas kind and prove use) on every state,
-    and every property's and witness's formula beside its Python function."""
+    and every property's and witness's formula beside its Python function. With `reduce`, the
+    states are stored with the ghost flags only witnesses read cleared
+    (`model_checker/reduction.py`): the same verdicts, counterexamples and witnesses, fewer
+    states; the graph's states are then those cleared states."""
     with _cyclic_gc_paused():
-        return _search(variant, config, max_states, keep_edges, invariants)
+        return _search(variant, config, max_states, keep_edges, invariants, reduce)
 
 
 def _search(
@@ -189,7 +209,14 @@ def _search(
     max_states: int | None,
     keep_edges: bool,
     check_invariants: bool = False,
+    reduce: bool = False,
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
+    checked = invariants_of(variant) if check_invariants else ()
+    # The ghost flags only witnesses read (`model_checker/reduction.py`): each stored state has
+    # them cleared, and the witnesses that read them are asked on the step that sets one.
+    cleared = erasable_ghost_flags(variant, [inv.formula for inv in checked]) if reduce else ()
+    eraser = Eraser(cleared) if cleared else None
+    flag_watch = list(flag_witnesses(cleared)) if cleared else []
     s0 = init(config)
     index: dict[State, int] = {s0: 0}
     states = [s0]
@@ -213,7 +240,6 @@ def _search(
 
     drain = variant.design.release_fence in ("drain_ack", "ack_or_timeout")
     invariant_failures: dict[str, int] = {}
-    checked = invariants_of(variant) if check_invariants else ()
     unbroken = [(inv.name, inv.compiled()) for inv in checked]
     disagreements: dict[str, int] = {}
     # Each property's formula beside its Python function, on every state, until they disagree.
@@ -336,6 +362,15 @@ def _search(
         for action in actions:
             kind = type(action)
             t = effect_of[kind](config, s, action)
+            if eraser is not None and t.ghost is not s.ghost:
+                # A step that set a ghost flag: the witnesses reading cleared flags are asked
+                # here, on the state as the step left it, and then the flags are cleared.
+                if flag_watch:
+                    for w in [w for w in flag_watch if w.reached(config, t)]:
+                        witnesses[w.name] = True
+                        flag_watch.remove(w)
+                        pending_witnesses = [p for p in pending_witnesses if p is not w]
+                t = eraser.state(t)
             fault = fault_kind.get(kind)
             if fault is None:
                 fault = fault_kind[kind] = is_fault(action)
@@ -386,6 +421,7 @@ def _search(
         invariant_failures if check_invariants else None,
         disagreements if check_invariants else None,
         witness_disagreements if check_invariants else None,
+        cleared,
     )
     return graph, first_violation, witnesses
 
@@ -480,7 +516,10 @@ def _steps_along(
     for a, b in itertools.pairwise(nodes):
         source, target = graph.states[a], graph.states[b]
         for action in enabled(variant, config, source):
-            if not is_fault(action) and step(variant, config, source, action) == target:
+            if (
+                not is_fault(action)
+                and graph.stored(step(variant, config, source, action)) == target
+            ):
                 out.append(action)
                 break
         else:
@@ -510,7 +549,11 @@ def _stuck_detail(config: Config, state: State) -> str:
 
 
 def explore(
-    variant: Variant, config: Config, max_states: int | None = None, invariants: bool = False
+    variant: Variant,
+    config: Config,
+    max_states: int | None = None,
+    invariants: bool = False,
+    reduce: bool = True,
 ) -> CheckResult:
     """Check every property of `variant` on `config` by exhaustive search; with `invariants`,
     also evaluate the proof's invariants, and the formulas of the properties and witnesses
@@ -524,11 +567,16 @@ def explore(
     counterexample, with that placement's configuration (what its trace replays on); otherwise
     the placements' results are one: a property holds when it holds on every placement, a
     witness is reached when some placement reaches it, and the states are the placements'
-    together. `extra["placements"]` lists each placement's own verdict."""
+    together. `extra["placements"]` lists each placement's own verdict.
+
+    With `reduce` (the default), states that differ only in ghost flags no guard, effect or
+    `always` property reads are one (`model_checker/reduction.py`: the same verdicts,
+    counterexamples and witnesses); `states` counts them once, and `extra["cleared_flags"]`
+    names the flags. `reduce=False` counts every state."""
     fixed = placements(config)
     if len(fixed) == 1 and fixed[0] is config:
-        return _explore_one(variant, config, max_states, invariants)
-    runs = [_explore_one(variant, c, max_states, invariants) for c in fixed]
+        return _explore_one(variant, config, max_states, invariants, reduce)
+    runs = [_explore_one(variant, c, max_states, invariants, reduce) for c in fixed]
     return union_of_placements(config, runs)
 
 
@@ -618,12 +666,12 @@ def union_of_placements(config: Config, runs: list[CheckResult]) -> CheckResult:
 
 
 def _explore_one(
-    variant: Variant, config: Config, max_states: int | None, invariants: bool
+    variant: Variant, config: Config, max_states: int | None, invariants: bool, reduce: bool
 ) -> CheckResult:
     """`explore` on one fixed placement."""
     started = time.perf_counter()
     graph, first_violation, witnesses = build_graph(
-        variant, config, max_states, invariants=invariants
+        variant, config, max_states, invariants=invariants, reduce=reduce
     )
     results: list[PropertyResult] = []
     for prop in ALWAYS:
@@ -697,6 +745,7 @@ def _explore_one(
             "states_per_second": round(len(graph.states) / seconds) if seconds > 0 else None,
             "deployment": {name: check(config) for name, check in DEPLOYMENT},
             "expected_breaks": list(variant.breaks),
+            "cleared_flags": list(graph.cleared),
             **extra_invariants,
         },
     )

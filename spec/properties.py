@@ -81,8 +81,10 @@ class Property:
     witness: str = ""
     """The name of the `sometimes` property that shows this one is not vacuous."""
     reads: tuple[str, ...] = ()
-    """What `holds` reads: `State` fields, or `requests.FIELD` (`pages.FIELD`) for one field of
-    every request (page) (empty: it may read anything)."""
+    """What `holds` reads: `State` fields, `requests.FIELD` (`pages.FIELD`) for one field of
+    every request (page), or `ghost.FIELD` (`faults.FIELD`) for one field of that record
+    (empty: it may read anything). The explorer relies on it: the ghost flags no property
+    reads are merged away (`model_checker/reduction.py`)."""
     each_request: Callable[[Config, int, ReqState], bool] | None = None
     """For a claim about each request on its own: the claim about request r, which reads only
     r's `ReqState` and the config. `holds` is then this claim for every request."""
@@ -513,7 +515,7 @@ ALWAYS: tuple[Property, ...] = (
         "a write lands only in a page owned by its own request and generation",
         no_late_write_lands_in_reallocated_page,
         "can_refuse_or_fence_late_write",
-        reads=("ghost",),
+        reads=("ghost.late_landing",),
         formula=no_late_landing(),
     ),
     Property(
@@ -657,6 +659,10 @@ def _unchanged(reads: tuple[str, ...], before: State, after: State) -> bool:
             continue
         if not field:
             return False
+        if hasattr(old, "_fields"):  # `ghost.FIELD`, `faults.FIELD`: a field of one record
+            if getattr(old, field) != getattr(new, field):
+                return False
+            continue
         # `requests.FIELD` or `pages.FIELD`: that field of each request (page) that changed.
         for i in changed_positions(old, new):
             if getattr(old[i], field) != getattr(new[i], field):

@@ -21,7 +21,7 @@ sorted so that two states with the same contents compare equal.
 A state, and each of its parts (a request, a page, a message, a write, a data tag, an answer, the
 fault budget, the ghost flags), is a *record*: a named tuple, immutable, whose fields are read by
 name. Records rather than frozen dataclasses because the explorer makes, hashes and compares a
-state for every transition and keeps every state it finds: a tuple is hashed and compared in C,
+state for every transition and keeps every state it stores: a tuple is hashed and compared in C,
 field by field, and carries no dictionary of its own (benchmarks/results/explore.txt has what
 that saved). A changed copy is `evolve(record, field=value)`; `dataclasses.replace` and
 `dataclasses.fields` accept records too.

@@ -12,17 +12,21 @@ TINY = ["requests=a:1:1", "decode_pages=1", "max_faults=0"]
 
 
 def test_state_counts_of_two_small_configs_are_pinned() -> None:
-    tiny = explore(get_variant("reference"), parse_set(default_config(), TINY))
+    tiny = explore(get_variant("reference"), parse_set(default_config(), TINY), reduce=False)
     assert (tiny.states, tiny.extra["transitions"]) == (16, 18)
-    small = explore(get_variant("reference"), parse_set(default_config(), SMALL))
+    small = explore(get_variant("reference"), parse_set(default_config(), SMALL), reduce=False)
     assert (small.states, small.extra["transitions"]) == (5040, 12415)
-    small_incident = explore(get_variant("incident"), parse_set(default_config(), SMALL))
+    small_incident = explore(
+        get_variant("incident"), parse_set(default_config(), SMALL), reduce=False
+    )
     assert small_incident.states == 4467
 
 
 def test_with_two_prefill_ranks_the_small_config_grows_and_the_reference_stays_safe() -> None:
     result = explore(
-        get_variant("reference"), parse_set(default_config(), [*SMALL, "prefill_ranks=2"])
+        get_variant("reference"),
+        parse_set(default_config(), [*SMALL, "prefill_ranks=2"]),
+        reduce=False,
     )
     assert (result.states, result.extra["transitions"]) == (11513, 35387)
     assert result.verdict == "safe" and all(result.witnesses.values())

@@ -131,7 +131,11 @@ def _with_parts(base: State, source: State, reads: tuple[str, ...]) -> State:
         else:
             changes[name] = getattr(source, name)
     for name, names in item_fields.items():
-        if name not in changes:
+        if name not in changes and hasattr(getattr(base, name), "_fields"):  # one record
+            changes[name] = replace(
+                getattr(base, name), **{f: getattr(getattr(source, name), f) for f in names}
+            )
+        elif name not in changes:
             changes[name] = tuple(
                 replace(q, **{f: getattr(src, f) for f in names})
                 for q, src in zip(getattr(base, name), getattr(source, name), strict=True)
