@@ -238,7 +238,7 @@ def _search(
     # states of that depth with fewer faults may break them too (see the module docstring).
     improvable: list[Any] = []
 
-    drain = variant.design.release_fence in ("drain_ack", "ack_or_timeout")
+    drain = variant.design.drain_fenced
     invariant_failures: dict[str, int] = {}
     unbroken = [(inv.name, inv.compiled()) for inv in checked]
     disagreements: dict[str, int] = {}

@@ -239,7 +239,7 @@ class FixedReading(Reading):
 
     def __init__(self, enc: Encoding, s: SymState) -> None:
         self.enc, self.s = enc, s
-        self.drain = enc.design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.drain = enc.design.drain_fenced
         self._domains: dict[Sort, Sequence[int]] = {
             REQ: range(enc.n),
             PAGE: range(enc.np),

@@ -503,7 +503,7 @@ class Model:
             self.guards.update({n: h.formula for n, h in variant.formula_guards().items()})
             self.effects.update({n: h.formula for n, h in variant.formula_effects().items()})
             self.fields = dict(variant.state_fields)
-        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.drain = design.drain_fenced
         self.counts: dict[str, tuple[Count, list[tuple[Var, Any]]]] = {}
         """Each count's shape: the term and its free variables (with their Z3 sorts)."""
         self._count_fns: dict[tuple[str, str], Any] = {}
@@ -1628,7 +1628,7 @@ class Simulator:
             raise Untranslatable("the derived any-size model has one prefill rank")
         self.design, self.config = design, config
         self.model, self._before = shared_model(design, variant)
-        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.drain = design.drain_fenced
         n, m = len(config.requests), config.decode_pages
         self.reqs = [z3.Const(f"R{i}", Req) for i in range(n)]
         self.pages = [z3.Const(f"Q{j}", Page) for j in range(m)]

@@ -686,7 +686,7 @@ class Encoding:
             add("prefill_receive_cancel", (r,))
         # Abort acks exist only where release waits for them: elsewhere no pending ack is ever
         # recorded, so these instances (and every abort_ack slot) are never enabled.
-        acks = d.release_fence in ("drain_ack", "ack_or_timeout")
+        acks = d.drain_fenced
         kinds = KINDS if acks else tuple(k for k in KINDS if k != "abort_ack")
         kinds += tuple(
             slot_kind(kind, k) for kind in RANKED if kind in kinds for k in range(1, self.ranks)

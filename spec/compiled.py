@@ -474,7 +474,7 @@ def compile_enabled(variant: Any, config: Any = None) -> Enabled:
     from kvhandoff.spec.vocabulary import _read_pages, _read_shard, _shard
 
     design = variant.design
-    drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+    drain = design.drain_fenced
     out = _Writer()
     out.emit(1, "_reqs = range(len(S.requests))")
     out.emit(1, "_pages = range(len(S.pages))")
@@ -871,7 +871,7 @@ def compile_effect(
             )
         return False
 
-    drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+    drain = design.drain_fenced
     updates_in = eff.updates
     if config is not None:
         # Made for one configuration (and maybe one request): what they fix is folded first.
@@ -1236,7 +1236,7 @@ def compile_effect(
     body = "\n".join(out.lines[3:])
     prelude = [line for line in out.lines[:3] if line.split()[0] in body]
     out.lines[:3] = prelude  # the sizes only the updates that range over them need
-    drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+    drain = design.drain_fenced
     if kind is not None:
         # Called with the action: its arguments are read off it first.
         params = ", A"
@@ -1527,7 +1527,7 @@ class _Effects(dict[type, Callable[[Any, State, Any], State]]):
         else:
             raise KeyError(kind)
         compiled = self._compiler(kind, name, formula)
-        drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        drain = design.drain_fenced
         calls = [0]
 
         def warming(C: Any, S: State, A: Any) -> State:

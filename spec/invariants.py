@@ -178,7 +178,7 @@ class Invariant:
     def holds(self, config: Config, state: State, design: Design | None = None) -> bool:
         """The invariant on one concrete state. Without a design, design-dependent clauses are
         read at their weakest (a drain fence is assumed present)."""
-        drain = design is None or design.release_fence in ("drain_ack", "ack_or_timeout")
+        drain = design is None or design.drain_fenced
         return self.compiled()(state, config, drain)
 
     def compiled(self) -> Callable[[State, Config, bool], bool]:

@@ -312,7 +312,7 @@ def _decode_fail_effect(
     then waits for prefill's ack (`d_awaiting_ack`), unless `fence` is False: the caller's design
     releases without it (`fence_survives_suspicion`)."""
     reserved = d(r) == "reserved"
-    fenced = fence and design.release_fence in ("drain_ack", "ack_or_timeout")
+    fenced = fence and design.drain_fenced
     return [
         send("abort", r, gen=If(reserved, d_gen(r), 0), when=And(when, abort)),
         answer_error(r, reason, when=when),
@@ -832,7 +832,7 @@ def _decode_receive_failure_effect(design: Design) -> EffectFormula:
             )
 
         # Where decode fences (see above), the abort that asks prefill for the drain ack.
-        drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        drain = design.drain_fenced
         fence = drain and design.fence_on_prefill_failure
 
         def fail(t: Var, hit: Term) -> Updates:
@@ -1020,7 +1020,7 @@ def _prefill_receive_abort_effect(design: Design) -> EffectFormula:
 
         def abort(t: Var, hit: Term) -> Updates:
             out: list[Any] = [_stop_prefill_effect(t, And(hit, stops(t)))]
-            if design.release_fence in ("drain_ack", "ack_or_timeout"):
+            if design.drain_fenced:
                 owes = And(hit, m.gen != 0)
                 out += [
                     assign(pending_ack(t), True, when=owes),

@@ -170,6 +170,13 @@ class Design:
     generation, and a read that lands after the recompute overwrites a recomputed page with
     whatever the source block holds by then."""
 
+    @property
+    def drain_fenced(self) -> bool:
+        """Decode's release after an abort waits for prefill's drain ack (`drain_ack`; or
+        `ack_or_timeout`, where a timeout may stand in for it, M8): the designs whose aborts
+        prefill must acknowledge once its writes drained."""
+        return self.release_fence in ("drain_ack", "ack_or_timeout")
+
     def __post_init__(self) -> None:
         # Every option is a closed choice: the Literal (or bool) it is declared with lists the
         # values the engines know. Anything else is rejected here, so a catalogue entry, a
@@ -216,7 +223,7 @@ class FormulaGuard:
 
     def __init__(self, name: str, kind: type, formula: GuardFormula, design: Design) -> None:
         self.name, self.kind, self.formula = name, kind, formula
-        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.drain = design.drain_fenced
         self._fn: Callable[..., bool] | None = None
 
     def __call__(self, config: Config, state: State) -> list[Any]:
@@ -271,7 +278,7 @@ class FormulaEffect:
 
     def __init__(self, name: str, kind: type, formula: EffectFormula, design: Design) -> None:
         self.name, self.kind, self.formula = name, kind, formula
-        self.drain = design.release_fence in ("drain_ack", "ack_or_timeout")
+        self.drain = design.drain_fenced
 
     def __call__(self, config: Config, state: State, action: Any) -> State:
         from kvhandoff.spec.effects import run_effect

@@ -82,7 +82,7 @@ EXAMPLES = [
 
 
 def _drain(variant: Variant) -> bool:
-    return variant.design.release_fence in ("drain_ack", "ack_or_timeout")
+    return variant.design.drain_fenced
 
 
 @cache

@@ -36,7 +36,7 @@ from tests.spec.test_guards_once import WIDE
 
 
 def _drain(name: str) -> bool:
-    return get_variant(name).design.release_fence in ("drain_ack", "ack_or_timeout")
+    return get_variant(name).design.drain_fenced
 
 
 def _agree(
