@@ -65,16 +65,15 @@ def _same_answers(variant: Variant, config: Config) -> tuple[int, int]:
     return full.states, reduced.states
 
 
-@pytest.mark.parametrize("variant", every_variant(), ids=lambda v: v.name)
+# The catalogue, examples and overrides here; every one-option design change in `make test-slow`.
+ROWS = [
+    *(pytest.param(v, id=v.name) for v in every_variant()),
+    *(pytest.param(v, id=v.name, marks=pytest.mark.slow) for v in design_flips()),
+]
+
+
+@pytest.mark.parametrize("variant", ROWS)
 def test_the_reduced_search_answers_as_the_full_one(variant: Variant) -> None:
-    _same_answers(variant, variant.scenario(SMALL_FAULTY))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", design_flips(), ids=lambda v: v.name)
-def test_the_reduced_search_answers_as_the_full_one_on_every_design_option(
-    variant: Variant,
-) -> None:
     _same_answers(variant, variant.scenario(SMALL_FAULTY))
 
 
