@@ -83,7 +83,7 @@ def prove_reference(config: Config) -> Proof:
             method = f"Z3 prove: {result.verdict} for {result.scope_text()}"
         return Proof(result, method, any_size)
     result = explore(REFERENCE, config)
-    method = f"exhaustive search of the sequential scenario, {result.states:,} states"
+    method = f"exhaustive search of the sequential scenario, {result.states:,} states stored"
     return Proof(result, method, False, note=f"the Z3 prove engine is {NOT_AVAILABLE}")
 
 
