@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
         "flags that only witnesses read (a freed page was reused, a cancel came mid-transfer, "
         "...) are one state: the same verdicts, counterexamples and witnesses, fewer states "
         "(model_checker/reduction.py; turned off by itself for a variant with Python guards or "
-        "effects)",
+        "effects, and with --invariants)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(

@@ -213,8 +213,10 @@ def _search(
 ) -> tuple[StateGraph, dict[str, int], dict[str, bool]]:
     checked = invariants_of(variant) if check_invariants else ()
     # The ghost flags only witnesses read (`model_checker/reduction.py`): each stored state has
-    # them cleared, and the witnesses that read them are asked on the step that sets one.
-    cleared = erasable_ghost_flags(variant, [inv.formula for inv in checked]) if reduce else ()
+    # them cleared, and the witnesses that read them are asked on the step that sets one. Not
+    # with `check_invariants`: that mode compares every formula with its Python function on
+    # every reachable state, and a cleared state is not always one.
+    cleared = erasable_ghost_flags(variant) if reduce and not check_invariants else ()
     eraser = Eraser(cleared) if cleared else None
     flag_watch = list(flag_witnesses(cleared)) if cleared else []
     s0 = init(config)
@@ -572,7 +574,8 @@ def explore(
     With `reduce` (the default), states that differ only in ghost flags no guard, effect or
     `always` property reads are one (`model_checker/reduction.py`: the same verdicts,
     counterexamples and witnesses); `states` counts them once, and `extra["cleared_flags"]`
-    names the flags. `reduce=False` counts every state."""
+    names the flags. `reduce=False` counts every state, and so does `invariants` (it compares
+    formulas with their Python functions on every reachable state)."""
     fixed = placements(config)
     if len(fixed) == 1 and fixed[0] is config:
         return _explore_one(variant, config, max_states, invariants, reduce)

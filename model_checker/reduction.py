@@ -17,9 +17,9 @@ that read it. That search is exact for everything it reports:
   variant's formulas: `erasable_ghost_flags`), so a state and its cleared copy enable the same
   actions, and each action leads to states that are equal once cleared. The cleared states are
   the classes of a bisimulation: every path of the full graph is a path of classes, and back.
-* **The same verdicts, and the same counterexamples.** An `always` property, and an invariant the
-  search evaluates, reads no cleared flag (each declares what it reads, `Property.reads`, and its
-  formula is checked too), so it has one value on a whole class; breadth-first, a class is found
+* **The same verdicts, and the same counterexamples.** An `always` property reads no cleared
+  flag (each declares what it reads, `Property.reads`, and its formula is checked too), so it
+  has one value on a whole class; breadth-first, a class is found
   at the least depth of its members, from the first of them, so the first violation, and the
   shortest path to it, are those of the full search. Termination reads no flag either, and the
   protocol steps between classes are those between their members: the same verdict, the same

@@ -127,6 +127,13 @@ def test_a_flag_an_invariant_reads_is_kept() -> None:
     assert "refused_write" not in erasable_ghost_flags(REFERENCE, [refused_write()])
 
 
+def test_checking_the_invariants_keeps_every_state() -> None:
+    """`--invariants` compares formulas with their Python functions on every reachable state."""
+    result = explore(REFERENCE, SMALL_FAULTY, invariants=True)
+    assert not result.extra["cleared_flags"]
+    assert result.states == explore(REFERENCE, SMALL_FAULTY, reduce=False).states
+
+
 def test_only_a_flag_or_an_or_of_flags_is_a_flag_witness() -> None:
     assert _pure_flags(page_reuse()) == {"page_reuse"}
     assert _pure_flags(Or(refused_write(), drain_acked())) == {"refused_write", "drain_acked"}
