@@ -95,9 +95,7 @@ class StateGraph:
 
     def stored(self, state: State) -> State:
         """`state` as the search stores it (its cleared flags cleared)."""
-        if not self.cleared:
-            return state
-        return evolved(state, {"ghost": evolved(state.ghost, dict.fromkeys(self.cleared, False))})
+        return Eraser(self.cleared).state(state) if self.cleared else state
 
     def path_to(self, index: int) -> tuple[Action, ...]:
         actions: list[Action] = []

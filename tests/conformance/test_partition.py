@@ -7,7 +7,6 @@ implementation logs it as `decode_detect_prefill_restart` with no new epoch.
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,24 +14,22 @@ import pytest
 
 from kvhandoff.conformance import campaign
 from kvhandoff.conformance.inproc import InProcTarget
-from kvhandoff.conformance.lockstep import Divergence, Session, run_program
+from kvhandoff.conformance.lockstep import Divergence, Session
 from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.validate import Validator
 from kvhandoff.impl.core import decode as dc
 from kvhandoff.spec import get_variant
 from kvhandoff.spec.actions import (
-    Action,
     DecodeAdmitRequest,
     DecodeSuspectPrefillDead,
     PrefillAdmitRequest,
     PrefillReceiveGrant,
     PrefillWritePage,
     RouterSubmitRequest,
-    action_name,
 )
 from kvhandoff.spec.trace import Trace, load_trace
 from tests.explored import explored
-from tests.stepping import log_ids, take_in
+from tests.stepping import biased_programs, log_ids, take_in
 
 CONFIG = replace(campaign.campaign_config(), max_partitions=1)
 DATA = Path(__file__).parent / "data"
@@ -115,26 +112,11 @@ def test_a_detection_that_keeps_a_waiting_request_is_unexplained() -> None:
 
 
 def test_random_programs_with_a_partition_conform_and_their_logs_validate() -> None:
-    taken = 0
-    for seed in range(150):
-        rnd = random.Random(seed)
-
-        def choose(options: list[Action], rnd: random.Random = rnd) -> Action:
-            # Take the partition half the times it is offered: uniformly it is rarely drawn.
-            suspect = [a for a in options if isinstance(a, DecodeSuspectPrefillDead)]
-            if suspect and rnd.random() < 0.5:
-                return suspect[0]
-            return rnd.choice(options)
-
-        session = run_program(InProcTarget(), CONFIG, "reference", choose, 20)
-        taken += sum(
-            1
-            for s in session.steps
-            if s.performed and action_name(s.action) == "decode_suspect_prefill_dead"
-        )
-        report = Validator(CONFIG, _ids(CONFIG)).run(session.events)
-        assert report.ok, (seed, report.message)
-    assert taken >= 10
+    # Take the partition half the times it is offered: uniformly it is rarely drawn.
+    counts = biased_programs(
+        CONFIG, [(DecodeSuspectPrefillDead, 0.5)], "decode_suspect_prefill_dead"
+    )
+    assert sum(counts) >= 10
 
 
 # --- what the default campaign plays, and what it must see logged -------------------------------

@@ -8,7 +8,6 @@ tells decode; the writes already sent stay on the wire and may still land.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,12 +16,11 @@ import pytest
 from kvhandoff.cli.main import main
 from kvhandoff.conformance import campaign
 from kvhandoff.conformance.inproc import InProcTarget
-from kvhandoff.conformance.lockstep import Session, run_program
+from kvhandoff.conformance.lockstep import Session
 from kvhandoff.conformance.replay import replay_trace
 from kvhandoff.conformance.validate import Validator
 from kvhandoff.spec import get_variant
 from kvhandoff.spec.actions import (
-    Action,
     DecodeAdmitRequest,
     DecodeReceiveFailure,
     DecodeReceiveWrite,
@@ -31,11 +29,10 @@ from kvhandoff.spec.actions import (
     PrefillWriteError,
     PrefillWritePage,
     RouterSubmitRequest,
-    action_name,
 )
 from kvhandoff.spec.trace import Trace
 from tests.explored import explored
-from tests.stepping import log_ids, take_in
+from tests.stepping import biased_programs, log_ids, take_in
 
 CONFIG = replace(campaign.campaign_config(write_errors=True), max_partitions=0)
 
@@ -113,30 +110,13 @@ def test_the_variant_s_counterexample_replays_and_the_reference_refuses_the_late
 
 
 def test_random_programs_with_a_failed_write_conform_and_their_logs_validate() -> None:
-    programs = 0
-    for seed in range(150):
-        rnd = random.Random(seed)
-
-        def choose(options: list[Action], rnd: random.Random = rnd) -> Action:
-            # Drawn uniformly the failed write is rare: it needs a write on the wire. Write
-            # often, and fail a write most times it is offered. (The target declines it where
-            # the implementation's prefill already stopped on a write decode refused, which the
-            # spec's prefill does not hear of: the step is then not taken.)
-            failing = [a for a in options if isinstance(a, PrefillWriteError)]
-            if failing and rnd.random() < 0.7:
-                return failing[0]
-            writing = [a for a in options if isinstance(a, PrefillWritePage)]
-            if writing and rnd.random() < 0.5:
-                return writing[0]
-            return rnd.choice(options)
-
-        session = run_program(InProcTarget(), CONFIG, "reference", choose, 20)
-        programs += any(
-            s.performed and action_name(s.action) == "prefill_write_error" for s in session.steps
-        )
-        report = Validator(CONFIG, _ids(CONFIG)).run(session.events)
-        assert report.ok, (seed, report.message)
-    assert programs >= 6
+    # Drawn uniformly the failed write is rare: it needs a write on the wire. Write often, and
+    # fail a write most times it is offered. (The target declines it where the implementation's
+    # prefill already stopped on a write decode refused, which the spec's prefill does not hear
+    # of: the step is then not taken.)
+    bias = [(PrefillWriteError, 0.7), (PrefillWritePage, 0.5)]
+    counts = biased_programs(CONFIG, bias, "prefill_write_error")
+    assert sum(1 for n in counts if n) >= 6
 
 
 # --- the command line ---------------------------------------------------------------------------

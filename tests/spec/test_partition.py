@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from kvhandoff.model_checker.explore import explore
-from kvhandoff.spec import REFERENCE, Config, RequestSpec, enabled, get_variant, init
+from kvhandoff.spec import REFERENCE, Config, enabled, get_variant, init
 from kvhandoff.spec.actions import (
     DecodeAdmitRequest,
     DecodeReceiveAbortAck,
@@ -34,21 +34,10 @@ from kvhandoff.spec.properties import check_always
 from kvhandoff.spec.state import Faults, State, all_done
 from kvhandoff.spec.variants import Variant
 from tests.explored import SMALL, explored
-from tests.stepping import take_one
+from tests.stepping import one_fault_config, take_one, walk
 
 # One request of one page, one partition allowed and no other fault.
-ONE = Config(
-    decode_pages=1,
-    requests=(RequestSpec("a", 1, 1),),
-    max_faults=1,
-    max_partitions=1,
-    max_crashes=0,
-    max_drops=0,
-    max_duplicates=0,
-    max_timeouts=0,
-    max_cancels=0,
-    max_prefill_aborts=0,
-)
+ONE = one_fault_config(max_partitions=1)
 FENCED = get_variant("one_sided_fenced")
 RELEASES = get_variant("release_on_suspected_death")
 REASON = "prefill stopped answering health checks"
@@ -60,16 +49,18 @@ def take(variant: Variant, state: State, kind: type, config: Config = ONE) -> St
 
 def write_in_flight(variant: Variant, config: Config = ONE) -> State:
     """Request 0 granted, and prefill's write of its page on the wire."""
-    s = init(config)
-    for kind in (
-        RouterSubmitRequest,
-        PrefillAdmitRequest,
-        DecodeAdmitRequest,
-        DecodeReservePages,
-        PrefillReceiveGrant,
-        PrefillWritePage,
-    ):
-        s = take(variant, s, kind, config)
+    s = walk(
+        variant,
+        config,
+        (
+            RouterSubmitRequest,
+            PrefillAdmitRequest,
+            DecodeAdmitRequest,
+            DecodeReservePages,
+            PrefillReceiveGrant,
+            PrefillWritePage,
+        ),
+    )
     assert s.writes
     return s
 

@@ -35,21 +35,10 @@ from kvhandoff.spec.config import ConfigError, parse_set
 from kvhandoff.spec.properties import check_always
 from kvhandoff.spec.state import Faults, State, all_done
 from kvhandoff.spec.variants import Variant
-from tests.stepping import take_one
+from tests.stepping import one_fault_config, take_one, walk
 
 # One request of one page, one failed write allowed and no other fault.
-ONE = Config(
-    decode_pages=1,
-    requests=(RequestSpec("a", 1, 1),),
-    max_faults=1,
-    max_write_errors=1,
-    max_crashes=0,
-    max_drops=0,
-    max_duplicates=0,
-    max_timeouts=0,
-    max_cancels=0,
-    max_prefill_aborts=1,
-)
+ONE = one_fault_config(max_write_errors=1, max_prefill_aborts=1)
 FENCED = get_variant("one_sided_fenced")
 RELEASES = get_variant("release_on_prefill_failure")
 WRITE_ERROR = PrefillWriteError(0)
@@ -61,15 +50,17 @@ def take(variant: Variant, state: State, kind: type, config: Config = ONE) -> St
 
 def granted(variant: Variant, config: Config = ONE) -> State:
     """Request 0 granted its page, prefill holding the grant, nothing written yet."""
-    s = init(config)
-    for kind in (
-        RouterSubmitRequest,
-        PrefillAdmitRequest,
-        DecodeAdmitRequest,
-        DecodeReservePages,
-        PrefillReceiveGrant,
-    ):
-        s = take(variant, s, kind, config)
+    s = walk(
+        variant,
+        config,
+        (
+            RouterSubmitRequest,
+            PrefillAdmitRequest,
+            DecodeAdmitRequest,
+            DecodeReservePages,
+            PrefillReceiveGrant,
+        ),
+    )
     assert s.requests[0].p == "granted" and not s.writes
     return s
 
