@@ -5,7 +5,8 @@ is its own. States per second are states / CPU seconds of that process (wall tim
 on a shared machine CPU time is the steadier figure).
 
 Each rung is run twice: the full search (`reduce=False`, every state) and the explorer's default,
-which stores states that differ only in ghost flags that only witnesses read once
+which stores once states that differ only in what no step or property reads: ghost flags only
+witnesses read, and prefill's fields of a request prefill has finished with
 (`model_checker/reduction.py`). The second row's `states` is what it stored; its states/s is the
 full search's states over its own CPU seconds ("counted before reduction": the same scenario
 checked that much faster). Both must give the same verdict.
@@ -123,7 +124,7 @@ def main() -> int:
                     f"{label}: the reduced search says {r['verdict']}, the full one "
                     f"{full['verdict']}"
                 )
-            name = label if mode == "full" else "  reduced (ghost flags only witnesses read)"
+            name = label if mode == "full" else "  reduced (what no step or property reads)"
             print(
                 f"{name:42s} {variant:9s} {r['states']:9,d} {r['transitions']:9,d} "
                 f"{r['cpu']:7.2f} {r['wall']:7.2f} {rate:9,.0f} {r['peak_mib']:9.0f}  "

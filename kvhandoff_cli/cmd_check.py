@@ -17,6 +17,7 @@ from kvhandoff.model_checker.engines import (
     run_engine,
 )
 from kvhandoff.model_checker.explore import placement_text
+from kvhandoff.model_checker.reduction import merged
 from kvhandoff.model_checker.render import group_counterexamples, steps, trace_lines
 from kvhandoff.model_checker.result import CheckResult, config_summary
 from kvhandoff.model_checker.variant_loader import (
@@ -243,10 +244,11 @@ def print_result(result: CheckResult, variant: Variant, final: bool = True) -> N
     print(
         f"variant {result.variant}, engine {result.engine}{states} in {result.seconds:.2f} s{speed}"
     )
-    if result.extra.get("cleared_flags"):
+    what = merged(result.extra.get("cleared_flags", ()), result.extra.get("cleared_fields", ()))
+    if what:
         print(
-            "  (states that differ only in ghost flags no step or property reads counted once: "
-            "--no-reduce counts each)"
+            f"  (states that differ only in {what}, which no step or property reads, counted "
+            "once: --no-reduce counts each)"
         )
     for r in result.results:
         label = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kvhandoff.model_checker.explore import explore, union_of_placements
+from kvhandoff.model_checker.reduction import merged
 from kvhandoff.model_checker.result import EXIT_CODES, CheckResult, PropertyResult
 from kvhandoff.spec.config import Config, placements
 from kvhandoff.spec.variants import Variant
@@ -50,8 +51,9 @@ class EngineOptions:
     invariants: bool = False
     """Explicit search only: evaluate spec/invariants.py's formulas on every state."""
     reduce: bool = True
-    """Explicit search only: count states that differ only in ghost flags that only witnesses
-    read as one (`model_checker/reduction.py`)."""
+    """Explicit search only: count states that differ only in what no step or property reads
+    (ghost flags only witnesses read, finished requests' prefill fields) as one
+    (`model_checker/reduction.py`)."""
 
 
 Engine = Callable[[Variant, Config, EngineOptions], CheckResult]
@@ -84,9 +86,11 @@ def _remember_explored(variant: Variant, config: Config, result: CheckResult) ->
         _EXPLORED[(id(variant), config)] = (variant, result)
 
 
-_UP_TO = ", up to ghost flags no property reads"
-"""A reduced search's depth (`model_checker/reduction.py`): every reachable state is, in all a
-property reads, one of its states, so a violation anywhere has one within that depth."""
+def _up_to(searched: CheckResult) -> str:
+    """A reduced search's depth (`model_checker/reduction.py`): every reachable state is, in all
+    a property reads, one of its states, so a violation anywhere has one within that depth."""
+    what = merged(searched.extra.get("cleared_flags", ()), searched.extra.get("cleared_fields", ()))
+    return f", up to {what} no property reads" if what else ""
 
 
 def state_space_depth(variant: Variant, config: Config) -> CheckResult | None:
@@ -138,7 +142,7 @@ def bmc_completeness(variant: Variant, config: Config, result: CheckResult) -> C
                 f"BMC finds no violation of {r.property} up to depth {r.depth}, but the explorer "
                 f"finds one of {theirs.depth} steps on the same variant and configuration"
             )
-    up_to = _UP_TO if searched.extra.get("cleared_flags") else ""
+    up_to = _up_to(searched)
     if depth >= diameter:
         why = (
             f"complete: depth {depth} >= {diameter}, the depth of the state space (explicit "

@@ -19,12 +19,14 @@ every request to an end. A state with no protocol step left that is not done ("s
 of protocol steps among states that are not done, breaks it; otherwise the bound is the longest
 protocol-only path to a done state, reported as `response_bound`.
 
-One reduction, on by default (`reduce=False` turns it off): states that differ only in the ghost
-flags that only witnesses read ("a freed page was reused", "a cancel came mid-transfer") are
-stored once, with those flags cleared, and the witnesses that read them are asked on the step
-that sets one (`model_checker/reduction.py`: why the verdicts, the safety counterexamples, the
-witnesses and the termination bound are those of the full search; 180,154 states for the
-reference on the default scenario where the full search has 257,024). No symmetry reduction:
+Two reductions, on by default (`reduce=False` turns them off), each merging states that differ only
+in what no step and no property reads: the ghost flags that only witnesses read ("a freed page
+was reused", "a cancel came mid-transfer"), which are stored cleared and asked by those witnesses
+on the step that sets one; and prefill's side of a request prefill has finished with (the grant
+it held, the prompt length it admitted), stored as initial (`model_checker/reduction.py`: why
+the verdicts, the safety counterexamples, the witnesses and the termination bound are those of
+the full search; 102,744 states for the reference on the default scenario where the full search
+has 257,024). No symmetry reduction:
 decode's pages look interchangeable, but two rules read their order (lowest free pages first; a
 grant written in page order), so states equal up to a page relabelling can behave differently,
 and keeping one per class changed the incident's shortest counterexample (see
@@ -44,7 +46,12 @@ from typing import Any
 import networkx as nx
 
 from kvhandoff.model_checker import progress
-from kvhandoff.model_checker.reduction import Eraser, erasable_ghost_flags, flag_witnesses
+from kvhandoff.model_checker.reduction import (
+    Eraser,
+    erasable_ghost_flags,
+    erasable_prefill_fields,
+    flag_witnesses,
+)
 from kvhandoff.model_checker.result import CheckResult, PropertyResult, Verdict
 from kvhandoff.spec.actions import Action, action_name, is_fault
 from kvhandoff.spec.compiled import rules
@@ -92,10 +99,15 @@ class StateGraph:
     cleared: tuple[str, ...] = ()
     """The ghost flags cleared in every stored state (`model_checker/reduction.py`): empty
     unless the search was asked to `reduce`."""
+    erased: tuple[str, ...] = ()
+    """The prefill fields cleared of every request prefill has finished with, in every stored
+    state (`model_checker/reduction.py`): empty unless the search was asked to `reduce`."""
 
     def stored(self, state: State) -> State:
-        """`state` as the search stores it (its cleared flags cleared)."""
-        return Eraser(self.cleared).state(state) if self.cleared else state
+        """`state` as the search stores it (its cleared flags and fields cleared)."""
+        if self.cleared or self.erased:
+            return Eraser(self.cleared, self.erased).state(state)
+        return state
 
     def path_to(self, index: int) -> tuple[Action, ...]:
         actions: list[Action] = []
@@ -194,9 +206,10 @@ def build_graph(
     `always` property, and which witnesses were reached. With `invariants`, it also evaluates
     every invariant of `spec/invariants.py` (the formulas kind and prove use) on every state,
     and every property's and witness's formula beside its Python function. With `reduce`, the
-    states are stored with the ghost flags only witnesses read cleared
-    (`model_checker/reduction.py`): the same verdicts, counterexamples and witnesses, fewer
-    states; the graph's states are then those cleared states."""
+    states are stored with the ghost flags only witnesses read cleared, and the prefill fields
+    nothing reads of a finished request (`model_checker/reduction.py`): the same verdicts,
+    counterexamples and witnesses, fewer states; the graph's states are then those cleared
+    states."""
     with _cyclic_gc_paused():
         return _search(variant, config, max_states, keep_edges, invariants, reduce)
 
@@ -215,7 +228,10 @@ def _search(
     # with `check_invariants`: that mode compares every formula with its Python function on
     # every reachable state, and a cleared state is not always one.
     cleared = erasable_ghost_flags(variant) if reduce and not check_invariants else ()
-    eraser = Eraser(cleared) if cleared else None
+    # And the prefill fields nothing reads of a request prefill has finished with, cleared of
+    # each such request.
+    erased = erasable_prefill_fields(variant, config) if reduce and not check_invariants else ()
+    eraser = Eraser(cleared, erased) if cleared or erased else None
     flag_watch = list(flag_witnesses(cleared)) if cleared else []
     s0 = init(config)
     index: dict[State, int] = {s0: 0}
@@ -321,12 +337,27 @@ def _search(
             good_pages.add(id(page))
         return True
 
-    whole_holds = tuple(p.holds for p in whole)
+    # A whole-state property that reads only requests and pages (`Property.reads`) is answered
+    # once per combination of request and page objects, by their ids as above: states that
+    # differ only in messages, writes, epochs or faults share those objects (on the default
+    # scenario, a few in ten of the stored states are a new combination).
+    def _of_parts(p: Any) -> bool:
+        return bool(p.reads) and all(r.partition(".")[0] in ("requests", "pages") for r in p.reads)
+
+    parts_holds = tuple(p.holds for p in whole if _of_parts(p))
+    whole_holds = tuple(p.holds for p in whole if not _of_parts(p))
+    parts_verdicts: dict[tuple[int, ...], bool] = {}
 
     def whole_hold(s: State) -> bool:
         for holds in whole_holds:
             if not holds(config, s):
                 return False
+        if parts_holds:
+            key = (*map(id, s.requests), *map(id, s.pages))
+            known = parts_verdicts.get(key)
+            if known is None:
+                known = parts_verdicts[key] = all(h(config, s) for h in parts_holds)
+            return known
         return True
 
     def _improve(prop: Any, i: int, s: State) -> bool:
@@ -344,8 +375,8 @@ def _search(
     head = 0
     # The variant's compiled rules, looked up once: `enabled` and `step` without the dispatch.
     rulebook = rules(variant)
-    enabled_in, effect_of = rulebook.enabled_for(config), rulebook.steps_for(config)
-    index_setdefault, adopt = index.setdefault, shared.adopt
+    enabled_in, effect_of = rulebook.enabled_for(config), rulebook.steps_for(config, True)
+    index_get, adopt = index.get, shared.adopt
     # Whether an action is a fault depends on its kind alone (`is_fault`): asked once per kind.
     fault_kind: dict[type, bool] = {}
     stored = len(states)  # len(states), kept as the loop appends
@@ -362,31 +393,32 @@ def _search(
         for action in actions:
             kind = type(action)
             t = effect_of[kind](config, s, action)
-            if eraser is not None and t.ghost is not s.ghost:
-                # A step that set a ghost flag: the witnesses reading cleared flags are asked
-                # here, on the state as the step left it, and then the flags are cleared.
-                if flag_watch:
-                    for w in [w for w in flag_watch if w.reached(config, t)]:
-                        witnesses[w.name] = True
-                        flag_watch.remove(w)
-                        pending_witnesses = [p for p in pending_witnesses if p is not w]
-                t = eraser.state(t)
+            if eraser is not None:
+                if cleared and t.ghost is not s.ghost:
+                    # A step that set a ghost flag: the witnesses reading cleared flags are
+                    # asked here, on the state as the step left it, and then the flags are
+                    # cleared.
+                    if flag_watch:
+                        for w in [w for w in flag_watch if w.reached(config, t)]:
+                            witnesses[w.name] = True
+                            flag_watch.remove(w)
+                            pending_witnesses = [p for p in pending_witnesses if p is not w]
+                    t = eraser.without_flags(t)
+                if erased and t.requests is not s.requests:
+                    t = eraser.requests(t, s)
             fault = fault_kind.get(kind)
             if fault is None:
                 fault = fault_kind[kind] = is_fault(action)
-            # One lookup that also stores t, under the next index, if it is new.
-            j = index_setdefault(t, stored)
-            if j == stored:
-                if max_states is not None and j >= max_states:
-                    del index[t]
+            j = index_get(t)
+            if j is None:
+                if max_states is not None and stored >= max_states:
                     complete = False
                     continue
-                shared_t = adopt(t, s)
-                if shared_t is not t:
-                    # The index keeps the key it was given: store the shared one instead.
-                    del index[t]
-                    index[shared_t] = j
-                    t = shared_t
+                # Stored with its parts shared with the stored states' (the index keeps the key
+                # it is given).
+                j = stored
+                t = adopt(t, s)
+                index[t] = j
                 states.append(t)
                 stored += 1
                 parent.append(head)
@@ -422,6 +454,7 @@ def _search(
         disagreements if check_invariants else None,
         witness_disagreements if check_invariants else None,
         cleared,
+        erased,
     )
     return graph, first_violation, witnesses
 
@@ -570,9 +603,10 @@ def explore(
     together. `extra["placements"]` lists each placement's own verdict.
 
     With `reduce` (the default), states that differ only in ghost flags no guard, effect or
-    `always` property reads are one (`model_checker/reduction.py`: the same verdicts,
-    counterexamples and witnesses); `states` counts them once, and `extra["cleared_flags"]`
-    names the flags. `reduce=False` counts every state, and so does `invariants` (it compares
+    `always` property reads, or in prefill fields nothing reads of a request prefill has
+    finished with, are one (`model_checker/reduction.py`: the same verdicts, counterexamples and
+    witnesses); `states` counts them once, and `extra["cleared_flags"]` and
+    `extra["cleared_fields"]` name what was cleared. `reduce=False` counts every state, and so does `invariants` (it compares
     formulas with their Python functions on every reachable state)."""
     fixed = placements(config)
     if len(fixed) == 1 and fixed[0] is config:
@@ -747,6 +781,7 @@ def _explore_one(
             "deployment": {name: check(config) for name, check in DEPLOYMENT},
             "expected_breaks": list(variant.breaks),
             "cleared_flags": list(graph.cleared),
+            "cleared_fields": list(graph.erased),
             **extra_invariants,
         },
     )

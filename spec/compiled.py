@@ -1279,7 +1279,8 @@ def compile_effect(
 
 def _rebuilt(items: tuple[int, ...], changes: dict[int, Any]) -> tuple[int, ...]:
     """A request's set of pages (ranks), as the ascending tuple the state keeps, with the
-    elements an effect set (true) or cleared (false)."""
+    elements an effect set (true) or cleared (false). (An update of every element, as a retry
+    makes, is compiled to the new set itself: the old one is not read.)"""
     out = set(items)
     for element, member in changes.items():
         if member:
@@ -1497,11 +1498,11 @@ class _Effects(dict[type, Callable[[Any, State, Any], State]]):
     """A variant's effects by action kind, each compiled when first asked for (a BMC replay
     takes a few kinds; compiling all 33 costs more than such a run)."""
 
-    def __init__(self, variant: Any, config: Any = None) -> None:
+    def __init__(self, variant: Any, config: Any = None, warm: int = 0) -> None:
         from kvhandoff.spec.actions import ALL_ACTIONS, snake_case
 
         super().__init__()
-        self.variant, self.config = variant, config
+        self.variant, self.config, self.warm = variant, config, warm
         self.names = {
             k: snake_case(k.__name__) for k in (*ALL_ACTIONS, *variant.extra_action_types)
         }
@@ -1527,15 +1528,18 @@ class _Effects(dict[type, Callable[[Any, State, Any], State]]):
         else:
             raise KeyError(kind)
         compiled = self._compiler(kind, name, formula)
+        if not self.warm:
+            fast = self[kind] = compiled()
+            return fast
         drain = design.drain_fenced
         calls = [0]
 
         def warming(C: Any, S: State, A: Any) -> State:
             # The first calls read the formula update by update (`run_effect`, the same
             # semantics: tests/spec/test_compiled_rules.py): a replay of a few steps never pays
-            # for compiling; a search compiles after `_WARM` calls.
+            # for compiling; a long run compiles after `warm` calls.
             calls[0] += 1
-            if calls[0] >= _WARM:
+            if calls[0] >= self.warm:
                 fast = self[kind] = compiled()
                 return fast(C, S, A)
             return run_effect(formula, C, S, drain, arguments(A, S))
@@ -1590,8 +1594,8 @@ class Rules:
         self._enabled: Enabled | None = None
         self._for: dict[Any, Enabled] = {}
         self._last: tuple[Any, Enabled] | None = None
-        self.steps = _Effects(variant)
-        self._steps_for: dict[Any, _Effects] = {}
+        self.steps = _Effects(variant, warm=_WARM)
+        self._steps_for: dict[tuple[Any, bool], _Effects] = {}
 
     @property
     def enabled(self) -> Enabled:
@@ -1601,12 +1605,16 @@ class Rules:
             self._enabled = compile_enabled(self.variant)
         return self._enabled
 
-    def steps_for(self, config: Any) -> _Effects:
+    def steps_for(self, config: Any, search: bool = False) -> _Effects:
         """The effects made for `config` alone (what it fixes folded; a step of one request
-        made once per request): call them with that configuration only."""
-        got = self._steps_for.get(config)
+        made once per request): call them with that configuration only. Each is read from its
+        formula for its first `_WARM` steps and compiled after, so a replay of a few steps never
+        pays for compiling; with `search` (a run that takes most effects thousands of times),
+        each is compiled when first taken."""
+        got = self._steps_for.get((config, search))
         if got is None:
-            got = self._steps_for[config] = _Effects(self.variant, config)
+            warm = 0 if search else _WARM
+            got = self._steps_for[config, search] = _Effects(self.variant, config, warm)
         return got
 
     def enabled_for(self, config: Any) -> Enabled:

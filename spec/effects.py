@@ -837,12 +837,23 @@ def _new_acked(
     return tuple(sorted(keys))
 
 
+_PAGE_SETS = frozenset({"p_pages", "d_pages"})
+
+
+def set_size(C: Config, S: State, field_name: str) -> int:
+    """How many elements a request's set field (`_REQ_SETS`) ranges over: the pages, or the
+    prefill ranks. An effect that sets every one of them makes the set afresh, reading nothing
+    of the old one: the explorer clears finished requests' prefill fields, and a retry sets
+    every page and rank of its request afresh (`model_checker.reduction`)."""
+    return len(S.pages) if field_name in _PAGE_SETS else C.prefill_ranks
+
+
 def _new_request(
     C: Config, S: State, r: int, changes: dict[Any, Any], reply: Reply | None
 ) -> ReqState:
     req = S.requests[r]
     fields: dict[str, Any] = {}
-    sets: dict[str, set[int]] = {}
+    sets: dict[str, dict[int, Any]] = {}
     read: dict[Any, Any] = {}
     accepted: dict[str, Any] = {}
     answer = req.answer
@@ -854,12 +865,16 @@ def _new_request(
         elif name in _ACCEPTED:
             accepted[name] = value
         elif name in _REQ_SETS:
-            field_name = _REQ_SETS[name]
-            items = sets.setdefault(field_name, set(getattr(req, field_name)))
-            (items.add if value else items.discard)(rest[0])
+            sets.setdefault(_REQ_SETS[name], {})[rest[0]] = value
         else:
             read[name, rest] = value
-    for field_name, items in sets.items():
+    for field_name, members in sets.items():
+        # Where every element is set, the old set is not read (see `set_size`).
+        items = (
+            set() if len(members) == set_size(C, S, field_name) else set(getattr(req, field_name))
+        )
+        for element, member in members.items():
+            (items.add if member else items.discard)(element)
         fields[field_name] = tuple(sorted(items))
     if read:
         fields["read"] = _new_read(C, S, r, read)

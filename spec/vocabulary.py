@@ -513,8 +513,14 @@ CONCRETE = PythonReading(
         "d_inst": "C.requests[{0}].decode_instance",
         "p_inst": "C.requests[{0}].prefill_instance",
         "page_inst": "({0} * C.decode_instances // C.decode_pages)",
-        "p_dinst": "(" + _REQ + ".p_grant_dinst if " + _REQ + ".p_gen else "
-        "C.requests[{0}].decode_instance)",
+        # With one decode instance there is one answer, whatever prefill holds: the reading
+        # says so first, and reads nothing of the request (the explorer relies on it:
+        # `model_checker.reduction.erasable_prefill_fields`).
+        "p_dinst": "(0 if C.decode_instances == 1 else "
+        + _REQ
+        + ".p_grant_dinst if "
+        + _REQ
+        + ".p_gen else C.requests[{0}].decode_instance)",
         "decode_epoch": "(S.decode_epoch if ({0}) == 0 else S.decode_epochs[({0}) - 1])",
         "prefill_ranks": "C.prefill_ranks",
         "drain_fence": "DRAIN",

@@ -159,7 +159,7 @@ def test_a_partition_leaves_the_safe_designs_safe_on_the_small_scenario(name: st
 
 def test_the_default_scenario_is_unchanged_without_a_partition() -> None:
     # 71,075 states in the full search (`reduce=False`: tests/model_checker/test_reduction.py).
-    assert explored("reference").states == 48_569
+    assert explored("reference").states == 29_456
 
 
 def test_the_catalogue_variant_is_caught_by_the_late_write_with_its_own_config() -> None:
