@@ -93,11 +93,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-reduce",
         action="store_true",
-        help="explicit search: store every state. By default states that differ only in ghost "
-        "flags that only witnesses read (a freed page was reused, a cancel came mid-transfer, "
-        "...) are one state: the same verdicts, counterexamples and witnesses, fewer states "
-        "(model_checker/reduction.py; turned off by itself for a variant with Python guards or "
-        "effects, and with --invariants)",
+        help="explicit search: store every state. By default states that differ only in what no "
+        "step or property reads are one state: ghost flags that only witnesses read (a freed "
+        "page was reused, a cancel came mid-transfer, ...), and prefill's fields of a request "
+        "prefill has finished with (its grant's generation and pages, ...), where the variant "
+        "reads them of no such request. The same verdicts, counterexamples and witnesses, fewer "
+        "states (model_checker/reduction.py; --json lists what was cleared; turned off by itself "
+        "for a variant with Python guards or effects, and with --invariants)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(

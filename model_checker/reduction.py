@@ -116,32 +116,49 @@ GHOST_FLAGS: tuple[str, ...] = Ghost._fields
 """The ghost flags, by the names the vocabulary and the `Ghost` record share."""
 
 
-def _rule_formulas(variant: Variant) -> list[Term] | None:
-    """Every term the variant's guards and effects read (None: some guard or effect is Python
-    code, which cannot be read)."""
+def _rule_pairs(variant: Variant) -> list[tuple[GuardFormula | None, EffectFormula | None]] | None:
+    """Each step's guard and effect as formulas (None: some guard or effect is Python code)."""
     if variant.extra_actions is not None or variant.state_fields:
         return None
     design = variant.design
-    guards: list[GuardFormula] = [
-        rule_guard(design, n) for n in RULE_GUARDS if n not in variant.guard_overrides
-    ]
-    for hook in variant.guard_overrides.values():
-        if isinstance(hook, FormulaGuard):
-            guards.append(hook.formula)
+    names = list(RULE_GUARDS)
+    names += [n for n in RULE_EFFECTS if n not in names]
+    names += [n for n in (*variant.guard_overrides, *variant.step_overrides) if n not in names]
+    out: list[tuple[GuardFormula | None, EffectFormula | None]] = []
+    for name in names:
+        hook = variant.guard_overrides.get(name)
+        g: GuardFormula | None
+        if hook is None:
+            g = rule_guard(design, name) if name in RULE_GUARDS else None
+        elif isinstance(hook, FormulaGuard):
+            g = hook.formula
         elif isinstance(hook, GuardFormula):
-            guards.append(hook)
+            g = hook
         else:
             return None
-    effects: list[EffectFormula] = [
-        rule_effect(design, n) for n in RULE_EFFECTS if n not in variant.step_overrides
-    ]
-    for step in variant.step_overrides.values():
-        if not isinstance(step, FormulaEffect):
+        step = variant.step_overrides.get(name)
+        e: EffectFormula | None
+        if step is None:
+            e = rule_effect(design, name) if name in RULE_EFFECTS else None
+        elif isinstance(step, FormulaEffect):
+            e = step.formula
+        else:
             return None
-        effects.append(step.formula)
-    terms = [g.formula for g in guards]
-    for e in effects:
-        for u in e.updates:
+        out.append((g, e))
+    return out
+
+
+def _rule_formulas(variant: Variant) -> list[Term] | None:
+    """Every term the variant's guards and effects read (None: some guard or effect is Python
+    code, which cannot be read)."""
+    pairs = _rule_pairs(variant)
+    if pairs is None:
+        return None
+    terms: list[Term] = []
+    for g, e in pairs:
+        if g is not None:
+            terms.append(g.formula)
+        for u in e.updates if e is not None else ():
             terms.extend(terms_of(u))
     return terms
 
@@ -636,38 +653,6 @@ def _sets_afresh(v: Any, symbol: str, x: Hashable, u: Assign, names: dict[int, s
         element = v.target.args[1]
         return any(o is element for o in v.over)
     return True
-
-
-def _rule_pairs(variant: Variant) -> list[tuple[GuardFormula | None, EffectFormula | None]] | None:
-    """Each step's guard and effect as formulas (None: some guard or effect is Python code)."""
-    if variant.extra_actions is not None or variant.state_fields:
-        return None
-    design = variant.design
-    names = list(RULE_GUARDS)
-    names += [n for n in RULE_EFFECTS if n not in names]
-    names += [n for n in (*variant.guard_overrides, *variant.step_overrides) if n not in names]
-    out: list[tuple[GuardFormula | None, EffectFormula | None]] = []
-    for name in names:
-        hook = variant.guard_overrides.get(name)
-        g: GuardFormula | None
-        if hook is None:
-            g = rule_guard(design, name) if name in RULE_GUARDS else None
-        elif isinstance(hook, FormulaGuard):
-            g = hook.formula
-        elif isinstance(hook, GuardFormula):
-            g = hook
-        else:
-            return None
-        step = variant.step_overrides.get(name)
-        e: EffectFormula | None
-        if step is None:
-            e = rule_effect(design, name) if name in RULE_EFFECTS else None
-        elif isinstance(step, FormulaEffect):
-            e = step.formula
-        else:
-            return None
-        out.append((g, e))
-    return out
 
 
 def erasable_prefill_fields(variant: Variant, config: Config) -> tuple[str, ...]:
