@@ -340,7 +340,7 @@ def _search(
     # A whole-state property that reads only requests and pages (`Property.reads`) is answered
     # once per combination of request and page objects, by their ids as above: states that
     # differ only in messages, writes, epochs or faults share those objects (on the default
-    # scenario, a few in ten of the stored states are a new combination).
+    # scenario, about one stored state in nine is a new combination).
     def _of_parts(p: Any) -> bool:
         return bool(p.reads) and all(r.partition(".")[0] in ("requests", "pages") for r in p.reads)
 
