@@ -1,9 +1,10 @@
-"""The explorer's reduction (`model_checker/reduction.py`): states that differ only in ghost flags
-that only witnesses read are stored once. It must change nothing the explorer reports but the
-number of states: every property's verdict, every safety counterexample (action by action),
-every witness, the termination bound. Checked here against the full search on every variant of the
-differential test (catalogue, examples, overrides, one-option design flips), and each of the
-analysis's refusals on its own."""
+"""The explorer's reductions (`model_checker/reduction.py`): states that differ only in ghost flags
+that only witnesses read, or in prefill's fields of a request prefill has finished with, are
+stored once. They must change nothing the explorer reports but the number of states: every
+property's verdict, every safety counterexample (action by action), every witness, the
+termination bound. Checked here against the full search on every variant of the differential
+test (catalogue, examples, overrides, one-option design flips), with the cleared fields poisoned
+(below), and each of the analyses' refusals on its own."""
 
 from __future__ import annotations
 
